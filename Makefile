@@ -1,0 +1,44 @@
+# keelson: `make test` and `make qemu-cluster` do all their set-up themselves.
+SHELL := /bin/bash
+TARGET := x86_64-unknown-linux-gnu
+# The static agent (DESIGN §7): the explicit --target keeps the flag off proc-macro crates.
+AGENT_PROFILE ?= release
+AGENT_BIN := target/$(TARGET)/$(AGENT_PROFILE)/keelson-agent
+export KEELSON_AGENT_BIN := $(abspath $(AGENT_BIN))
+
+.PHONY: all setup agent build image test lint qemu-cluster bench fuzz clean
+
+all: build
+
+setup:
+	@./scripts/setup.sh
+
+agent:
+	RUSTFLAGS="-C target-feature=+crt-static" cargo build --profile $(AGENT_PROFILE) --target $(TARGET) -p keelson-agent
+
+build: agent
+	cargo build --release -p keelson
+
+image: setup build
+	target/release/keelson build --config examples/install-config.yaml --out out
+
+lint:
+	cargo fmt --all -- --check
+	cargo clippy --workspace --all-targets -- -D warnings
+
+# The test command (README, .ci/run).
+test: setup agent
+	cargo test --workspace --all-targets
+
+qemu-cluster: setup
+	@echo "qemu-cluster: not yet (issue 9)"
+
+bench: setup agent
+	@for b in bench/*.sh; do echo "== $$b"; bash $$b || exit 1; done
+
+fuzz:
+	@echo "fuzz targets: see fuzz/README.md"
+
+clean:
+	cargo clean
+	rm -rf out .cache

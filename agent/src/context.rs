@@ -1,0 +1,94 @@
+//! What the agent's subsystems share: the configuration, this node's identity, and the
+//! watch channels through which one subsystem's state reaches the others.
+//!
+//! Producers own one channel each: `members` publishes the member list, `proxy` whether it
+//! has a healthy backend, `vrrp` which VIPs this node holds, `ignition_server` whether it
+//! runs. Everyone may publish a JSON status snapshot under its own name for `status`.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use keelson_ignition::{ClusterConfig, Role};
+use serde::{Deserialize, Serialize};
+use tokio::sync::watch;
+
+use crate::node::NodeIdentity;
+
+/// One node of the cluster as members discovery sees it.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Member {
+    /// Node name.
+    pub name: String,
+    /// Role.
+    pub role: Role,
+    /// Addresses on the machine network.
+    pub addresses: Vec<IpAddr>,
+    /// Agent version the node runs.
+    pub version: String,
+}
+
+/// The live member list, sorted by name; this node included.
+pub type MemberList = Arc<Vec<Member>>;
+
+/// The watch channels between subsystems.
+#[derive(Debug)]
+pub struct Bus {
+    /// Live members (published by `members`).
+    pub members: watch::Sender<MemberList>,
+    /// The local API proxy has at least one healthy backend (published by `proxy`).
+    pub proxy_healthy: watch::Sender<bool>,
+    /// The local Ignition server is serving (published by `ignition_server`).
+    pub ignition_running: watch::Sender<bool>,
+    /// VIPs this node holds right now (published by `vrrp`).
+    pub vips_held: watch::Sender<BTreeSet<IpAddr>>,
+    /// DNS upstreams learned from metadata or DHCP (published by `net`/`metadata`).
+    pub dns_upstreams: watch::Sender<Vec<IpAddr>>,
+    /// Status snapshots by subsystem name (published by everyone, read by `status`).
+    pub status: watch::Sender<BTreeMap<String, serde_json::Value>>,
+}
+
+impl Default for Bus {
+    fn default() -> Self {
+        Self {
+            members: watch::Sender::new(Arc::new(Vec::new())),
+            proxy_healthy: watch::Sender::new(false),
+            ignition_running: watch::Sender::new(false),
+            vips_held: watch::Sender::new(BTreeSet::new()),
+            dns_upstreams: watch::Sender::new(Vec::new()),
+            status: watch::Sender::new(BTreeMap::new()),
+        }
+    }
+}
+
+impl Bus {
+    /// Publishes `value` as subsystem `name`'s status snapshot.
+    pub fn publish_status(&self, name: &str, value: serde_json::Value) {
+        self.status.send_modify(|map| {
+            map.insert(name.to_string(), value);
+        });
+    }
+}
+
+/// Everything a subsystem needs to run.
+#[derive(Debug, Clone)]
+pub struct AgentContext {
+    /// The cluster-wide configuration.
+    pub cluster: Arc<ClusterConfig>,
+    /// This node.
+    pub node: Arc<NodeIdentity>,
+    /// The shared channels.
+    pub bus: Arc<Bus>,
+}
+
+impl AgentContext {
+    /// A context with a fresh bus.
+    pub fn new(cluster: ClusterConfig, node: NodeIdentity) -> Self {
+        Self {
+            cluster: Arc::new(cluster),
+            node: Arc::new(node),
+            bus: Arc::new(Bus::default()),
+        }
+    }
+}

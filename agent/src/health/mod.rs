@@ -1,0 +1,1 @@
+//! Health checks whose results move VRRP priorities (DESIGN §4.3).

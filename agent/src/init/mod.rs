@@ -1,0 +1,1 @@
+//! PID 1 in the appliance: mounts, modules, reaping, supervisor, shutdown (DESIGN §4.1).

@@ -1,0 +1,22 @@
+//! keelson-agent: the node agent.
+//!
+//! One module per concern, each owning its state (DESIGN §1); they talk through the
+//! watch channels of [`context::Bus`]. Pure protocol logic lives apart from the socket
+//! and netlink code at each module's edge so it can be tested without either.
+
+pub mod context;
+pub mod dns;
+pub mod health;
+pub mod ignition_server;
+pub mod init;
+pub mod members;
+pub mod metadata;
+pub mod net;
+pub mod node;
+pub mod proxy;
+pub mod run;
+pub mod status;
+pub mod vrrp;
+
+/// The agent's version, as members announce it.
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");

@@ -1,0 +1,39 @@
+//! `keelson-agent`: PID 1 in the appliance image, or a service on RHCOS.
+
+use clap::{Parser, Subcommand};
+use keelson_agent::{dns, proxy, run};
+
+#[derive(Debug, Parser)]
+#[command(name = "keelson-agent", version, about = "keelson node agent")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run the services for this node.
+    Run(run::RunArgs),
+    /// Run the API proxy alone.
+    Proxy(proxy::ProxyArgs),
+    /// Run the DNS server alone.
+    Dns(dns::DnsArgs),
+}
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let runtime = tokio::runtime::Runtime::new()?;
+    runtime.block_on(async move {
+        match cli.command {
+            Command::Run(args) => run::cli(args).await,
+            Command::Proxy(args) => proxy::cli(args).await,
+            Command::Dns(args) => dns::cli(args).await,
+        }
+    })
+}

@@ -1,0 +1,1 @@
+//! Networking: netlink (links, addresses, routes) and the DHCPv4 client.

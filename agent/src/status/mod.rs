@@ -1,0 +1,1 @@
+//! The status endpoint (unix socket) and Prometheus metrics.

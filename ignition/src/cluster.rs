@@ -1,0 +1,533 @@
+//! `cluster.json`: the agent's cluster-wide configuration (DESIGN §3.3).
+//!
+//! Written by `keelson build`, carried inside every full Ignition config as
+//! `/etc/keelson/cluster.json`, and read by every agent. Versioned (`"version": 1`);
+//! unknown fields are rejected so a typo never silently falls back to a default.
+//! Documented field by field in `docs/cluster-json.md`.
+
+use std::collections::BTreeMap;
+use std::net::{IpAddr, SocketAddr};
+
+use ipnet::IpNet;
+use serde::{Deserialize, Serialize};
+
+/// The only `cluster.json` version this code reads and writes.
+pub const CLUSTER_JSON_VERSION: u32 = 1;
+
+/// Path of `cluster.json` on a node.
+pub const CLUSTER_JSON_PATH: &str = "/etc/keelson/cluster.json";
+
+/// A node's role in the cluster.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    /// The temporary node that serves the first Ignition configs and holds the API VIP
+    /// until the masters are up.
+    Bootstrap,
+    /// A control-plane node: runs kube-apiserver (:6443), the API proxy, and serves configs.
+    Master,
+    /// A compute node: runs the ingress router.
+    Worker,
+}
+
+impl Role {
+    /// All roles, in a fixed order.
+    pub const ALL: [Role; 3] = [Role::Bootstrap, Role::Master, Role::Worker];
+
+    /// The lowercase name used in files, URLs and logs.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Bootstrap => "bootstrap",
+            Role::Master => "master",
+            Role::Worker => "worker",
+        }
+    }
+}
+
+impl std::fmt::Display for Role {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for Role {
+    type Err = ClusterConfigError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "bootstrap" => Ok(Role::Bootstrap),
+            "master" => Ok(Role::Master),
+            "worker" => Ok(Role::Worker),
+            other => Err(ClusterConfigError::Invalid {
+                field: "role".into(),
+                expected: "one of bootstrap, master, worker".into(),
+                got: other.into(),
+            }),
+        }
+    }
+}
+
+/// Errors reading or checking a `cluster.json`.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ClusterConfigError {
+    /// The document is not valid JSON for this schema (the message names the field).
+    #[error("cluster.json: {0}")]
+    Parse(#[from] serde_json::Error),
+    /// A field has a value outside what is allowed.
+    #[error("cluster.json: {field}: expected {expected}, got {got}")]
+    Invalid {
+        /// Dotted path of the field.
+        field: String,
+        /// What was expected.
+        expected: String,
+        /// What was found.
+        got: String,
+    },
+}
+
+/// The whole of `cluster.json`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ClusterConfig {
+    /// Format version; always [`CLUSTER_JSON_VERSION`].
+    pub version: u32,
+    /// Cluster name (`metadata.name` of the install-config), e.g. `ocp4`.
+    pub name: String,
+    /// Base domain, e.g. `osd2019.local`; the cluster zone is `<name>.<baseDomain>`.
+    pub base_domain: String,
+    /// The machine networks (`networking.machineNetwork[].cidr`).
+    pub machine_networks: Vec<IpNet>,
+    /// API virtual IPs (one per address family at most).
+    pub api_vips: Vec<IpAddr>,
+    /// Ingress virtual IPs (one per address family at most).
+    pub ingress_vips: Vec<IpAddr>,
+    /// One VRRP instance per VIP.
+    pub vrrp: VrrpSettings,
+    /// The API load balancer.
+    pub api: ApiSettings,
+    /// The cluster DNS server.
+    pub dns: DnsSettings,
+    /// The Ignition config server (:22623 / :22624).
+    pub ignition: IgnitionServerSettings,
+    /// Member discovery.
+    pub members: MembersSettings,
+    /// Extra processes the appliance supervisor runs (operator-defined).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub services: Vec<ServiceSpec>,
+}
+
+/// VRRP settings for all instances.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct VrrpSettings {
+    /// The instances, typically `api` (and `api-v6`) and `ingress`.
+    pub instances: Vec<VrrpInstanceConfig>,
+}
+
+/// VRRP protocol version.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum VrrpVersion {
+    /// RFC 3768 (IPv4 only, second intervals, optional simple-password auth).
+    #[serde(rename = "2")]
+    V2,
+    /// RFC 5798 (IPv4 and IPv6, centisecond intervals).
+    #[serde(rename = "3")]
+    V3,
+}
+
+/// How adverts reach the other routers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum VrrpTransport {
+    /// 224.0.0.18 / ff02::12.
+    Multicast,
+    /// To each peer's address (static `unicastPeers` plus members of the cluster).
+    Unicast,
+}
+
+/// Base priority of each role in one instance; a role without a priority does not
+/// take part in that instance.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RolePriorities {
+    /// Bootstrap node's base priority.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bootstrap: Option<u8>,
+    /// Masters' base priority.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub master: Option<u8>,
+    /// Workers' base priority.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub worker: Option<u8>,
+}
+
+impl RolePriorities {
+    /// Base priority for `role`, or `None` when the role does not take part.
+    pub fn for_role(&self, role: Role) -> Option<u8> {
+        match role {
+            Role::Bootstrap => self.bootstrap,
+            Role::Master => self.master,
+            Role::Worker => self.worker,
+        }
+    }
+}
+
+/// One VRRP virtual router.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct VrrpInstanceConfig {
+    /// Instance name: `api`, `ingress` (and `api-v6`, `ingress-v6` for a second family).
+    pub name: String,
+    /// The virtual IP.
+    pub vip: IpAddr,
+    /// Virtual router ID, 1..=255.
+    pub vrid: u8,
+    /// Protocol version.
+    pub version: VrrpVersion,
+    /// Advertisement interval in milliseconds (10 ms steps for v3, whole seconds for v2).
+    pub advert_interval_ms: u32,
+    /// Multicast or unicast adverts.
+    pub transport: VrrpTransport,
+    /// Static unicast peers (members add the others at run time).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub unicast_peers: Vec<IpAddr>,
+    /// VRRPv2 simple password (`auth_type PASS`, at most 8 bytes).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub auth_pass: Option<String>,
+    /// Whether a higher-priority backup preempts a lower-priority master.
+    pub preempt: bool,
+    /// Seconds between repeated gratuitous ARP / unsolicited NA while master (0 = never).
+    pub garp_refresh_secs: u32,
+    /// Base priority per role.
+    pub priorities: RolePriorities,
+    /// Health checks whose weights add to the base priority while they pass.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub checks: Vec<HealthCheckConfig>,
+}
+
+/// A health check that moves a VRRP priority (like keepalived's `track_script`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct HealthCheckConfig {
+    /// Name for logs and status.
+    pub name: String,
+    /// What is checked.
+    pub check: HealthCheckKind,
+    /// Milliseconds between checks.
+    pub interval_ms: u32,
+    /// Consecutive successes that make a failing check pass.
+    pub rise: u32,
+    /// Consecutive failures that make a passing check fail.
+    pub fall: u32,
+    /// Added to the priority while the check passes (may be negative).
+    pub weight: i32,
+}
+
+/// The kinds of health check.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "camelCase", deny_unknown_fields)]
+pub enum HealthCheckKind {
+    /// A TCP connect to `address` succeeds.
+    Tcp {
+        /// Where to connect.
+        address: SocketAddr,
+    },
+    /// An HTTP(S) GET answers with `expectStatus` (no certificate verification).
+    Http {
+        /// Full URL with an IP literal host (no name lookups in the static agent).
+        url: String,
+        /// The status code that counts as healthy.
+        expect_status: u16,
+    },
+    /// The local API proxy has at least one healthy backend.
+    ProxyHealthyBackend,
+    /// The local Ignition server is running.
+    IgnitionServer,
+}
+
+/// The API load balancer (DESIGN §4.4).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ApiSettings {
+    /// Frontend port on every address of the node (9445; 7443 in OpenShift 4.2).
+    pub frontend_port: u16,
+    /// Extra frontend on the API VIP while this node holds it (6443).
+    pub vip_port: u16,
+    /// Port of kube-apiserver on every master (6443).
+    pub backend_port: u16,
+    /// The `/healthz` monitor port (50936, as haproxy's `monitor-uri`).
+    pub monitor_port: u16,
+    /// Static backends, used in addition to the masters from members.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub static_backends: Vec<SocketAddr>,
+    /// Backend health check.
+    pub check: BackendCheck,
+    /// Milliseconds between backend checks.
+    pub check_interval_ms: u32,
+    /// Consecutive failures that mark a backend down.
+    pub fall: u32,
+    /// Consecutive successes that mark a backend up.
+    pub rise: u32,
+    /// Backend connect timeout, milliseconds.
+    pub connect_timeout_ms: u32,
+    /// Idle timeout of a proxied connection, seconds.
+    pub idle_timeout_secs: u32,
+    /// Maximum concurrent client connections.
+    pub max_connections: u32,
+}
+
+/// How the proxy checks a backend.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum BackendCheck {
+    /// No check: every backend is up.
+    None,
+    /// TCP connect.
+    Tcp,
+    /// TLS `GET /readyz` expecting 200, no certificate verification.
+    TlsReadyz,
+}
+
+/// The cluster DNS server (DESIGN §4.5).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct DnsSettings {
+    /// Port to answer on (53).
+    pub port: u16,
+    /// TTL of the records the server is authoritative for.
+    pub ttl: u32,
+    /// Upstream resolvers, tried in order, before those learned from metadata or DHCP.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub upstreams: Vec<SocketAddr>,
+    /// Point the node's `/etc/resolv.conf` at the local server (appliance).
+    pub manage_resolv_conf: bool,
+}
+
+/// The Ignition config server (DESIGN §3.4).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct IgnitionServerSettings {
+    /// TLS port (22623).
+    pub tls_port: u16,
+    /// Plain-HTTP port (22624).
+    pub plain_port: u16,
+    /// Clients allowed to fetch configs; loopback is always allowed. Defaults to the
+    /// machine networks: a served config holds the cluster's secrets.
+    pub allowed_networks: Vec<IpNet>,
+    /// Ignition spec version of the pointer configs and of configs served to clients that
+    /// do not ask for one (e.g. `3.2.0`).
+    pub spec: String,
+}
+
+/// How members find each other (DESIGN §4.6).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum MembersTransport {
+    /// mDNS (RFC 6762/6763) on the node's segment.
+    Mdns,
+    /// Register with the API VIP holder's Ignition server over TLS.
+    Unicast,
+}
+
+/// Member discovery settings.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct MembersSettings {
+    /// Transport.
+    pub transport: MembersTransport,
+    /// Seconds between announcements / registrations.
+    pub renew_interval_secs: u32,
+    /// Seconds after which a member that stopped renewing is dropped.
+    pub expiry_secs: u32,
+}
+
+/// When the supervisor restarts an operator service.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum RestartPolicy {
+    /// Always restart, with backoff.
+    #[default]
+    Always,
+    /// Restart only after a non-zero exit or a signal.
+    OnFailure,
+    /// Never restart.
+    Never,
+}
+
+/// An operator-defined process the appliance supervisor runs (`services` in cluster.json).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ServiceSpec {
+    /// Name for logs and status.
+    pub name: String,
+    /// Absolute path of the executable.
+    pub path: String,
+    /// Arguments.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub args: Vec<String>,
+    /// Extra environment.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub env: BTreeMap<String, String>,
+    /// Restart policy.
+    #[serde(default)]
+    pub restart: RestartPolicy,
+    /// Roles it runs on; empty means every role.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub roles: Vec<Role>,
+}
+
+impl ClusterConfig {
+    /// Parses and checks a `cluster.json` document.
+    pub fn from_json(bytes: &[u8]) -> Result<Self, ClusterConfigError> {
+        let config: ClusterConfig = serde_json::from_slice(bytes)?;
+        config.check()?;
+        Ok(config)
+    }
+
+    /// Serialises as pretty JSON with a trailing newline (stable: same config, same bytes).
+    pub fn to_json(&self) -> Vec<u8> {
+        let mut out = serde_json::to_vec_pretty(self).expect("cluster config serialises");
+        out.push(b'\n');
+        out
+    }
+
+    /// The cluster's DNS zone, `<name>.<baseDomain>`.
+    pub fn zone(&self) -> String {
+        format!("{}.{}", self.name, self.base_domain)
+    }
+
+    /// Checks the invariants serde cannot express.
+    pub fn check(&self) -> Result<(), ClusterConfigError> {
+        fn invalid(field: String, expected: &str, got: impl ToString) -> ClusterConfigError {
+            ClusterConfigError::Invalid {
+                field,
+                expected: expected.into(),
+                got: got.to_string(),
+            }
+        }
+        if self.version != CLUSTER_JSON_VERSION {
+            return Err(invalid(
+                "version".into(),
+                &format!("{CLUSTER_JSON_VERSION}"),
+                self.version,
+            ));
+        }
+        if self.name.is_empty() {
+            return Err(invalid("name".into(), "a non-empty cluster name", "\"\""));
+        }
+        if self.base_domain.is_empty() {
+            return Err(invalid("baseDomain".into(), "a non-empty domain", "\"\""));
+        }
+        for (i, inst) in self.vrrp.instances.iter().enumerate() {
+            let field = |f: &str| format!("vrrp.instances[{i}].{f}");
+            if inst.vrid == 0 {
+                return Err(invalid(field("vrid"), "1..=255", inst.vrid));
+            }
+            if inst.advert_interval_ms < 10 || inst.advert_interval_ms > 40_950 {
+                return Err(invalid(
+                    field("advertIntervalMs"),
+                    "10..=40950",
+                    inst.advert_interval_ms,
+                ));
+            }
+            if inst.version == VrrpVersion::V2 {
+                if inst.vip.is_ipv6() {
+                    return Err(invalid(field("version"), "3 for an IPv6 VIP", "2"));
+                }
+                if inst.advert_interval_ms % 1000 != 0 || inst.advert_interval_ms > 255_000 {
+                    return Err(invalid(
+                        field("advertIntervalMs"),
+                        "whole seconds (1000..=255000) for VRRPv2",
+                        inst.advert_interval_ms,
+                    ));
+                }
+            } else if inst.auth_pass.is_some() {
+                return Err(invalid(
+                    field("authPass"),
+                    "no password with VRRPv3 (RFC 5798 removed authentication)",
+                    "a password",
+                ));
+            }
+            if let Some(pass) = &inst.auth_pass
+                && (pass.is_empty() || pass.len() > 8)
+            {
+                return Err(invalid(field("authPass"), "1 to 8 bytes", pass.len()));
+            }
+            for check in &inst.checks {
+                if check.rise == 0 || check.fall == 0 || check.interval_ms == 0 {
+                    return Err(invalid(
+                        field(&format!("checks[{}]", check.name)),
+                        "rise, fall and intervalMs >= 1",
+                        format!(
+                            "rise={} fall={} intervalMs={}",
+                            check.rise, check.fall, check.interval_ms
+                        ),
+                    ));
+                }
+            }
+        }
+        if self.api.fall == 0 || self.api.rise == 0 {
+            return Err(invalid("api.fall/api.rise".into(), ">= 1", 0));
+        }
+        for (i, svc) in self.services.iter().enumerate() {
+            if !svc.path.starts_with('/') {
+                return Err(invalid(
+                    format!("services[{i}].path"),
+                    "an absolute path",
+                    &svc.path,
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// The instance named `name`, if any.
+    pub fn instance(&self, name: &str) -> Option<&VrrpInstanceConfig> {
+        self.vrrp.instances.iter().find(|i| i.name == name)
+    }
+}
+
+/// Fletcher-8 checksum over `s`, as OpenShift's baremetal-runtimecfg derives VRIDs
+/// (`<cluster>-api`, `<cluster>-ingress`): two running sums mod 15 packed in a byte.
+/// The sums are 8-bit with wrap-around before the modulo, exactly as that Go code.
+pub fn fletcher8(s: &str) -> u8 {
+    let (mut sum1, mut sum2) = (0u8, 0u8);
+    for b in s.bytes() {
+        sum1 = sum1.wrapping_add(b) % 15;
+        sum2 = sum2.wrapping_add(sum1) % 15;
+    }
+    (sum2 << 4) | sum1
+}
+
+/// Default VRIDs for the API and ingress instances of cluster `name`: Fletcher-8 + 1 each,
+/// the ingress one bumped when they are equal (as OpenShift does).
+pub fn default_vrids(name: &str) -> (u8, u8) {
+    let api = fletcher8(&format!("{name}-api")).wrapping_add(1).max(1);
+    let mut ingress = fletcher8(&format!("{name}-ingress")).wrapping_add(1).max(1);
+    if ingress == api {
+        ingress = ingress.wrapping_add(1).max(1);
+    }
+    (api, ingress)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fletcher8_matches_hand_computation() {
+        // "ab": sum1 = 97 % 15 = 7, sum2 = 7; then sum1 = (7+98)%15 = 0, sum2 = 7.
+        assert_eq!(fletcher8("ab"), 0x70);
+        assert_eq!(fletcher8(""), 0);
+    }
+
+    #[test]
+    fn vrids_differ() {
+        for name in ["ocp4", "a", "cluster", "x-y"] {
+            let (api, ingress) = default_vrids(name);
+            assert_ne!(api, ingress, "{name}");
+            assert_ne!(api, 0);
+            assert_ne!(ingress, 0);
+        }
+    }
+}

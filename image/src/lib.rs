@@ -1,0 +1,1 @@
+//! keelson-image: the appliance image (initramfs, kernel modules, bootable disk, qcow2).
