@@ -47,6 +47,9 @@ pub struct Bus {
     pub dns_upstreams: watch::Sender<Vec<IpAddr>>,
     /// Status snapshots by subsystem name (published by everyone, read by `status`).
     pub status: watch::Sender<BTreeMap<String, serde_json::Value>>,
+    /// Services that are up (bound their sockets, started their loops); the supervisor
+    /// logs the `keelson-agent ready:` line once every started service is here.
+    pub ready: watch::Sender<BTreeSet<String>>,
 }
 
 impl Default for Bus {
@@ -58,11 +61,18 @@ impl Default for Bus {
             vips_held: watch::Sender::new(BTreeSet::new()),
             dns_upstreams: watch::Sender::new(Vec::new()),
             status: watch::Sender::new(BTreeMap::new()),
+            ready: watch::Sender::new(BTreeSet::new()),
         }
     }
 }
 
 impl Bus {
+    /// Marks service `name` as up.
+    pub fn mark_ready(&self, name: &str) {
+        self.ready
+            .send_if_modified(|set| set.insert(name.to_string()));
+    }
+
     /// Publishes `value` as subsystem `name`'s status snapshot.
     pub fn publish_status(&self, name: &str, value: serde_json::Value) {
         self.status.send_modify(|map| {

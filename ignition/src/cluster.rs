@@ -111,6 +111,9 @@ pub struct ClusterConfig {
     pub ignition: IgnitionServerSettings,
     /// Member discovery.
     pub members: MembersSettings,
+    /// SSH public keys for user `core` (the install-config's `sshKey`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ssh_authorized_keys: Vec<String>,
     /// Extra processes the appliance supervisor runs (operator-defined).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub services: Vec<ServiceSpec>,

@@ -24,3 +24,11 @@ pub struct DnsArgs {
 pub async fn cli(_args: DnsArgs) -> anyhow::Result<()> {
     anyhow::bail!("DNS is not implemented yet")
 }
+
+/// Runs this subsystem until `stop` is cancelled.
+pub async fn run(
+    _ctx: crate::context::AgentContext,
+    _stop: tokio_util::sync::CancellationToken,
+) -> anyhow::Result<()> {
+    anyhow::bail!("dns is not implemented yet")
+}

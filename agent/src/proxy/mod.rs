@@ -20,3 +20,11 @@ pub struct ProxyArgs {
 pub async fn cli(_args: ProxyArgs) -> anyhow::Result<()> {
     anyhow::bail!("the proxy is not implemented yet")
 }
+
+/// Runs this subsystem until `stop` is cancelled.
+pub async fn run(
+    _ctx: crate::context::AgentContext,
+    _stop: tokio_util::sync::CancellationToken,
+) -> anyhow::Result<()> {
+    anyhow::bail!("proxy is not implemented yet")
+}
