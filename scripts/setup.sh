@@ -42,6 +42,9 @@ if [ ! -e "$KDIR/.done" ]; then
   ( cd "$KDIR/deb" && apt-get download -qq "$(apt-cache depends linux-image-cloud-amd64 | awk '/Depends: linux-image-[0-9]/{print $2; exit}')" )
   deb=$(ls "$KDIR"/deb/*.deb)
   dpkg-deb -x "$deb" "$KDIR/root"
+  # The package leaves modules.dep to depmod at install time; we unpack instead, so run it.
+  kver=$(ls "$KDIR/root/lib/modules")
+  /sbin/depmod -b "$KDIR/root" "$kver"
   { echo "package=$(dpkg-deb -f "$deb" Package)"; echo "version=$(dpkg-deb -f "$deb" Version)";
     echo "sha256=$(sha256sum "$deb" | cut -d' ' -f1)"; } > "$KDIR/package.txt"
   touch "$KDIR/.done"
