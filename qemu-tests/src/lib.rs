@@ -1,4 +1,5 @@
 //! The whole-cluster test harness: QEMU VMs of the appliance image on one multicast segment,
 //! checked from a host-side participant in a network namespace.
 
+pub mod configdrive;
 pub mod segment;

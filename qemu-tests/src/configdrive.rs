@@ -1,0 +1,128 @@
+//! OpenStack config drives for the test VMs: an ISO 9660 image labelled `config-2` holding
+//! `openstack/latest/{meta_data.json,network_data.json,user_data}`, as Nova writes them.
+
+use std::net::Ipv4Addr;
+use std::path::Path;
+use std::process::Command;
+
+use anyhow::{Context, Result, bail};
+use serde_json::json;
+
+/// What one VM's config drive says about it.
+#[derive(Debug, Clone)]
+pub struct NodeDrive {
+    /// Host name (also the node name).
+    pub name: String,
+    /// Stable UUID for the instance.
+    pub uuid: String,
+    /// The NIC's MAC address.
+    pub mac: String,
+    /// Static IPv4 address on the segment.
+    pub address: Ipv4Addr,
+    /// Prefix length of the segment.
+    pub prefix: u8,
+    /// The Ignition config given as user_data.
+    pub user_data: Vec<u8>,
+}
+
+impl NodeDrive {
+    /// `meta_data.json` as Nova writes it (the fields the agent reads, and a few more).
+    pub fn meta_data(&self) -> serde_json::Value {
+        json!({
+            "uuid": self.uuid,
+            "name": self.name,
+            "hostname": format!("{}.novalocal", self.name),
+            "launch_index": 0,
+            "availability_zone": "nova",
+            "project_id": "6f70656e737461636b20697320636f6f6c",
+            "meta": {},
+            "devices": [],
+        })
+    }
+
+    /// `network_data.json` with one physical link and a static IPv4 network on it.
+    pub fn network_data(&self) -> serde_json::Value {
+        let netmask = Ipv4Addr::from(u32::MAX.checked_shl(32 - self.prefix as u32).unwrap_or(0));
+        json!({
+            "links": [{
+                "id": "tap-keelson0",
+                "type": "phy",
+                "ethernet_mac_address": self.mac,
+                "mtu": 1500,
+                "vif_id": self.uuid,
+            }],
+            "networks": [{
+                "id": "network0",
+                "type": "ipv4",
+                "link": "tap-keelson0",
+                "ip_address": self.address.to_string(),
+                "netmask": netmask.to_string(),
+                "routes": [],
+                "network_id": "00000000-0000-0000-0000-00000000cafe",
+            }],
+            "services": [],
+        })
+    }
+
+    /// Writes the config drive ISO to `iso` (xorriso, Rock Ridge + Joliet as genisoimage does).
+    pub fn write_iso(&self, work: &Path, iso: &Path) -> Result<()> {
+        let root = work.join(format!("{}-drive", self.name));
+        let latest = root.join("openstack/latest");
+        std::fs::create_dir_all(&latest)
+            .with_context(|| format!("creating {}", latest.display()))?;
+        std::fs::write(
+            latest.join("meta_data.json"),
+            serde_json::to_vec_pretty(&self.meta_data())?,
+        )?;
+        std::fs::write(
+            latest.join("network_data.json"),
+            serde_json::to_vec_pretty(&self.network_data())?,
+        )?;
+        std::fs::write(latest.join("user_data"), &self.user_data)?;
+        let out = Command::new("xorriso")
+            .args([
+                "-as", "mkisofs", "-quiet", "-R", "-J", "-V", "config-2", "-o",
+            ])
+            .arg(iso)
+            .arg(&root)
+            .output()
+            .context("running xorriso (apt-get install xorriso)")?;
+        if !out.status.success() {
+            bail!(
+                "xorriso failed for {}: {}",
+                self.name,
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn netmask_from_prefix() {
+        let drive = NodeDrive {
+            name: "master-0".into(),
+            uuid: "u".into(),
+            mac: "52:54:00:00:00:01".into(),
+            address: Ipv4Addr::new(10, 0, 0, 11),
+            prefix: 16,
+            user_data: vec![],
+        };
+        assert_eq!(
+            drive.network_data()["networks"][0]["netmask"],
+            "255.255.0.0"
+        );
+        let drive = NodeDrive {
+            prefix: 24,
+            ..drive
+        };
+        assert_eq!(
+            drive.network_data()["networks"][0]["netmask"],
+            "255.255.255.0"
+        );
+    }
+}
