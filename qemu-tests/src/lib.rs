@@ -3,3 +3,4 @@
 
 pub mod configdrive;
 pub mod segment;
+pub mod vm;

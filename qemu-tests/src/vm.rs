@@ -1,0 +1,205 @@
+//! One QEMU virtual machine of the appliance image: its own copy-on-write overlay of
+//! `keelson.qcow2`, a config drive, a NIC on the test segment, the serial console captured to
+//! a file, and the human monitor on a unix socket (`system_powerdown`, `quit`).
+
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+
+use crate::segment::Segment;
+
+/// How to start one VM.
+#[derive(Debug, Clone)]
+pub struct VmSpec {
+    /// Name (files are named after it).
+    pub name: String,
+    /// The base image.
+    pub image: PathBuf,
+    /// The config drive ISO.
+    pub config_drive: PathBuf,
+    /// The NIC's MAC address.
+    pub mac: String,
+    /// Memory in MiB.
+    pub memory_mib: u32,
+    /// Boot with UEFI (OVMF) instead of SeaBIOS.
+    pub uefi: bool,
+}
+
+/// A running VM.
+#[derive(Debug)]
+pub struct Vm {
+    /// What it was started with.
+    pub spec: VmSpec,
+    /// The serial console log.
+    pub console: PathBuf,
+    monitor: PathBuf,
+    child: Option<Child>,
+    /// When QEMU was started.
+    pub started: Instant,
+}
+
+/// `tcg` unless `ACCEL` says otherwise (`ACCEL=kvm` where KVM works).
+pub fn accel() -> String {
+    std::env::var("ACCEL").unwrap_or_else(|_| "tcg".into())
+}
+
+impl Vm {
+    /// Starts the VM with its files in `work`.
+    pub fn start(spec: VmSpec, segment: Segment, work: &Path) -> Result<Self> {
+        let overlay = work.join(format!("{}.qcow2", spec.name));
+        let _ = std::fs::remove_file(&overlay);
+        let status = Command::new("qemu-img")
+            .args(["create", "-q", "-f", "qcow2", "-F", "qcow2", "-b"])
+            .arg(&spec.image)
+            .arg(&overlay)
+            .status()
+            .context("running qemu-img")?;
+        if !status.success() {
+            bail!("qemu-img create failed for {}", spec.name);
+        }
+        let console = work.join(format!("{}.console", spec.name));
+        let monitor = work.join(format!("{}.monitor", spec.name));
+        let _ = std::fs::remove_file(&console);
+        let _ = std::fs::remove_file(&monitor);
+        let mut cmd = Command::new("qemu-system-x86_64");
+        cmd.args(["-accel", &accel(), "-m", &spec.memory_mib.to_string()])
+            .args(["-nodefaults", "-display", "none", "-no-reboot"])
+            .arg("-serial")
+            .arg(format!("file:{}", console.display()))
+            .arg("-monitor")
+            .arg(format!("unix:{},server=on,wait=off", monitor.display()))
+            .arg("-drive")
+            .arg(format!("file={},if=virtio,format=qcow2", overlay.display()))
+            .arg("-drive")
+            .arg(format!(
+                "file={},media=cdrom,readonly=on",
+                spec.config_drive.display()
+            ))
+            .arg("-netdev")
+            .arg(segment.qemu_netdev("n0"))
+            .arg("-device")
+            .arg(format!("virtio-net-pci,netdev=n0,mac={}", spec.mac));
+        if spec.uefi {
+            cmd.args(["-bios", "/usr/share/ovmf/OVMF.fd"]);
+        }
+        cmd.stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        let child = cmd.spawn().context("starting qemu-system-x86_64")?;
+        Ok(Vm {
+            spec,
+            console,
+            monitor,
+            child: Some(child),
+            started: Instant::now(),
+        })
+    }
+
+    /// The console so far.
+    pub fn console_text(&self) -> String {
+        std::fs::read(&self.console)
+            .map(|b| String::from_utf8_lossy(&b).into_owned())
+            .unwrap_or_default()
+    }
+
+    /// The last `n` lines of the console.
+    pub fn console_tail(&self, n: usize) -> String {
+        let text = self.console_text();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(n)..].join("\n")
+    }
+
+    /// Waits until the console holds a line containing `needle`; returns that line.
+    pub fn wait_for_console(&mut self, needle: &str, timeout: Duration) -> Result<String> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(line) = self
+                .console_text()
+                .lines()
+                .find(|l| l.contains(needle))
+                .map(str::to_string)
+            {
+                return Ok(line);
+            }
+            if let Some(child) = self.child.as_mut()
+                && let Some(status) = child.try_wait()?
+            {
+                bail!(
+                    "{} exited ({status}) before printing {needle:?}; console:\n{}",
+                    self.spec.name,
+                    self.console_tail(30)
+                );
+            }
+            if Instant::now() > deadline {
+                bail!(
+                    "{}: no {needle:?} on the console after {timeout:?}; last lines:\n{}",
+                    self.spec.name,
+                    self.console_tail(30)
+                );
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// Sends one human-monitor command.
+    pub fn monitor(&self, command: &str) -> Result<()> {
+        let mut stream = UnixStream::connect(&self.monitor)
+            .with_context(|| format!("connecting to {}'s monitor", self.spec.name))?;
+        stream.set_read_timeout(Some(Duration::from_secs(2)))?;
+        writeln!(stream, "{command}")?;
+        // Read the banner and echo so the command is processed before we hang up.
+        let mut reader = BufReader::new(stream);
+        let mut line = String::new();
+        let _ = reader.read_line(&mut line);
+        Ok(())
+    }
+
+    /// ACPI power button; waits up to `timeout` for QEMU to exit.
+    pub fn power_off(&mut self, timeout: Duration) -> Result<std::process::ExitStatus> {
+        self.monitor("system_powerdown")?;
+        self.wait_exit(timeout)
+    }
+
+    /// Stops the VM at once, without a goodbye (`quit`: the node just dies).
+    pub fn kill(&mut self) -> Result<()> {
+        if self.monitor("quit").is_err()
+            && let Some(child) = self.child.as_mut()
+        {
+            let _ = child.kill();
+        }
+        self.wait_exit(Duration::from_secs(10)).map(|_| ())
+    }
+
+    /// Waits for QEMU to exit.
+    pub fn wait_exit(&mut self, timeout: Duration) -> Result<std::process::ExitStatus> {
+        let deadline = Instant::now() + timeout;
+        let child = self.child.as_mut().context("the VM was already reaped")?;
+        loop {
+            if let Some(status) = child.try_wait()? {
+                self.child = None;
+                return Ok(status);
+            }
+            if Instant::now() > deadline {
+                bail!(
+                    "{} did not exit within {timeout:?}; console:\n{}",
+                    self.spec.name,
+                    self.console_tail(20)
+                );
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+impl Drop for Vm {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
