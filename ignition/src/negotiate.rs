@@ -60,7 +60,9 @@ fn parse_semver(s: &str) -> Option<SemVer> {
     let mut it = core.split('.');
     let mut num = || -> Option<u64> {
         let p = it.next()?;
-        if p.is_empty() || !p.bytes().all(|b| b.is_ascii_digit()) || (p.len() > 1 && p.starts_with('0'))
+        if p.is_empty()
+            || !p.bytes().all(|b| b.is_ascii_digit())
+            || (p.len() > 1 && p.starts_with('0'))
         {
             return None;
         }
@@ -224,7 +226,12 @@ mod tests {
 
     #[test]
     fn newer_3x_minor_gets_newest() {
-        for v in ["3.6.0", "3.6.0-experimental", "3.99.1", "3.18446744073709551615.0"] {
+        for v in [
+            "3.6.0",
+            "3.6.0-experimental",
+            "3.99.1",
+            "3.18446744073709551615.0",
+        ] {
             let h = format!("application/vnd.coreos.ignition+json;version={v}, */*;q=0.1");
             assert_eq!(n(&h).unwrap(), SpecVersion::NEWEST, "{h}");
         }

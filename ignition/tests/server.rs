@@ -219,13 +219,34 @@ async fn accept_matrix_end_to_end_over_tls_and_plain() {
     let cases: Vec<(Option<String>, SpecVersion)> = vec![
         (None, SpecVersion::V2_2),
         (Some("*/*".into()), SpecVersion::V2_2),
-        (Some(format!("{ign};version=3.0.0, */*;q=0.1")), SpecVersion::V3_0),
-        (Some(format!("{ign};version=3.1.0, */*;q=0.1")), SpecVersion::V3_1),
-        (Some(format!("{ign};version=3.2.0, */*;q=0.1")), SpecVersion::V3_2),
-        (Some(format!("{ign};version=3.3.0, */*;q=0.1")), SpecVersion::V3_3),
-        (Some(format!("{ign};version=3.4.0, */*;q=0.1")), SpecVersion::V3_4),
-        (Some(format!("{ign};version=3.5.0, */*;q=0.1")), SpecVersion::V3_5),
-        (Some(format!("{ign};version=3.6.0, */*;q=0.1")), SpecVersion::NEWEST),
+        (
+            Some(format!("{ign};version=3.0.0, */*;q=0.1")),
+            SpecVersion::V3_0,
+        ),
+        (
+            Some(format!("{ign};version=3.1.0, */*;q=0.1")),
+            SpecVersion::V3_1,
+        ),
+        (
+            Some(format!("{ign};version=3.2.0, */*;q=0.1")),
+            SpecVersion::V3_2,
+        ),
+        (
+            Some(format!("{ign};version=3.3.0, */*;q=0.1")),
+            SpecVersion::V3_3,
+        ),
+        (
+            Some(format!("{ign};version=3.4.0, */*;q=0.1")),
+            SpecVersion::V3_4,
+        ),
+        (
+            Some(format!("{ign};version=3.5.0, */*;q=0.1")),
+            SpecVersion::V3_5,
+        ),
+        (
+            Some(format!("{ign};version=3.6.0, */*;q=0.1")),
+            SpecVersion::NEWEST,
+        ),
         (
             Some(format!(
                 "{ign}; version=2.2.0, {ign}; version=1; q=0.5, */*; q=0.1"
@@ -359,7 +380,10 @@ async fn head_has_length_and_no_body() {
             .contains(&format!("content-length: {len}\r\n")),
         "{text}"
     );
-    assert!(text.ends_with("\r\n\r\n"), "body after HEAD headers: {text:?}");
+    assert!(
+        text.ends_with("\r\n\r\n"),
+        "body after HEAD headers: {text:?}"
+    );
     s.stop().await;
 }
 

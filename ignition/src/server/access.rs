@@ -33,8 +33,18 @@ mod tests {
 
     #[test]
     fn rules() {
-        let a = AccessList::new(vec!["10.0.0.0/16".parse().unwrap(), "fd00::/64".parse().unwrap()], true);
-        for ok in ["10.0.1.2", "127.0.0.1", "::1", "::ffff:10.0.3.4", "fd00::5", "127.9.9.9"] {
+        let a = AccessList::new(
+            vec!["10.0.0.0/16".parse().unwrap(), "fd00::/64".parse().unwrap()],
+            true,
+        );
+        for ok in [
+            "10.0.1.2",
+            "127.0.0.1",
+            "::1",
+            "::ffff:10.0.3.4",
+            "fd00::5",
+            "127.9.9.9",
+        ] {
             assert!(a.allows(ok.parse().unwrap()), "{ok}");
         }
         for no in ["10.1.0.1", "192.168.0.1", "::ffff:192.168.0.1", "fd01::1"] {

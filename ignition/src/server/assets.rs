@@ -18,7 +18,7 @@ pub enum AssetError {
     #[error("asset name {0:?}: expected [A-Za-z0-9._-], not starting with '.'")]
     BadName(String),
     /// Reading the directory or a file failed.
-    #[error("{path}: {source}")]
+    #[error("reading {path}")]
     Io {
         /// The path.
         path: String,
@@ -123,6 +123,12 @@ mod tests {
         let a = Assets::from_dir(d.path()).unwrap();
         assert_eq!(a.names().collect::<Vec<_>>(), ["keelson-agent"]);
         assert_eq!(a.get("keelson-agent").unwrap().as_ref(), b"\x7fELF");
-        assert_eq!(Assets::from_dir(&d.path().join("nope")).unwrap().names().count(), 0);
+        assert_eq!(
+            Assets::from_dir(&d.path().join("nope"))
+                .unwrap()
+                .names()
+                .count(),
+            0
+        );
     }
 }

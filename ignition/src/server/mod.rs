@@ -92,7 +92,7 @@ impl Default for ServerOptions {
 #[non_exhaustive]
 pub enum ServerError {
     /// A listen address could not be bound.
-    #[error("binding {addr}: {source}")]
+    #[error("binding {addr}")]
     Bind {
         /// The address.
         addr: SocketAddr,
@@ -215,7 +215,12 @@ impl BoundServer {
             handshake_timeout: self.opts.handshake_timeout,
         };
         if let Some((listener, acceptor)) = self.tls {
-            tracker.spawn(accept_loop(listener, Some(acceptor), conn.clone(), tracker.clone()));
+            tracker.spawn(accept_loop(
+                listener,
+                Some(acceptor),
+                conn.clone(),
+                tracker.clone(),
+            ));
         }
         if let Some(listener) = self.plain {
             tracker.spawn(accept_loop(listener, None, conn.clone(), tracker.clone()));
@@ -272,7 +277,8 @@ async fn accept_loop(
         let ctx = ctx.clone();
         match tls.clone() {
             Some(acceptor) => tracker.spawn(async move {
-                let handshake = tokio::time::timeout(ctx.handshake_timeout, acceptor.accept(stream));
+                let handshake =
+                    tokio::time::timeout(ctx.handshake_timeout, acceptor.accept(stream));
                 let tls_stream = tokio::select! {
                     _ = ctx.stop.cancelled() => return,
                     r = handshake => match r {
@@ -338,7 +344,9 @@ async fn handle(
                 return router::respond(
                     http::StatusCode::PAYLOAD_TOO_LARGE,
                     "text/plain; charset=utf-8",
-                    Bytes::from(format!("request body over {MAX_BODY} bytes or unreadable\n")),
+                    Bytes::from(format!(
+                        "request body over {MAX_BODY} bytes or unreadable\n"
+                    )),
                 );
             }
         }

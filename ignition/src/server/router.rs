@@ -48,10 +48,7 @@ pub(crate) fn parse_route(path: &str) -> Route<'_> {
     if rest == "healthz" {
         return Route::Healthz;
     }
-    let single = |prefix: &str| {
-        rest.strip_prefix(prefix)
-            .filter(|name| !name.contains('/'))
-    };
+    let single = |prefix: &str| rest.strip_prefix(prefix).filter(|name| !name.contains('/'));
     if let Some(pool) = single("config/") {
         return Route::Config(pool);
     }
@@ -73,7 +70,11 @@ pub(crate) type Body = Full<Bytes>;
 
 /// A response with `Content-Type` and `Content-Length` set, as machine-config-server
 /// sends them (hyper omits the body of a HEAD response and keeps the length).
-pub(crate) fn respond(status: StatusCode, content_type: &'static str, body: Bytes) -> Response<Body> {
+pub(crate) fn respond(
+    status: StatusCode,
+    content_type: &'static str,
+    body: Bytes,
+) -> Response<Body> {
     let mut r = Response::new(Full::new(body.clone()));
     *r.status_mut() = status;
     let h = r.headers_mut();
@@ -89,7 +90,10 @@ fn text(status: StatusCode, msg: impl Into<String>) -> Response<Body> {
 }
 
 fn method_not_allowed() -> Response<Body> {
-    let mut r = text(StatusCode::METHOD_NOT_ALLOWED, "method not allowed: use GET or HEAD");
+    let mut r = text(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "method not allowed: use GET or HEAD",
+    );
     r.headers_mut()
         .insert(header::ALLOW, HeaderValue::from_static("GET, HEAD"));
     r
@@ -209,8 +213,14 @@ mod tests {
         assert_eq!(parse_route("/healthz"), Route::Healthz);
         assert_eq!(parse_route("/config/master"), Route::Config("master"));
         assert_eq!(parse_route("/config/nope"), Route::Config("nope"));
-        assert_eq!(parse_route("/assets/keelson-agent"), Route::Asset("keelson-agent"));
-        assert_eq!(parse_route("/keelson/members"), Route::Keelson("/keelson/members"));
+        assert_eq!(
+            parse_route("/assets/keelson-agent"),
+            Route::Asset("keelson-agent")
+        );
+        assert_eq!(
+            parse_route("/keelson/members"),
+            Route::Keelson("/keelson/members")
+        );
         for bad in [
             "",
             "healthz",
@@ -239,8 +249,14 @@ mod tests {
 
     struct Fake;
     impl ConfigSource for Fake {
-        fn config(&self, pool: Role, spec: SpecVersion) -> Result<Bytes, crate::server::SourceError> {
-            Ok(Bytes::from(format!("{{\"pool\":\"{pool}\",\"spec\":\"{spec}\"}}")))
+        fn config(
+            &self,
+            pool: Role,
+            spec: SpecVersion,
+        ) -> Result<Bytes, crate::server::SourceError> {
+            Ok(Bytes::from(format!(
+                "{{\"pool\":\"{pool}\",\"spec\":\"{spec}\"}}"
+            )))
         }
     }
 
@@ -255,31 +271,71 @@ mod tests {
     }
 
     fn status(r: &Router, m: Method, path: &str, peer: &str) -> StatusCode {
-        r.handle(&m, path, None, peer.parse().unwrap(), Bytes::new()).status()
+        r.handle(&m, path, None, peer.parse().unwrap(), Bytes::new())
+            .status()
     }
 
     #[test]
     fn status_rules() {
         let r = router(false);
-        assert_eq!(status(&r, Method::GET, "/config/master", "10.0.0.9:1"), StatusCode::OK);
-        assert_eq!(status(&r, Method::HEAD, "/config/worker", "127.0.0.1:1"), StatusCode::OK);
-        assert_eq!(status(&r, Method::GET, "/config/infra", "10.0.0.9:1"), StatusCode::NOT_FOUND);
-        assert_eq!(status(&r, Method::GET, "/config/bootstrap", "10.0.0.9:1"), StatusCode::NOT_FOUND);
-        assert_eq!(status(&r, Method::POST, "/config/master", "10.0.0.9:1"), StatusCode::METHOD_NOT_ALLOWED);
-        assert_eq!(status(&r, Method::GET, "/config/master", "10.1.0.9:1"), StatusCode::FORBIDDEN);
-        assert_eq!(status(&r, Method::GET, "/healthz", "192.0.2.1:1"), StatusCode::OK);
-        assert_eq!(status(&r, Method::GET, "/keelson/x", "10.0.0.9:1"), StatusCode::NOT_FOUND);
-        assert_eq!(status(&r, Method::GET, "/assets/x", "10.0.0.9:1"), StatusCode::NOT_FOUND);
+        assert_eq!(
+            status(&r, Method::GET, "/config/master", "10.0.0.9:1"),
+            StatusCode::OK
+        );
+        assert_eq!(
+            status(&r, Method::HEAD, "/config/worker", "127.0.0.1:1"),
+            StatusCode::OK
+        );
+        assert_eq!(
+            status(&r, Method::GET, "/config/infra", "10.0.0.9:1"),
+            StatusCode::NOT_FOUND
+        );
+        assert_eq!(
+            status(&r, Method::GET, "/config/bootstrap", "10.0.0.9:1"),
+            StatusCode::NOT_FOUND
+        );
+        assert_eq!(
+            status(&r, Method::POST, "/config/master", "10.0.0.9:1"),
+            StatusCode::METHOD_NOT_ALLOWED
+        );
+        assert_eq!(
+            status(&r, Method::GET, "/config/master", "10.1.0.9:1"),
+            StatusCode::FORBIDDEN
+        );
+        assert_eq!(
+            status(&r, Method::GET, "/healthz", "192.0.2.1:1"),
+            StatusCode::OK
+        );
+        assert_eq!(
+            status(&r, Method::GET, "/keelson/x", "10.0.0.9:1"),
+            StatusCode::NOT_FOUND
+        );
+        assert_eq!(
+            status(&r, Method::GET, "/assets/x", "10.0.0.9:1"),
+            StatusCode::NOT_FOUND
+        );
         let b = router(true);
-        assert_eq!(status(&b, Method::GET, "/config/worker", "10.0.0.9:1"), StatusCode::INTERNAL_SERVER_ERROR);
-        assert_eq!(status(&b, Method::GET, "/config/master", "10.0.0.9:1"), StatusCode::OK);
+        assert_eq!(
+            status(&b, Method::GET, "/config/worker", "10.0.0.9:1"),
+            StatusCode::INTERNAL_SERVER_ERROR
+        );
+        assert_eq!(
+            status(&b, Method::GET, "/config/master", "10.0.0.9:1"),
+            StatusCode::OK
+        );
     }
 
     #[test]
     fn bad_accept_is_400() {
         let r = router(false);
         let h = HeaderValue::from_static("application/vnd.coreos.ignition+json;version=4.0.0");
-        let resp = r.handle(&Method::GET, "/config/master", Some(&h), "10.0.0.9:1".parse().unwrap(), Bytes::new());
+        let resp = r.handle(
+            &Method::GET,
+            "/config/master",
+            Some(&h),
+            "10.0.0.9:1".parse().unwrap(),
+            Bytes::new(),
+        );
         assert_eq!(resp.status(), StatusCode::BAD_REQUEST);
     }
 

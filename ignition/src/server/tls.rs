@@ -11,7 +11,7 @@ use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 #[non_exhaustive]
 pub enum TlsError {
     /// A file could not be read.
-    #[error("{path}: {source}")]
+    #[error("reading {path}")]
     Read {
         /// The file.
         path: String,
