@@ -6,12 +6,14 @@
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use anyhow::Context;
 use ipnet::IpNet;
 use keelson_ignition::ClusterConfig;
 use keelson_ignition::server::{
-    Assets, ConfigSource, FileSource, IgnitionServer, ServerOptions, tls_config_from_files,
+    Assets, ConfigSource, FileSource, IgnitionServer, ServerOptions, default_allowed_networks,
+    tls_config_from_files,
 };
 use tokio_util::sync::CancellationToken;
 
@@ -37,18 +39,9 @@ pub struct ServeArgs {
     pub allow: Vec<IpNet>,
 }
 
-/// The networks allowed to fetch configs when the operator names none.
-pub fn default_allowed(cluster: &ClusterConfig) -> Vec<IpNet> {
-    if cluster.ignition.allowed_networks.is_empty() {
-        cluster.machine_networks.clone()
-    } else {
-        cluster.ignition.allowed_networks.clone()
-    }
-}
-
 /// TEMPORARY: serves `DIR/<pool>-full.json`; replaced by the `render_full` adapter at merge.
-pub fn config_source(dir: &Path, _cluster: &ClusterConfig) -> Box<dyn ConfigSource> {
-    Box::new(FileSource::new(dir))
+pub fn config_source(dir: &Path, _cluster: &ClusterConfig) -> Arc<dyn ConfigSource> {
+    Arc::new(FileSource::new(dir))
 }
 
 /// A configured, bound server for `args` (split from [`run`] so tests bind port 0).
@@ -64,7 +57,7 @@ pub async fn bind(args: &ServeArgs) -> anyhow::Result<keelson_ignition::server::
     )?;
     let assets = Assets::from_dir(&args.dir.join("assets"))?;
     let allowed = if args.allow.is_empty() {
-        default_allowed(&cluster)
+        default_allowed_networks(&cluster)
     } else {
         args.allow.clone()
     };
@@ -82,7 +75,7 @@ pub async fn bind(args: &ServeArgs) -> anyhow::Result<keelson_ignition::server::
         ..ServerOptions::default()
     };
     let server =
-        IgnitionServer::from_boxed(config_source(&args.dir, &cluster), assets, opts).with_tls(tls);
+        IgnitionServer::from_shared(config_source(&args.dir, &cluster), assets, opts).with_tls(tls);
     Ok(server.bind().await?)
 }
 
@@ -161,12 +154,12 @@ mod tests {
     fn default_allowed_falls_back_to_machine_networks() {
         let mut c = ClusterConfig::from_json(CLUSTER_JSON.as_bytes()).unwrap();
         assert_eq!(
-            default_allowed(&c),
+            default_allowed_networks(&c),
             vec!["10.0.0.0/16".parse::<IpNet>().unwrap()]
         );
         c.ignition.allowed_networks = vec!["10.0.1.0/24".parse().unwrap()];
         assert_eq!(
-            default_allowed(&c),
+            default_allowed_networks(&c),
             vec!["10.0.1.0/24".parse::<IpNet>().unwrap()]
         );
     }

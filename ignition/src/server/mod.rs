@@ -47,6 +47,16 @@ pub use tls::{TlsError, tls_config, tls_config_from_files};
 use crate::routes::ExtraRoutes;
 use router::Router;
 
+/// The client networks allowed to fetch configs when the operator names none: the
+/// cluster's `ignition.allowedNetworks`, or, when that is empty, its machine networks.
+pub fn default_allowed_networks(cluster: &crate::ClusterConfig) -> Vec<IpNet> {
+    if cluster.ignition.allowed_networks.is_empty() {
+        cluster.machine_networks.clone()
+    } else {
+        cluster.ignition.allowed_networks.clone()
+    }
+}
+
 /// Default TLS port.
 pub const TLS_PORT: u16 = 22623;
 /// Default plain-HTTP port.
@@ -116,11 +126,11 @@ impl IgnitionServer {
     /// A server answering `/config/<pool>` from `source` (cached per pool and spec) and
     /// `/assets/<name>` from `assets`.
     pub fn new(source: impl ConfigSource, assets: Assets, opts: ServerOptions) -> Self {
-        Self::from_boxed(Box::new(source), assets, opts)
+        Self::from_shared(Arc::new(source), assets, opts)
     }
 
-    /// [`IgnitionServer::new`] with an already boxed source.
-    pub fn from_boxed(source: Box<dyn ConfigSource>, assets: Assets, opts: ServerOptions) -> Self {
+    /// [`IgnitionServer::new`] with a shared source.
+    pub fn from_shared(source: Arc<dyn ConfigSource>, assets: Assets, opts: ServerOptions) -> Self {
         Self {
             router: Router {
                 configs: source::Cache::new(source),

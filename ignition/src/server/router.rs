@@ -262,7 +262,7 @@ mod tests {
 
     fn router(bootstrap: bool) -> Router {
         Router {
-            configs: Cache::new(Box::new(Fake)),
+            configs: Cache::new(Arc::new(Fake)),
             assets: Assets::new(),
             bootstrap,
             access: AccessList::new(vec!["10.0.0.0/16".parse().unwrap()], true),

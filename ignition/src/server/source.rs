@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::RwLock;
+use std::sync::{Arc, RwLock};
 
 use bytes::Bytes;
 
@@ -26,7 +26,7 @@ pub trait ConfigSource: Send + Sync + 'static {
 /// Caches a source's successful renderings per `(pool, spec)`. Errors are not cached,
 /// so a transient failure (a file not there yet) heals on the next request.
 pub(crate) struct Cache {
-    source: Box<dyn ConfigSource>,
+    source: Arc<dyn ConfigSource>,
     rendered: RwLock<HashMap<(Role, SpecVersion), Bytes>>,
 }
 
@@ -37,7 +37,7 @@ impl std::fmt::Debug for Cache {
 }
 
 impl Cache {
-    pub(crate) fn new(source: Box<dyn ConfigSource>) -> Self {
+    pub(crate) fn new(source: Arc<dyn ConfigSource>) -> Self {
         Self {
             source,
             rendered: RwLock::new(HashMap::new()),
