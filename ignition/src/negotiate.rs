@@ -136,7 +136,7 @@ fn parse_ranges(header: &str) -> Vec<Range<'_>> {
         })
         .collect();
     // Stable: equal q keeps the client's order.
-    ranges.sort_by(|a, b| b.q.cmp(&a.q));
+    ranges.sort_by_key(|r| std::cmp::Reverse(r.q));
     ranges
 }
 

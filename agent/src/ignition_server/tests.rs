@@ -100,7 +100,7 @@ fn curl(args: &[&str]) -> (String, Vec<u8>) {
 }
 
 fn addr(status: &serde_json::Value, key: &str) -> SocketAddr {
-    status["ignition"][key].as_str().unwrap().parse().unwrap()
+    status[key].as_str().unwrap().parse().unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -130,8 +130,7 @@ async fn bootstrap_node_serves_master_and_sets_the_bus() {
     let status = bus.status.borrow().get("ignition").cloned().unwrap();
     assert_eq!(status["bootstrap"], true);
     assert_eq!(status["allowedNetworks"][0], "10.0.0.0/16");
-    let wrapped = serde_json::json!({ "ignition": status });
-    let (tls, plain) = (addr(&wrapped, "tls"), addr(&wrapped, "plain"));
+    let (tls, plain) = (addr(&status, "tls"), addr(&status, "plain"));
     assert_ne!(tls.port(), 0);
     let ca = dir.path().join("ca.crt").display().to_string();
     let results = tokio::task::spawn_blocking(move || {
@@ -204,7 +203,7 @@ async fn master_serves_worker_and_its_own_binary() {
     .unwrap()
     .unwrap();
     let status = bus.status.borrow().get("ignition").cloned().unwrap();
-    let plain: SocketAddr = status["plain"].as_str().unwrap().parse().unwrap();
+    let plain = addr(&status, "plain");
     let (worker, exe_len) = tokio::task::spawn_blocking(move || {
         let w = curl(&[&format!("http://{plain}/config/worker")]);
         // The asset is this very test binary: compare sizes via HEAD, not 100 MB of bytes.
