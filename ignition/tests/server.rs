@@ -388,6 +388,30 @@ async fn head_has_length_and_no_body() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn several_accept_lines_count_as_one_list() {
+    let s = start(|_, _| {}).await;
+    let plain = s.plain;
+    let raw = tokio::task::spawn_blocking(move || {
+        let mut c = TcpStream::connect(plain).unwrap();
+        c.write_all(
+            b"GET /config/worker HTTP/1.1\r\nHost: x\r\nAccept: application/json\r\n\
+              Accept: application/vnd.coreos.ignition+json;version=3.3.0\r\nConnection: close\r\n\r\n",
+        )
+        .unwrap();
+        let mut out = Vec::new();
+        c.read_to_end(&mut out).unwrap();
+        out
+    })
+    .await
+    .unwrap();
+    let text = String::from_utf8(raw).unwrap();
+    assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+    let body = String::from_utf8(fake_config(Role::Worker, SpecVersion::V3_3)).unwrap();
+    assert!(text.ends_with(&body), "{text}");
+    s.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bootstrap_mode_answers_500_for_worker() {
     let s = start(|o, _| o.bootstrap = true).await;
     assert_eq!(curl(s.https("/config/worker")).await.status, 500);

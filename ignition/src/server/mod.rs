@@ -363,13 +363,23 @@ async fn handle(
     } else {
         Bytes::new()
     };
-    let resp = router.handle(
-        &parts.method,
-        path,
-        parts.headers.get(http::header::ACCEPT),
-        peer,
-        body,
-    );
+    // Several Accept lines mean the same as one joined with commas (RFC 9110 §5.3).
+    let mut accepts = parts.headers.get_all(http::header::ACCEPT).iter();
+    let joined: Option<std::borrow::Cow<'_, [u8]>> = match (accepts.next(), accepts.next()) {
+        (None, _) => None,
+        (Some(one), None) => Some(one.as_bytes().into()),
+        (Some(_), Some(_)) => Some(
+            parts
+                .headers
+                .get_all(http::header::ACCEPT)
+                .iter()
+                .map(|v| v.as_bytes())
+                .collect::<Vec<_>>()
+                .join(&b", "[..])
+                .into(),
+        ),
+    };
+    let resp = router.handle(&parts.method, path, joined.as_deref(), peer, body);
     tracing::debug!(
         %peer,
         method = %parts.method,
