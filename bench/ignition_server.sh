@@ -5,17 +5,17 @@
 # Fairness: each server is pinned to the same single CPU (SERVER_CPU) and wrk to another
 # (WRK_CPU), so both servers get exactly one core (keelson's tokio runtime sizes itself
 # from the affinity mask; nginx runs one worker). Runs alternate keelson/nginx ROUNDS
-# times and the best round of each counts, which damps noise from other load on the box.
+# times and the median of each counts, which damps noise from other load on the box.
 #
 # Env: KEELSON (binary; default target/release/keelson, else target/debug/keelson),
-#      SECS (per run, default 8), ROUNDS (default 3), CONNS (default 32),
+#      SECS (per run, default 6), ROUNDS (default 5), CONNS (default 32),
 #      SERVER_CPU (default 1), WRK_CPU (default 0).
 # Bar (DESIGN §6): keelson >= 0.5 x nginx. Exit 1 below the bar.
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
-SECS=${SECS:-8}
-ROUNDS=${ROUNDS:-3}
+SECS=${SECS:-6}
+ROUNDS=${ROUNDS:-5}
 CONNS=${CONNS:-32}
 SERVER_CPU=${SERVER_CPU:-1}
 WRK_CPU=${WRK_CPU:-0}
@@ -125,23 +125,25 @@ run_wrk() { # url -> requests/s
          /Non-2xx or 3xx responses/ {print "non-2xx responses: " $0 > "/dev/stderr"; exit 1}'
 }
 
-best_ks=0; best_ngx=0
+median() { sort -g | awk '{v[NR] = $1} END {print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2}'; }
+KS_ALL=(); NGX_ALL=()
 for r in $(seq "$ROUNDS"); do
   ks=$(run_wrk "http://127.0.0.1:$KS_PLAIN/config/master")
   ngx=$(run_wrk "http://127.0.0.1:$NGX/config/master")
   printf 'round %d: keelson %s req/s, nginx %s req/s\n' "$r" "$ks" "$ngx"
-  best_ks=$(awk -v a="$best_ks" -v b="$ks" 'BEGIN {print (b > a) ? b : a}')
-  best_ngx=$(awk -v a="$best_ngx" -v b="$ngx" 'BEGIN {print (b > a) ? b : a}')
+  KS_ALL+=("$ks"); NGX_ALL+=("$ngx")
 done
+med_ks=$(printf '%s\n' "${KS_ALL[@]}" | median)
+med_ngx=$(printf '%s\n' "${NGX_ALL[@]}" | median)
 
-ratio=$(awk -v a="$best_ks" -v b="$best_ngx" 'BEGIN {printf "%.2f", a / b}')
+ratio=$(awk -v a="$med_ks" -v b="$med_ngx" 'BEGIN {printf "%.2f", a / b}')
 echo
 echo "GET /config/master, ${SIZE}-byte config, plain HTTP on loopback, wrk -t1 -c$CONNS -d${SECS}s,"
-echo "servers pinned to CPU $SERVER_CPU, wrk to CPU $WRK_CPU, best of $ROUNDS alternating rounds"
+echo "servers pinned to CPU $SERVER_CPU, wrk to CPU $WRK_CPU, median of $ROUNDS alternating rounds"
 echo "keelson binary: $KEELSON"
 printf '%-10s %14s %8s\n' server "requests/s" ratio
-printf '%-10s %14.0f %8s\n' nginx "$best_ngx" 1.00
-printf '%-10s %14.0f %8s\n' keelson "$best_ks" "$ratio"
+printf '%-10s %14.0f %8s\n' nginx "$med_ngx" 1.00
+printf '%-10s %14.0f %8s\n' keelson "$med_ks" "$ratio"
 if awk -v r="$ratio" 'BEGIN {exit !(r >= 0.5)}'; then
   echo "bar (>= 0.5 x nginx): PASS"
 else
