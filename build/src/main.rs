@@ -1,6 +1,39 @@
 //! `keelson`: builds a cluster's payloads from an install-config.yaml.
 
+mod serve;
+
+use clap::{Parser, Subcommand};
+
+/// keelson: Ignition payloads, cluster CA and appliance image for a cluster.
+#[derive(Debug, Parser)]
+#[command(version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Serve a build directory's Ignition configs (:22623 TLS, :22624 plain).
+    Serve(serve::ServeArgs),
+}
+
 fn main() {
-    eprintln!("keelson: not implemented yet");
-    std::process::exit(2);
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Serve(args) => tokio::runtime::Runtime::new()
+            .map_err(anyhow::Error::from)
+            .and_then(|rt| rt.block_on(serve::run(args))),
+    };
+    if let Err(e) = result {
+        eprintln!("keelson: {e:#}");
+        std::process::exit(2);
+    }
 }

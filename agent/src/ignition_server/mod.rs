@@ -1,9 +1,187 @@
-//! The :22623/:22624 Ignition config service on a node (shares code with `keelson serve`).
+//! The :22623/:22624 Ignition config service on a node (DESIGN §3.4). The server itself is
+//! `keelson_ignition::server`, the same code `keelson serve` runs; this module wires it to
+//! the node: TLS from `/etc/keelson/tls/`, ports and allowed networks from cluster.json,
+//! bootstrap mode on the bootstrap node, the agent's own binary as `/assets/keelson-agent`,
+//! and the bus (`ignition_running`, the `ignition` ready mark and status snapshot).
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::Context;
+use bytes::Bytes;
+use keelson_ignition::Role;
+use keelson_ignition::routes::ExtraRoutes;
+use keelson_ignition::server::{
+    Assets, BoundServer, ConfigSource, FileSource, IgnitionServer, ServerOptions,
+    default_allowed_networks, tls_config_from_files,
+};
+use tokio_util::sync::CancellationToken;
+
+use crate::context::{AgentContext, Bus};
+
+/// TEMPORARY (until the renderer adapter is plugged in at merge): where [`run`] looks for
+/// `<pool>-full.json`.
+pub const TEMPORARY_CONFIG_DIR: &str = "/etc/keelson/ignition";
+
+/// Name of the asset that serves the running agent's own binary.
+pub const AGENT_ASSET: &str = "keelson-agent";
+
+/// Where the service finds its files on the node (overridable for tests).
+#[derive(Debug, Clone)]
+pub struct Paths {
+    /// Server certificate chain (PEM).
+    pub cert: PathBuf,
+    /// Server key (PEM).
+    pub key: PathBuf,
+    /// Extra files served under `/assets/` (missing directory: none).
+    pub assets_dir: PathBuf,
+    /// Serve this process's own executable under this asset name (RHCOS masters fetch
+    /// the agent from here, verified against the sha512 in their config).
+    pub self_asset: Option<String>,
+}
+
+impl Default for Paths {
+    fn default() -> Self {
+        Self {
+            cert: PathBuf::from("/etc/keelson/tls/server.crt"),
+            key: PathBuf::from("/etc/keelson/tls/server.key"),
+            assets_dir: PathBuf::from("/etc/keelson/assets"),
+            self_asset: Some(AGENT_ASSET.to_string()),
+        }
+    }
+}
+
+/// The Ignition service, with the config source the caller provides.
+pub struct IgnitionService {
+    source: Arc<dyn ConfigSource>,
+    paths: Paths,
+    extra: Option<Arc<dyn ExtraRoutes>>,
+    listen_ip: Option<IpAddr>,
+}
+
+impl std::fmt::Debug for IgnitionService {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("IgnitionService")
+            .field("paths", &self.paths)
+            .field("extra", &self.extra.is_some())
+            .field("listen_ip", &self.listen_ip)
+            .finish_non_exhaustive()
+    }
+}
+
+impl IgnitionService {
+    /// A service serving configs from `source`.
+    pub fn new(source: impl ConfigSource) -> Self {
+        Self {
+            source: Arc::new(source),
+            paths: Paths::default(),
+            extra: None,
+            listen_ip: None,
+        }
+    }
+
+    /// Uses `paths` instead of the node's defaults.
+    pub fn with_paths(mut self, paths: Paths) -> Self {
+        self.paths = paths;
+        self
+    }
+
+    /// Sends `/keelson/...` requests (member registration) to `extra`.
+    pub fn with_extra_routes(mut self, extra: Arc<dyn ExtraRoutes>) -> Self {
+        self.extra = Some(extra);
+        self
+    }
+
+    /// Listens on `ip` only (default: every address, IPv6 and IPv4).
+    pub fn with_listen_ip(mut self, ip: IpAddr) -> Self {
+        self.listen_ip = Some(ip);
+        self
+    }
+
+    fn assets(&self) -> anyhow::Result<Assets> {
+        let mut assets = Assets::from_dir(&self.paths.assets_dir)?;
+        if let Some(name) = &self.paths.self_asset
+            && assets.get(name).is_none()
+        {
+            let exe = std::env::current_exe().context("locating the agent's own binary")?;
+            let bytes =
+                std::fs::read(&exe).with_context(|| format!("reading {}", exe.display()))?;
+            assets.insert(name, Bytes::from(bytes))?;
+        }
+        Ok(assets)
+    }
+
+    async fn bind(self, ctx: &AgentContext) -> anyhow::Result<BoundServer> {
+        let tls = tls_config_from_files(&self.paths.cert, &self.paths.key)?;
+        let assets = self.assets()?;
+        let settings = &ctx.cluster.ignition;
+        let server = |ip: IpAddr| {
+            let opts = ServerOptions {
+                tls_listen: Some(SocketAddr::new(ip, settings.tls_port)),
+                plain_listen: Some(SocketAddr::new(ip, settings.plain_port)),
+                bootstrap: ctx.node.role == Role::Bootstrap,
+                allowed_networks: default_allowed_networks(&ctx.cluster),
+                ..ServerOptions::default()
+            };
+            let s = IgnitionServer::from_shared(self.source.clone(), assets.clone(), opts)
+                .with_tls(tls.clone());
+            match &self.extra {
+                Some(x) => s.with_extra_routes(x.clone()),
+                None => s,
+            }
+        };
+        if let Some(ip) = self.listen_ip {
+            return Ok(server(ip).bind().await?);
+        }
+        // [::] takes IPv4 too (v4-mapped) where the kernel has IPv6; the appliance kernel
+        // may not, so fall back to 0.0.0.0.
+        match server(IpAddr::V6(Ipv6Addr::UNSPECIFIED)).bind().await {
+            Ok(b) => Ok(b),
+            Err(e) => {
+                tracing::info!(error = %e, "no IPv6 listener; listening on IPv4 only");
+                Ok(server(IpAddr::V4(Ipv4Addr::UNSPECIFIED)).bind().await?)
+            }
+        }
+    }
+
+    /// Runs until `stop` is cancelled.
+    pub async fn run(self, ctx: AgentContext, stop: CancellationToken) -> anyhow::Result<()> {
+        let bound = self.bind(&ctx).await?;
+        let running = Running(ctx.bus.clone());
+        ctx.bus.ignition_running.send_replace(true);
+        ctx.bus.publish_status(
+            "ignition",
+            serde_json::json!({
+                "tls": bound.tls_addr(),
+                "plain": bound.plain_addr(),
+                "bootstrap": ctx.node.role == Role::Bootstrap,
+                "allowedNetworks": default_allowed_networks(&ctx.cluster),
+            }),
+        );
+        ctx.bus.mark_ready("ignition");
+        let result = bound.serve(stop).await;
+        drop(running);
+        Ok(result?)
+    }
+}
+
+/// Clears `ignition_running` however the service ends (stop, error, panic).
+struct Running(Arc<Bus>);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.0.ignition_running.send_replace(false);
+    }
+}
 
 /// Runs this subsystem until `stop` is cancelled.
-pub async fn run(
-    _ctx: crate::context::AgentContext,
-    _stop: tokio_util::sync::CancellationToken,
-) -> anyhow::Result<()> {
-    anyhow::bail!("ignition_server is not implemented yet")
+pub async fn run(ctx: AgentContext, stop: CancellationToken) -> anyhow::Result<()> {
+    // TEMPORARY: the merge plugs the renderer in here (a ConfigSource over render_full).
+    IgnitionService::new(FileSource::new(TEMPORARY_CONFIG_DIR))
+        .run(ctx, stop)
+        .await
 }
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,251 @@
+//! The agent's Ignition service on loopback: TLS from files, ports from cluster.json,
+//! bootstrap mode from the node's role, and the bus.
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use super::*;
+use crate::node::NodeIdentity;
+use keelson_ignition::{ClusterConfig, SpecVersion};
+
+const CLUSTER_JSON: &str = r#"{
+  "version": 1, "name": "ocp4", "baseDomain": "osd2019.local",
+  "machineNetworks": ["10.0.0.0/16"], "apiVips": ["10.0.0.5"], "ingressVips": ["10.0.0.7"],
+  "vrrp": {"instances": []},
+  "api": {"frontendPort": 9445, "vipPort": 6443, "backendPort": 6443, "monitorPort": 50936,
+          "check": "tcp", "checkIntervalMs": 1000, "fall": 3, "rise": 2,
+          "connectTimeoutMs": 1000, "idleTimeoutSecs": 3600, "maxConnections": 1000},
+  "dns": {"port": 53, "ttl": 30, "manageResolvConf": false},
+  "ignition": {"tlsPort": 0, "plainPort": 0, "allowedNetworks": [], "spec": "3.2.0"},
+  "members": {"transport": "mdns", "renewIntervalSecs": 10, "expirySecs": 30}
+}"#;
+
+struct Fake;
+impl ConfigSource for Fake {
+    fn config(
+        &self,
+        pool: Role,
+        spec: SpecVersion,
+    ) -> Result<Bytes, keelson_ignition::server::SourceError> {
+        Ok(Bytes::from(format!(
+            "{{\"pool\":\"{pool}\",\"spec\":\"{spec}\"}}"
+        )))
+    }
+}
+
+fn write_pki(dir: &Path) {
+    use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair};
+    let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca_params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, "agent test CA");
+    let ca = CertifiedIssuer::self_signed(ca_params, KeyPair::generate().unwrap()).unwrap();
+    let key = KeyPair::generate().unwrap();
+    let cert = CertificateParams::new(vec!["localhost".to_string()])
+        .unwrap()
+        .signed_by(&key, &ca)
+        .unwrap();
+    std::fs::write(dir.join("ca.crt"), ca.pem()).unwrap();
+    std::fs::write(dir.join("server.crt"), cert.pem()).unwrap();
+    std::fs::write(dir.join("server.key"), key.serialize_pem()).unwrap();
+}
+
+fn ctx(role: &str) -> AgentContext {
+    let cluster = ClusterConfig::from_json(CLUSTER_JSON.as_bytes()).unwrap();
+    let node = NodeIdentity::from_json(
+        format!(r#"{{"name":"n0","role":"{role}","interface":"lo","addresses":["127.0.0.1/8"]}}"#)
+            .as_bytes(),
+        "node.json",
+    )
+    .unwrap();
+    AgentContext::new(cluster, node)
+}
+
+fn paths(dir: &Path) -> Paths {
+    Paths {
+        cert: dir.join("server.crt"),
+        key: dir.join("server.key"),
+        assets_dir: dir.join("assets"),
+        self_asset: None,
+    }
+}
+
+fn curl(args: &[&str]) -> (String, Vec<u8>) {
+    let out = Command::new("curl")
+        .args([
+            "-sS",
+            "--noproxy",
+            "*",
+            "--max-time",
+            "10",
+            "-w",
+            "\n%{http_code}",
+        ])
+        .args(args)
+        .output()
+        .expect("curl runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let pos = out.stdout.iter().rposition(|&b| b == b'\n').unwrap();
+    (
+        String::from_utf8_lossy(&out.stdout[pos + 1..]).into_owned(),
+        out.stdout[..pos].to_vec(),
+    )
+}
+
+fn addr(status: &serde_json::Value, key: &str) -> SocketAddr {
+    status[key].as_str().unwrap().parse().unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bootstrap_node_serves_master_and_sets_the_bus() {
+    let dir = tempfile::tempdir().unwrap();
+    write_pki(dir.path());
+    std::fs::create_dir(dir.path().join("assets")).unwrap();
+    std::fs::write(dir.path().join("assets/keelson-agent"), b"agent bytes").unwrap();
+    let ctx = ctx("bootstrap");
+    let bus = ctx.bus.clone();
+    let mut ready = bus.ready.subscribe();
+    let stop = CancellationToken::new();
+    let task = tokio::spawn(
+        IgnitionService::new(Fake)
+            .with_paths(paths(dir.path()))
+            .with_listen_ip("127.0.0.1".parse().unwrap())
+            .run(ctx, stop.clone()),
+    );
+    tokio::time::timeout(
+        Duration::from_secs(5),
+        ready.wait_for(|r| r.contains("ignition")),
+    )
+    .await
+    .expect("ready within 5 s")
+    .unwrap();
+    assert!(*bus.ignition_running.borrow());
+    let status = bus.status.borrow().get("ignition").cloned().unwrap();
+    assert_eq!(status["bootstrap"], true);
+    assert_eq!(status["allowedNetworks"][0], "10.0.0.0/16");
+    let (tls, plain) = (addr(&status, "tls"), addr(&status, "plain"));
+    assert_ne!(tls.port(), 0);
+    let ca = dir.path().join("ca.crt").display().to_string();
+    let results = tokio::task::spawn_blocking(move || {
+        let resolve = format!("localhost:{}:127.0.0.1", tls.port());
+        let url = |p: &str| format!("https://localhost:{}{p}", tls.port());
+        let accept = "Accept: application/vnd.coreos.ignition+json;version=3.4.0, */*;q=0.1";
+        [
+            curl(&[
+                "--cacert",
+                &ca,
+                "--resolve",
+                &resolve,
+                "-H",
+                accept,
+                &url("/config/master"),
+            ]),
+            curl(&[
+                "--cacert",
+                &ca,
+                "--resolve",
+                &resolve,
+                "-H",
+                accept,
+                &url("/config/worker"),
+            ]),
+            curl(&[&format!("http://{plain}/assets/keelson-agent")]),
+        ]
+    })
+    .await
+    .unwrap();
+    assert_eq!(
+        results[0],
+        (
+            "200".into(),
+            br#"{"pool":"master","spec":"3.4.0"}"#.to_vec()
+        )
+    );
+    assert_eq!(results[1].0, "500");
+    assert_eq!(results[2], ("200".into(), b"agent bytes".to_vec()));
+    stop.cancel();
+    tokio::time::timeout(Duration::from_secs(5), task)
+        .await
+        .expect("stops within 5 s")
+        .unwrap()
+        .unwrap();
+    assert!(!*bus.ignition_running.borrow());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn master_serves_worker_and_its_own_binary() {
+    let dir = tempfile::tempdir().unwrap();
+    write_pki(dir.path());
+    let ctx = ctx("master");
+    let bus = ctx.bus.clone();
+    let stop = CancellationToken::new();
+    let mut p = paths(dir.path());
+    p.self_asset = Some(AGENT_ASSET.into());
+    let task = tokio::spawn(
+        IgnitionService::new(Fake)
+            .with_paths(p)
+            .with_listen_ip("127.0.0.1".parse().unwrap())
+            .run(ctx, stop.clone()),
+    );
+    let mut ready = bus.ready.subscribe();
+    tokio::time::timeout(
+        Duration::from_secs(5),
+        ready.wait_for(|r| r.contains("ignition")),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    let status = bus.status.borrow().get("ignition").cloned().unwrap();
+    let plain = addr(&status, "plain");
+    let (worker, exe_len) = tokio::task::spawn_blocking(move || {
+        let w = curl(&[&format!("http://{plain}/config/worker")]);
+        // The asset is this very test binary: compare sizes via HEAD, not 100 MB of bytes.
+        let out = Command::new("curl")
+            .args(["-sSI", "--noproxy", "*"])
+            .arg(format!("http://{plain}/assets/{AGENT_ASSET}"))
+            .output()
+            .unwrap();
+        (w, String::from_utf8_lossy(&out.stdout).to_ascii_lowercase())
+    })
+    .await
+    .unwrap();
+    assert_eq!(
+        worker,
+        (
+            "200".into(),
+            br#"{"pool":"worker","spec":"2.2.0"}"#.to_vec()
+        )
+    );
+    let exe = std::fs::metadata(std::env::current_exe().unwrap())
+        .unwrap()
+        .len();
+    assert!(
+        exe_len.contains(&format!("content-length: {exe}\r\n")),
+        "{exe_len}"
+    );
+    stop.cancel();
+    task.await.unwrap().unwrap();
+}
+
+#[tokio::test]
+async fn missing_tls_is_an_error_naming_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let ctx = ctx("master");
+    let bus = ctx.bus.clone();
+    let err = IgnitionService::new(Fake)
+        .with_paths(paths(dir.path()))
+        .with_listen_ip("127.0.0.1".parse().unwrap())
+        .run(ctx, CancellationToken::new())
+        .await
+        .unwrap_err();
+    assert!(format!("{err:#}").contains("server.crt"), "{err:#}");
+    assert!(!*bus.ignition_running.borrow());
+    assert!(!bus.ready.borrow().contains("ignition"));
+}
