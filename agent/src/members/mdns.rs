@@ -275,6 +275,11 @@ impl Cache {
                 RData::AAAA(a) => IpAddr::V6(a.0),
                 _ => continue,
             };
+            // Link-local addresses (avahi publishes fe80::) carry no scope in DNS and are no
+            // use to VRRP, the proxy or DNS: leave them out.
+            if is_link_local(&ip) {
+                continue;
+            }
             let local = Name::from_ascii("local.").expect("constant");
             if !local.zone_of(&r.name) {
                 rejected.push(Rejected::Bogus);
@@ -431,6 +436,13 @@ impl Cache {
             .collect();
         out.sort();
         out
+    }
+}
+
+fn is_link_local(ip: &IpAddr) -> bool {
+    match ip {
+        IpAddr::V4(v4) => v4.is_link_local(),
+        IpAddr::V6(v6) => (v6.segments()[0] & 0xffc0) == 0xfe80,
     }
 }
 
