@@ -218,7 +218,10 @@ fn authoritative_rules_udp_and_tcp() {
         let out = q("master-0.ocp4.example.com", "A");
         assert_eq!(answers(&out), ["master-0.ocp4.example.com. 60 A 10.0.0.10"]);
         let out = q("MASTER-0.ocp4.example.com", "AAAA");
-        assert_eq!(answers(&out), ["MASTER-0.ocp4.example.com. 60 AAAA fd00::10"]);
+        assert_eq!(
+            answers(&out),
+            ["MASTER-0.ocp4.example.com. 60 AAAA fd00::10"]
+        );
         let out = q("worker-0", "A");
         assert_eq!(answers(&out), ["worker-0. 60 A 10.0.0.20"]);
         let out = q("worker-0.ocp4.example.com", "AAAA");
@@ -227,7 +230,10 @@ fn authoritative_rules_udp_and_tcp() {
     }
     // EDNS: the response carries an OPT with our size.
     let out = dig(addr, &["+bufsize=4096", "api.ocp4.example.com", "A"]);
-    assert!(out.contains("EDNS: version: 0") && out.contains("udp: 1232"), "{out}");
+    assert!(
+        out.contains("EDNS: version: 0") && out.contains("udp: 1232"),
+        "{out}"
+    );
     let out = dig(addr, &["+noedns", "api.ocp4.example.com", "A"]);
     assert!(!out.contains("OPT PSEUDOSECTION"), "{out}");
     // A name outside the zone with no upstream: SERVFAIL, not a hang.
@@ -247,20 +253,51 @@ fn forwards_with_cache_and_truncation() {
     let (_dns, addr) = start_dns(dir.path(), "[]", &[up_addr]);
 
     for transport in ["+notcp", "+tcp"] {
-        let out = dig(addr, &[transport, "+time=3", "+tries=1", "host.example.test", "A"]);
+        let out = dig(
+            addr,
+            &[transport, "+time=3", "+tries=1", "host.example.test", "A"],
+        );
         assert_eq!(status(&out), "NOERROR", "{out}");
         assert!(out.contains("192.0.2.1"), "{out}");
-        assert!(!out.contains("flags: qr aa"), "forwarded answers are not authoritative: {out}");
+        assert!(
+            !out.contains("flags: qr aa"),
+            "forwarded answers are not authoritative: {out}"
+        );
     }
 
     // Large answer: over UDP without EDNS the client gets TC and the question only; over
     // TCP the whole answer; with EDNS 1232 still TC (it is bigger than that).
-    let out = dig(addr, &["+notcp", "+noedns", "+ignore", "+time=3", "+tries=1", "big.example.test", "TXT"]);
+    let out = dig(
+        addr,
+        &[
+            "+notcp",
+            "+noedns",
+            "+ignore",
+            "+time=3",
+            "+tries=1",
+            "big.example.test",
+            "TXT",
+        ],
+    );
     assert!(out.contains(" tc"), "expected TC: {out}");
     assert!(answers(&out).is_empty(), "{out}");
-    let out = dig(addr, &["+notcp", "+bufsize=1232", "+ignore", "+time=3", "+tries=1", "big.example.test", "TXT"]);
+    let out = dig(
+        addr,
+        &[
+            "+notcp",
+            "+bufsize=1232",
+            "+ignore",
+            "+time=3",
+            "+tries=1",
+            "big.example.test",
+            "TXT",
+        ],
+    );
     assert!(out.contains(" tc"), "expected TC with EDNS 1232: {out}");
-    let out = dig(addr, &["+tcp", "+time=3", "+tries=1", "big.example.test", "TXT"]);
+    let out = dig(
+        addr,
+        &["+tcp", "+time=3", "+tries=1", "big.example.test", "TXT"],
+    );
     assert_eq!(answers(&out).len(), 12, "{out}");
     // Without +ignore dig retries over TCP itself and gets everything.
     let out = dig(addr, &["+time=3", "+tries=1", "big.example.test", "TXT"]);
@@ -274,7 +311,10 @@ fn forwards_with_cache_and_truncation() {
     assert_eq!(status(&out), "NOERROR", "{out}");
     let rec = &answers(&out)[0];
     let ttl: u32 = rec.split(' ').nth(1).unwrap().parse().unwrap();
-    assert!(ttl < 300 && ttl >= 290, "ttl should count down from 300: {rec}");
+    assert!(
+        ttl < 300 && ttl >= 290,
+        "ttl should count down from 300: {rec}"
+    );
     // Not cached, upstream dead: SERVFAIL.
     let out = dig(addr, &["+time=5", "+tries=1", "other.example.test", "A"]);
     assert_eq!(status(&out), "SERVFAIL", "{out}");
@@ -290,7 +330,9 @@ fn bad_upstreams() -> (UdpSocket, SocketAddr, SocketAddr) {
         let mut buf = [0u8; 1500];
         while let Ok((n, peer)) = garbage.recv_from(&mut buf) {
             // Echo the id with QR set, then nonsense.
-            let mut resp = vec![buf[0], buf[1], 0x81, 0x80, 0, 1, 0, 5, 0, 0, 0, 0, 0xc0, 0x0c];
+            let mut resp = vec![
+                buf[0], buf[1], 0x81, 0x80, 0, 1, 0, 5, 0, 0, 0, 0, 0xc0, 0x0c,
+            ];
             resp.extend_from_slice(&buf[12..n.min(20)]);
             let _ = garbage.send_to(&resp, peer);
         }
@@ -311,7 +353,11 @@ fn dead_and_garbage_upstreams_servfail_then_fallback() {
     let t = Instant::now();
     let out = dig(addr, &["+time=8", "+tries=1", "www.example.test", "A"]);
     assert_eq!(status(&out), "SERVFAIL", "{out}");
-    assert!(t.elapsed() < Duration::from_secs(4), "SERVFAIL took {:?}", t.elapsed());
+    assert!(
+        t.elapsed() < Duration::from_secs(4),
+        "SERVFAIL took {:?}",
+        t.elapsed()
+    );
     // The zone is still answered meanwhile.
     let out = dig(addr, &["+time=2", "+tries=1", "api.ocp4.example.com", "A"]);
     assert_eq!(status(&out), "NOERROR", "{out}");
@@ -342,7 +388,8 @@ fn malformed_packets_then_good_query() {
     let dir = tmpdir();
     let (_dns, addr) = start_dns(dir.path(), &members_json(), &[]);
     let sock = UdpSocket::bind("127.0.0.1:0").unwrap();
-    sock.set_read_timeout(Some(Duration::from_millis(500))).unwrap();
+    sock.set_read_timeout(Some(Duration::from_millis(500)))
+        .unwrap();
     let rcode = |r: &[u8]| r[3] & 0x0f;
 
     // Runt: dropped.
@@ -363,7 +410,9 @@ fn malformed_packets_then_good_query() {
     }
     assert_eq!(rcode(&raw_exchange(&sock, addr, &two).unwrap()), 1);
     // Compression loop: FORMERR.
-    let looped = [0x10, 0x03, 0x01, 0x00, 0, 1, 0, 0, 0, 0, 0, 0, 0xc0, 12, 0, 1, 0, 1];
+    let looped = [
+        0x10, 0x03, 0x01, 0x00, 0, 1, 0, 0, 0, 0, 0, 0, 0xc0, 12, 0, 1, 0, 1,
+    ];
     assert_eq!(rcode(&raw_exchange(&sock, addr, &looped).unwrap()), 1);
     // Name over 255 bytes: FORMERR.
     let mut long = vec![0x10, 0x04, 0x01, 0x00, 0, 1, 0, 0, 0, 0, 0, 0];
@@ -374,7 +423,9 @@ fn malformed_packets_then_good_query() {
     long.extend_from_slice(&[0, 0, 1, 0, 1]);
     assert_eq!(rcode(&raw_exchange(&sock, addr, &long).unwrap()), 1);
     // Truncated question: FORMERR.
-    let cut = [0x10, 0x05, 0x01, 0x00, 0, 1, 0, 0, 0, 0, 0, 0, 3, b'a', b'p'];
+    let cut = [
+        0x10, 0x05, 0x01, 0x00, 0, 1, 0, 0, 0, 0, 0, 0, 3, b'a', b'p',
+    ];
     assert_eq!(rcode(&raw_exchange(&sock, addr, &cut).unwrap()), 1);
     // Unknown opcode (STATUS): NOTIMP.
     let mut status_op = vec![0x10, 0x06, 0x10, 0x00, 0, 1, 0, 0, 0, 0, 0, 0];
@@ -382,13 +433,25 @@ fn malformed_packets_then_good_query() {
     assert_eq!(rcode(&raw_exchange(&sock, addr, &status_op).unwrap()), 4);
     // Random junk, a lot of it.
     for i in 0..200u32 {
-        let junk: Vec<u8> = (0..(i % 90 + 12)).map(|j| (i * 31 + j * 7) as u8 & 0x7f).collect();
+        let junk: Vec<u8> = (0..(i % 90 + 12))
+            .map(|j| (i * 31 + j * 7) as u8 & 0x7f)
+            .collect();
         sock.send_to(&junk, addr).unwrap();
     }
     // Still answering.
     let out = dig(addr, &["+time=2", "+tries=1", "api.ocp4.example.com", "A"]);
-    assert_eq!(answers(&out), ["api.ocp4.example.com. 60 A 10.0.0.5"], "{out}");
-    let out = dig(addr, &["+tcp", "+time=2", "+tries=1", "api.ocp4.example.com", "A"]);
-    assert_eq!(answers(&out), ["api.ocp4.example.com. 60 A 10.0.0.5"], "{out}");
+    assert_eq!(
+        answers(&out),
+        ["api.ocp4.example.com. 60 A 10.0.0.5"],
+        "{out}"
+    );
+    let out = dig(
+        addr,
+        &["+tcp", "+time=2", "+tries=1", "api.ocp4.example.com", "A"],
+    );
+    assert_eq!(
+        answers(&out),
+        ["api.ocp4.example.com. 60 A 10.0.0.5"],
+        "{out}"
+    );
 }
-

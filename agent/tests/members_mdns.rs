@@ -51,8 +51,13 @@ impl Segment {
         for (i, ns) in seg.nodes.iter().enumerate() {
             sh(&["ip", "netns", "add", ns]);
             let outer = format!("{prefix}v{i}");
-            sh(&["ip", "-n", &br, "link", "add", &outer, "type", "veth", "peer", "name", "eth0", "netns", ns]);
-            sh(&["ip", "-n", &br, "link", "set", &outer, "master", "br0", "up"]);
+            sh(&[
+                "ip", "-n", &br, "link", "add", &outer, "type", "veth", "peer", "name", "eth0",
+                "netns", ns,
+            ]);
+            sh(&[
+                "ip", "-n", &br, "link", "set", &outer, "master", "br0", "up",
+            ]);
             let addr = format!("10.{subnet}.0.{}/24", 10 + i);
             sh(&["ip", "-n", ns, "addr", "add", &addr, "dev", "eth0"]);
             sh(&["ip", "-n", ns, "link", "set", "eth0", "up"]);
@@ -62,7 +67,12 @@ impl Segment {
     }
 
     fn cleanup(&self) {
-        for ns in self.nodes.iter().cloned().chain([format!("{}-br", self.prefix)]) {
+        for ns in self
+            .nodes
+            .iter()
+            .cloned()
+            .chain([format!("{}-br", self.prefix)])
+        {
             let _ = Command::new("ip")
                 .args(["netns", "del", &ns])
                 .stderr(Stdio::null())
@@ -118,11 +128,19 @@ fn start_agent(dir: &Path, ns: &str, cluster: &Path, name: &str, role: &str, add
     let node = dir.join(format!("{name}.json"));
     std::fs::write(
         &node,
-        serde_json::json!({"name": name, "role": role, "interface": "eth0", "addresses": [addr]}).to_string(),
+        serde_json::json!({"name": name, "role": role, "interface": "eth0", "addresses": [addr]})
+            .to_string(),
     )
     .unwrap();
     let mut child = Command::new("ip")
-        .args(["netns", "exec", ns, env!("CARGO_BIN_EXE_keelson-agent"), "members", "--cluster"])
+        .args([
+            "netns",
+            "exec",
+            ns,
+            env!("CARGO_BIN_EXE_keelson-agent"),
+            "members",
+            "--cluster",
+        ])
         .arg(cluster)
         .arg("--node")
         .arg(&node)
@@ -193,12 +211,30 @@ fn three_agents_converge_expire_and_ignore_other_cluster() {
         .iter()
         .enumerate()
         .map(|(i, n)| {
-            let role = if n.starts_with("master") { "master" } else { "worker" };
-            start_agent(dir.path(), &seg.nodes[i], &cluster, n, role, &format!("10.71.0.{}/24", 10 + i))
+            let role = if n.starts_with("master") {
+                "master"
+            } else {
+                "worker"
+            };
+            start_agent(
+                dir.path(),
+                &seg.nodes[i],
+                &cluster,
+                n,
+                role,
+                &format!("10.71.0.{}/24", 10 + i),
+            )
         })
         .collect();
     // Another cluster on the same segment, with a clashing-looking name.
-    let _stranger = start_agent(dir.path(), &seg.nodes[3], &other, "master-9", "master", "10.71.0.13/24");
+    let _stranger = start_agent(
+        dir.path(),
+        &seg.nodes[3],
+        &other,
+        "master-9",
+        "master",
+        "10.71.0.13/24",
+    );
 
     let all: Vec<String> = names.iter().map(|s| s.to_string()).collect();
     let took = wait_for("convergence", Duration::from_secs(15), || {
@@ -222,12 +258,17 @@ fn three_agents_converge_expire_and_ignore_other_cluster() {
     drop(killed);
     let t = Instant::now();
     let expect: Vec<String> = all[..2].to_vec();
-    wait_for("expiry of worker-0", Duration::from_secs(u64::from(expiry) + 4), || {
-        agents.iter().all(|a| a.names() == expect)
-    });
+    wait_for(
+        "expiry of worker-0",
+        Duration::from_secs(u64::from(expiry) + 4),
+        || agents.iter().all(|a| a.names() == expect),
+    );
     let gone = t.elapsed();
     eprintln!("killed node dropped after {gone:?} (expiry {expiry}s)");
-    assert!(gone >= Duration::from_secs(u64::from(expiry) - 2), "dropped too early: {gone:?}");
+    assert!(
+        gone >= Duration::from_secs(u64::from(expiry) - 2),
+        "dropped too early: {gone:?}"
+    );
 
     // SIGTERM master-1: goodbye, dropped well before the expiry.
     let stopped = agents.pop().unwrap();
@@ -259,7 +300,12 @@ fn avahi_interop_both_ways() {
     if !is_root() && skip("needs root for network namespaces") {
         return;
     }
-    for tool in ["avahi-daemon", "avahi-browse", "avahi-publish", "dbus-daemon"] {
+    for tool in [
+        "avahi-daemon",
+        "avahi-browse",
+        "avahi-publish",
+        "dbus-daemon",
+    ] {
         if !have(tool) && skip(&format!("{tool} is not installed")) {
             return;
         }
@@ -323,7 +369,13 @@ fn avahi_interop_both_ways() {
         Command::new("ip")
             .args(["netns", "exec", avahi_ns, "env"])
             .arg(format!("DBUS_SYSTEM_BUS_ADDRESS={bus_env}"))
-            .args(["avahi-daemon", "--no-drop-root", "--no-chroot", "--no-rlimits", "-f"])
+            .args([
+                "avahi-daemon",
+                "--no-drop-root",
+                "--no-chroot",
+                "--no-rlimits",
+                "-f",
+            ])
             .arg(&avahi_conf)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -359,7 +411,14 @@ fn avahi_interop_both_ways() {
     );
 
     let cluster = write_config(dir.path(), "ocp4", 10);
-    let agent = start_agent(dir.path(), &seg.nodes[0], &cluster, "master-0", "master", "10.72.0.10/24");
+    let agent = start_agent(
+        dir.path(),
+        &seg.nodes[0],
+        &cluster,
+        "master-0",
+        "master",
+        "10.72.0.10/24",
+    );
 
     // The agent sees avahi's node, with avahi's address and TXT.
     wait_for("agent sees avahi-node", Duration::from_secs(15), || {
@@ -372,21 +431,25 @@ fn avahi_interop_both_ways() {
 
     // avahi sees the agent's node, resolved: address and TXT.
     let mut last = String::new();
-    wait_for("avahi-browse resolves master-0", Duration::from_secs(15), || {
-        let out = avahi_cmd("avahi-browse")
-            .args(["-r", "-t", "-p", "_keelson._tcp"])
-            .stderr(Stdio::null())
-            .output()
-            .unwrap();
-        last = String::from_utf8_lossy(&out.stdout).into_owned();
-        last.lines().any(|l| {
-            l.starts_with("=;")
-                && l.contains(";master-0;")
-                && l.contains("master-0.local;10.72.0.10;22623")
-                && l.contains("\"role=master\"")
-                && l.contains("\"cluster=ocp4.example.com\"")
-        })
-    });
+    wait_for(
+        "avahi-browse resolves master-0",
+        Duration::from_secs(15),
+        || {
+            let out = avahi_cmd("avahi-browse")
+                .args(["-r", "-t", "-p", "_keelson._tcp"])
+                .stderr(Stdio::null())
+                .output()
+                .unwrap();
+            last = String::from_utf8_lossy(&out.stdout).into_owned();
+            last.lines().any(|l| {
+                l.starts_with("=;")
+                    && l.contains(";master-0;")
+                    && l.contains("master-0.local;10.72.0.10;22623")
+                    && l.contains("\"role=master\"")
+                    && l.contains("\"cluster=ocp4.example.com\"")
+            })
+        },
+    );
     eprintln!("avahi-browse: {last}");
     drop(agent);
     drop(seg);

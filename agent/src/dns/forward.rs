@@ -89,7 +89,10 @@ impl Forwarder {
 
     /// The current upstream list.
     pub fn upstreams(&self) -> Vec<SocketAddr> {
-        self.upstreams.read().unwrap_or_else(|e| e.into_inner()).clone()
+        self.upstreams
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
     fn key(q: &Query) -> Key {
@@ -288,7 +291,11 @@ mod tests {
     }
 
     fn a(name: &str, ttl: u32) -> Record {
-        Record::from_rdata(Name::from_ascii(name).unwrap(), ttl, RData::A(A::new(192, 0, 2, 1)))
+        Record::from_rdata(
+            Name::from_ascii(name).unwrap(),
+            ttl,
+            RData::A(A::new(192, 0, 2, 1)),
+        )
     }
 
     #[test]

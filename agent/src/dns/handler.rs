@@ -163,7 +163,11 @@ pub fn finish(resp: Message, max_size: usize) -> Outcome {
         },
         // Even the truncated form does not encode: answer SERVFAIL with the header only.
         None => {
-            let mut fail = Message::new(resp.metadata.id, MessageType::Response, resp.metadata.op_code);
+            let mut fail = Message::new(
+                resp.metadata.id,
+                MessageType::Response,
+                resp.metadata.op_code,
+            );
             fail.metadata.response_code = ResponseCode::ServFail;
             Outcome::Reply {
                 bytes: fail.to_vec().unwrap_or_default(),
@@ -235,15 +239,27 @@ mod tests {
     #[test]
     fn answers_and_negative() {
         let z = zone(2);
-        let r = reply(handle(&query("API.c.example.com.", RecordType::A, None), &z, Transport::Udp));
+        let r = reply(handle(
+            &query("API.c.example.com.", RecordType::A, None),
+            &z,
+            Transport::Udp,
+        ));
         assert_eq!(r.metadata.id, 0x1234);
         assert!(r.metadata.authoritative);
         assert_eq!(r.answers.len(), 2);
-        let r = reply(handle(&query("api.c.example.com.", RecordType::AAAA, None), &z, Transport::Udp));
+        let r = reply(handle(
+            &query("api.c.example.com.", RecordType::AAAA, None),
+            &z,
+            Transport::Udp,
+        ));
         assert_eq!(r.metadata.response_code, ResponseCode::NoError);
         assert!(r.answers.is_empty());
         assert_eq!(r.authorities[0].record_type(), RecordType::SOA);
-        let r = reply(handle(&query("zz.c.example.com.", RecordType::A, None), &z, Transport::Udp));
+        let r = reply(handle(
+            &query("zz.c.example.com.", RecordType::A, None),
+            &z,
+            Transport::Udp,
+        ));
         assert_eq!(r.metadata.response_code, ResponseCode::NXDomain);
         assert_eq!(r.authorities[0].record_type(), RecordType::SOA);
     }
@@ -252,7 +268,11 @@ mod tests {
     fn forwards_foreign_names() {
         let z = zone(0);
         assert!(matches!(
-            handle(&query("www.example.org.", RecordType::A, None), &z, Transport::Udp),
+            handle(
+                &query("www.example.org.", RecordType::A, None),
+                &z,
+                Transport::Udp
+            ),
             Outcome::Forward(_)
         ));
     }
@@ -260,10 +280,16 @@ mod tests {
     #[test]
     fn drops_short_and_responses() {
         let z = zone(0);
-        assert!(matches!(handle(&[1, 2, 3], &z, Transport::Udp), Outcome::Drop(DropReason::Short)));
+        assert!(matches!(
+            handle(&[1, 2, 3], &z, Transport::Udp),
+            Outcome::Drop(DropReason::Short)
+        ));
         let mut q = query("api.c.example.com.", RecordType::A, None);
         q[2] |= 0x80;
-        assert!(matches!(handle(&q, &z, Transport::Udp), Outcome::Drop(DropReason::NotAQuery)));
+        assert!(matches!(
+            handle(&q, &z, Transport::Udp),
+            Outcome::Drop(DropReason::NotAQuery)
+        ));
     }
 
     #[test]
@@ -312,7 +338,8 @@ mod tests {
         let r = reply(handle(&q, &z, Transport::Udp));
         assert_eq!(r.metadata.response_code, ResponseCode::NotImp);
 
-        let mut m = Message::from_vec(&query("api.c.example.com.", RecordType::A, Some(1232))).unwrap();
+        let mut m =
+            Message::from_vec(&query("api.c.example.com.", RecordType::A, Some(1232))).unwrap();
         m.edns.as_mut().unwrap().set_version(1);
         let r = reply(handle(&m.to_vec().unwrap(), &z, Transport::Udp));
         // 16 is BADVERS in an OPT context (hickory decodes it under its BADSIG alias).
@@ -322,12 +349,15 @@ mod tests {
     #[test]
     fn truncates_over_udp_only() {
         // 100 members under `*.apps`? No: many API addresses make one big answer.
-        let addrs: Vec<std::net::IpAddr> =
-            (1..=60).map(|i| format!("10.1.0.{i}").parse().unwrap()).collect();
+        let addrs: Vec<std::net::IpAddr> = (1..=60)
+            .map(|i| format!("10.1.0.{i}").parse().unwrap())
+            .collect();
         let z = Zone::new("c.example.com", 60, &addrs, &[], &[]).unwrap();
         let q = query("api.c.example.com.", RecordType::A, None);
         match handle(&q, &z, Transport::Udp) {
-            Outcome::Reply { bytes, truncated, .. } => {
+            Outcome::Reply {
+                bytes, truncated, ..
+            } => {
                 assert!(truncated);
                 assert!(bytes.len() <= 512);
                 let m = Message::from_vec(&bytes).unwrap();

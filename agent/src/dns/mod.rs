@@ -123,11 +123,9 @@ pub async fn listen(
     let mut last_err = None;
     // With port 0 the UDP port the kernel picks may be taken for TCP: retry a few times.
     for _ in 0..10 {
-        let udp = UdpSocket::bind(addr)
-            .await
-            .with_context(|| format!("binding UDP {addr}"))?;
+        let udp = bind_udp(addr).with_context(|| format!("binding UDP {addr}"))?;
         let bound = udp.local_addr()?;
-        match TcpListener::bind(bound).await {
+        match bind_tcp(bound) {
             Ok(tcp) => {
                 tokio::spawn(server::serve_udp(udp, shared.clone(), stop.clone()));
                 tokio::spawn(server::serve_tcp(tcp, shared.clone(), stop.clone()));
@@ -137,8 +135,41 @@ pub async fn listen(
             Err(e) => return Err(e).with_context(|| format!("binding TCP {bound}")),
         }
     }
-    Err(last_err.map(anyhow::Error::from).unwrap_or_else(|| anyhow::anyhow!("no port")))
-        .with_context(|| format!("binding TCP on {addr}"))
+    Err(last_err
+        .map(anyhow::Error::from)
+        .unwrap_or_else(|| anyhow::anyhow!("no port")))
+    .with_context(|| format!("binding TCP on {addr}"))
+}
+
+/// Receive buffer of the UDP socket: bursts of queries (dnsperf, a cluster booting) must
+/// not overflow it while one thread answers.
+const UDP_RCVBUF: usize = 4 << 20;
+
+fn new_socket(addr: SocketAddr, ty: socket2::Type) -> std::io::Result<socket2::Socket> {
+    let domain = socket2::Domain::for_address(addr);
+    let s = socket2::Socket::new(domain, ty, None)?;
+    if addr.is_ipv6() {
+        // `[::]` next to `0.0.0.0` on the same port: keep the families apart.
+        s.set_only_v6(true)?;
+    }
+    s.set_nonblocking(true)?;
+    Ok(s)
+}
+
+fn bind_udp(addr: SocketAddr) -> std::io::Result<UdpSocket> {
+    let s = new_socket(addr, socket2::Type::DGRAM)?;
+    // Best effort: the kernel caps it at net.core.rmem_max.
+    let _ = s.set_recv_buffer_size(UDP_RCVBUF);
+    s.bind(&addr.into())?;
+    UdpSocket::from_std(s.into())
+}
+
+fn bind_tcp(addr: SocketAddr) -> std::io::Result<TcpListener> {
+    let s = new_socket(addr, socket2::Type::STREAM)?;
+    s.set_reuse_address(true)?;
+    s.bind(&addr.into())?;
+    s.listen(1024)?;
+    TcpListener::from_std(s.into())
 }
 
 /// Options of [`run_with`] that tests change.
@@ -180,7 +211,11 @@ fn upstreams(cluster: &ClusterConfig, learned: &[IpAddr], ours: &[SocketAddr]) -
         }
     }
     // Never forward to ourselves: that would loop until the timeout.
-    out.retain(|u| !ours.iter().any(|o| o.port() == u.port() && (o.ip() == u.ip() || u.ip().is_loopback())));
+    out.retain(|u| {
+        !ours
+            .iter()
+            .any(|o| o.port() == u.port() && (o.ip() == u.ip() || u.ip().is_loopback()))
+    });
     out
 }
 
@@ -272,7 +307,10 @@ mod tests {
         let dns: keelson_ignition::cluster::DnsSettings = serde_json::from_value(json).unwrap();
         let mut cluster = crate::dns::tests::cluster_stub();
         cluster.dns = dns;
-        let learned: Vec<IpAddr> = vec!["198.51.100.1".parse().unwrap(), "127.0.0.1".parse().unwrap()];
+        let learned: Vec<IpAddr> = vec![
+            "198.51.100.1".parse().unwrap(),
+            "127.0.0.1".parse().unwrap(),
+        ];
         let ours = vec!["0.0.0.0:53".parse().unwrap()];
         let ups = upstreams(&cluster, &learned, &ours);
         assert_eq!(

@@ -73,9 +73,7 @@ impl Zone {
         if origin.is_root() {
             return Err(bad("the root is not a cluster zone".into()));
         }
-        let mname = origin
-            .prepend_label("ns")
-            .map_err(|e| bad(e.to_string()))?;
+        let mname = origin.prepend_label("ns").map_err(|e| bad(e.to_string()))?;
         let rname = origin
             .prepend_label("hostmaster")
             .map_err(|e| bad(e.to_string()))?;
@@ -177,7 +175,13 @@ impl Zone {
         self.nodes.get(&key[..])
     }
 
-    fn records(&self, qname: &Name, addrs: &[IpAddr], qtype: RecordType, qclass: DNSClass) -> Answer {
+    fn records(
+        &self,
+        qname: &Name,
+        addrs: &[IpAddr],
+        qtype: RecordType,
+        qclass: DNSClass,
+    ) -> Answer {
         if qclass != DNSClass::IN && qclass != DNSClass::ANY {
             return Answer::Refused;
         }
@@ -245,8 +249,14 @@ mod tests {
     fn api_and_api_int() {
         let z = zone();
         for n in ["api.ocp4.example.com.", "API-INT.OCP4.example.com."] {
-            assert_eq!(ips(z.lookup(&q(n), RecordType::A, DNSClass::IN)), ["10.0.0.5"]);
-            assert_eq!(z.lookup(&q(n), RecordType::AAAA, DNSClass::IN), Answer::NoData);
+            assert_eq!(
+                ips(z.lookup(&q(n), RecordType::A, DNSClass::IN)),
+                ["10.0.0.5"]
+            );
+            assert_eq!(
+                z.lookup(&q(n), RecordType::AAAA, DNSClass::IN),
+                Answer::NoData
+            );
         }
     }
 
@@ -254,7 +264,10 @@ mod tests {
     fn apps_wildcard_any_depth() {
         let z = zone();
         for n in ["x.apps.ocp4.example.com.", "a.b.c.APPS.ocp4.example.com."] {
-            assert_eq!(ips(z.lookup(&q(n), RecordType::A, DNSClass::IN)), ["10.0.0.7"]);
+            assert_eq!(
+                ips(z.lookup(&q(n), RecordType::A, DNSClass::IN)),
+                ["10.0.0.7"]
+            );
         }
         let apps = q("apps.ocp4.example.com.");
         assert_eq!(z.lookup(&apps, RecordType::A, DNSClass::IN), Answer::NoData);
@@ -264,11 +277,26 @@ mod tests {
     fn nodes_short_and_fqdn() {
         let z = zone();
         let fq = q("master-0.ocp4.example.com.");
-        assert_eq!(ips(z.lookup(&fq, RecordType::A, DNSClass::IN)), ["10.0.0.10"]);
-        assert_eq!(ips(z.lookup(&fq, RecordType::AAAA, DNSClass::IN)), ["fd00::10"]);
-        assert_eq!(ips(z.lookup(&q("worker-1."), RecordType::A, DNSClass::IN)), ["10.0.0.21"]);
-        assert_eq!(z.lookup(&q("worker-1."), RecordType::AAAA, DNSClass::IN), Answer::NoData);
-        assert_eq!(z.lookup(&q("nothere."), RecordType::A, DNSClass::IN), Answer::NotOurs);
+        assert_eq!(
+            ips(z.lookup(&fq, RecordType::A, DNSClass::IN)),
+            ["10.0.0.10"]
+        );
+        assert_eq!(
+            ips(z.lookup(&fq, RecordType::AAAA, DNSClass::IN)),
+            ["fd00::10"]
+        );
+        assert_eq!(
+            ips(z.lookup(&q("worker-1."), RecordType::A, DNSClass::IN)),
+            ["10.0.0.21"]
+        );
+        assert_eq!(
+            z.lookup(&q("worker-1."), RecordType::AAAA, DNSClass::IN),
+            Answer::NoData
+        );
+        assert_eq!(
+            z.lookup(&q("nothere."), RecordType::A, DNSClass::IN),
+            Answer::NotOurs
+        );
     }
 
     #[test]
@@ -277,11 +305,20 @@ mod tests {
         let nx = q("nope.ocp4.example.com.");
         assert_eq!(z.lookup(&nx, RecordType::A, DNSClass::IN), Answer::NxDomain);
         let deep = q("a.api.ocp4.example.com.");
-        assert_eq!(z.lookup(&deep, RecordType::A, DNSClass::IN), Answer::NxDomain);
+        assert_eq!(
+            z.lookup(&deep, RecordType::A, DNSClass::IN),
+            Answer::NxDomain
+        );
         let other = q("www.example.com.");
-        assert_eq!(z.lookup(&other, RecordType::A, DNSClass::IN), Answer::NotOurs);
+        assert_eq!(
+            z.lookup(&other, RecordType::A, DNSClass::IN),
+            Answer::NotOurs
+        );
         let chaos = q("api.ocp4.example.com.");
-        assert_eq!(z.lookup(&chaos, RecordType::A, DNSClass::CH), Answer::Refused);
+        assert_eq!(
+            z.lookup(&chaos, RecordType::A, DNSClass::CH),
+            Answer::Refused
+        );
     }
 
     #[test]

@@ -253,7 +253,9 @@ impl Cache {
         let Ok(msg) = Message::from_vec(packet) else {
             return Received::Dropped(Rejected::Malformed);
         };
-        if msg.metadata.op_code != OpCode::Query || msg.metadata.response_code != ResponseCode::NoError {
+        if msg.metadata.op_code != OpCode::Query
+            || msg.metadata.response_code != ResponseCode::NoError
+        {
             return Received::Dropped(Rejected::Malformed);
         }
         if msg.metadata.message_type == MessageType::Query {
@@ -264,7 +266,11 @@ impl Cache {
         }
         let mut rejected = Vec::new();
         let mut touched = Vec::new();
-        let records = msg.answers.iter().chain(msg.additionals.iter()).chain(msg.authorities.iter());
+        let records = msg
+            .answers
+            .iter()
+            .chain(msg.additionals.iter())
+            .chain(msg.authorities.iter());
         // Host addresses first: a packet usually carries them with the SRV that names them.
         for r in records.clone() {
             if !is_in(r.dns_class) {
@@ -394,12 +400,15 @@ impl Cache {
     }
 
     fn touch(&mut self, k: &str, now: Instant) -> &mut Service {
-        let s = self.services.entry(k.to_string()).or_insert_with(|| Service {
-            name: k.to_string(),
-            target: None,
-            txt: None,
-            seen: now,
-        });
+        let s = self
+            .services
+            .entry(k.to_string())
+            .or_insert_with(|| Service {
+                name: k.to_string(),
+                target: None,
+                txt: None,
+                seen: now,
+            });
         s.seen = now;
         s
     }
@@ -500,9 +509,14 @@ mod tests {
     fn announce_roundtrip_into_cache() {
         let now = Instant::now();
         let mut cache = Cache::new("ocp4.example.com", "me", Duration::from_secs(6));
-        let p = announce("master-1", "ocp4.example.com", "10.0.0.11").packet(6).unwrap();
+        let p = announce("master-1", "ocp4.example.com", "10.0.0.11")
+            .packet(6)
+            .unwrap();
         match cache.receive(&p, MDNS_PORT, now) {
-            Received::Response { rejected, incomplete } => {
+            Received::Response {
+                rejected,
+                incomplete,
+            } => {
                 assert!(rejected.is_empty(), "{rejected:?}");
                 assert!(incomplete.is_empty(), "{incomplete:?}");
             }
@@ -512,7 +526,10 @@ mod tests {
         assert_eq!(members.len(), 1);
         assert_eq!(members[0].name, "master-1");
         assert_eq!(members[0].role, Role::Master);
-        assert_eq!(members[0].addresses, vec!["10.0.0.11".parse::<IpAddr>().unwrap()]);
+        assert_eq!(
+            members[0].addresses,
+            vec!["10.0.0.11".parse::<IpAddr>().unwrap()]
+        );
         // Cache-flush bit is on the wire for SRV.
         let m = Message::from_vec(&p).unwrap();
         assert_eq!(u16::from(m.answers[1].dns_class), 0x8001);
@@ -533,11 +550,25 @@ mod tests {
         cache.receive(&a.packet(0).unwrap(), MDNS_PORT, now);
         assert!(cache.members().is_empty(), "goodbye removes");
 
-        cache.receive(&announce("me", "ocp4.example.com", "10.0.0.1").packet(6).unwrap(), MDNS_PORT, now);
+        cache.receive(
+            &announce("me", "ocp4.example.com", "10.0.0.1")
+                .packet(6)
+                .unwrap(),
+            MDNS_PORT,
+            now,
+        );
         assert!(cache.members().is_empty(), "own announcements ignored");
 
-        match cache.receive(&announce("x", "other.example.com", "10.0.0.9").packet(6).unwrap(), MDNS_PORT, now) {
-            Received::Response { rejected, .. } => assert!(rejected.contains(&Rejected::OtherCluster)),
+        match cache.receive(
+            &announce("x", "other.example.com", "10.0.0.9")
+                .packet(6)
+                .unwrap(),
+            MDNS_PORT,
+            now,
+        ) {
+            Received::Response { rejected, .. } => {
+                assert!(rejected.contains(&Rejected::OtherCluster))
+            }
             other => panic!("{other:?}"),
         }
         assert!(cache.members().is_empty());
@@ -557,12 +588,20 @@ mod tests {
         m.answers.push(Record::from_rdata(
             inst.clone(),
             6,
-            RData::SRV(SRV::new(0, 0, 1, Name::from_ascii("evil.example.com.").unwrap())),
+            RData::SRV(SRV::new(
+                0,
+                0,
+                1,
+                Name::from_ascii("evil.example.com.").unwrap(),
+            )),
         ));
         m.answers.push(Record::from_rdata(
             inst,
             6,
-            RData::TXT(TXT::new(vec!["role=king".into(), "cluster=c.example".into()])),
+            RData::TXT(TXT::new(vec![
+                "role=king".into(),
+                "cluster=c.example".into(),
+            ])),
         ));
         m.answers.push(Record::from_rdata(
             Name::from_ascii("_keelson._tcp.local.").unwrap(),

@@ -35,7 +35,11 @@ pub fn open_socket(ifname: &str, ifaddr: Ipv4Addr) -> anyhow::Result<UdpSocket> 
 }
 
 /// Runs the mDNS transport until `stop`; sends a goodbye on the way out.
-pub async fn run(ctx: AgentContext, stop: CancellationToken, counters: &Counters) -> anyhow::Result<()> {
+pub async fn run(
+    ctx: AgentContext,
+    stop: CancellationToken,
+    counters: &Counters,
+) -> anyhow::Result<()> {
     let me = super::own_member(&ctx);
     let ifaddr = me
         .addresses

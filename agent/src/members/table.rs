@@ -66,7 +66,10 @@ mod tests {
         let mut t = Table::new(Duration::from_secs(10));
         t.renew(m("b"), t0);
         t.renew(m("a"), t0 + Duration::from_secs(5));
-        assert_eq!(t.list().iter().map(|m| m.name.as_str()).collect::<Vec<_>>(), ["a", "b"]);
+        assert_eq!(
+            t.list().iter().map(|m| m.name.as_str()).collect::<Vec<_>>(),
+            ["a", "b"]
+        );
         t.expire(t0 + Duration::from_secs(11));
         assert_eq!(t.list().len(), 1);
         t.remove("a");
