@@ -115,7 +115,7 @@ impl Shared {
     }
 
     /// Answers a forwarded request from the cache, if possible, without awaiting.
-    fn from_cache(&self, req: &Request) -> Option<Vec<u8>> {
+    fn answer_cached(&self, req: &Request) -> Option<Vec<u8>> {
         let hit = self.forwarder.cached(req.query())?;
         self.stats.cache_hits.fetch_add(1, Ordering::Relaxed);
         Some(self.build(req, Ok(hit)))
@@ -179,7 +179,7 @@ pub async fn serve_udp(sock: UdpSocket, shared: Shared, stop: CancellationToken)
                 send(&sock, &bytes, peer).await;
             }
             Outcome::Forward(req) => {
-                if let Some(bytes) = shared.from_cache(&req) {
+                if let Some(bytes) = shared.answer_cached(&req) {
                     send(&sock, &bytes, peer).await;
                     continue;
                 }
@@ -254,7 +254,7 @@ async fn tcp_conn(mut stream: TcpStream, shared: &Shared) -> std::io::Result<()>
             .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "idle"))??;
         let bytes = match shared.decide(&buf, Transport::Tcp) {
             Outcome::Reply { bytes, .. } => bytes,
-            Outcome::Forward(req) => match shared.from_cache(&req) {
+            Outcome::Forward(req) => match shared.answer_cached(&req) {
                 Some(b) => b,
                 None => shared.forward(&req).await,
             },
