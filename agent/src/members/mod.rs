@@ -2,7 +2,9 @@
 //!
 //! - [`mdns`] / [`mdns_net`]: mDNS + DNS-SD on the segment (RFC 6762/6763), coexisting
 //!   with avahi.
-//! - [`table`]: soft state that expires, for the unicast transport's server side.
+//! - [`unicast`]: registration over HTTPS with the API VIP's Ignition server port, and its
+//!   server side [`unicast::Registry`] (the Ignition server's `/keelson/` routes).
+//! - [`table`]: soft state that expires.
 //!
 //! Whatever the transport, the result is published on `ctx.bus.members`: sorted by name,
 //! this node included, other clusters' members never.
@@ -10,6 +12,7 @@
 pub mod mdns;
 pub mod mdns_net;
 pub mod table;
+pub mod unicast;
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -76,8 +79,32 @@ pub fn publish(ctx: &AgentContext, me: &Member, others: Vec<Member>) {
     });
 }
 
+/// Options of [`run_with`] that tests change.
+#[derive(Debug, Clone)]
+pub struct RunOptions {
+    /// The cluster CA the unicast transport trusts.
+    pub ca_path: PathBuf,
+}
+
+impl Default for RunOptions {
+    fn default() -> Self {
+        Self {
+            ca_path: PathBuf::from(unicast::CA_PATH),
+        }
+    }
+}
+
 /// Runs this subsystem until `stop` is cancelled.
 pub async fn run(ctx: AgentContext, stop: CancellationToken) -> anyhow::Result<()> {
+    run_with(ctx, stop, RunOptions::default()).await
+}
+
+/// [`run`] with explicit options.
+pub async fn run_with(
+    ctx: AgentContext,
+    stop: CancellationToken,
+    opts: RunOptions,
+) -> anyhow::Result<()> {
     let counters = std::sync::Arc::new(Counters::default());
     let status = {
         let ctx = ctx.clone();
@@ -99,9 +126,7 @@ pub async fn run(ctx: AgentContext, stop: CancellationToken) -> anyhow::Result<(
     };
     let result = match ctx.cluster.members.transport {
         MembersTransport::Mdns => mdns_net::run(ctx, stop, &counters).await,
-        MembersTransport::Unicast => {
-            anyhow::bail!("members: the unicast transport is not implemented yet")
-        }
+        MembersTransport::Unicast => unicast::run(ctx, stop, &counters, opts.ca_path).await,
     };
     status.abort();
     result
@@ -117,6 +142,9 @@ pub struct MembersArgs {
     /// node.json.
     #[arg(long)]
     pub node: PathBuf,
+    /// The cluster CA (unicast transport).
+    #[arg(long, default_value = unicast::CA_PATH)]
+    pub ca: PathBuf,
 }
 
 /// Runs `keelson-agent members`.
@@ -134,7 +162,8 @@ pub async fn cli(args: MembersArgs) -> anyhow::Result<()> {
             println!("{}", serde_json::to_string(&*list).unwrap_or_default());
         }
     });
-    let mut task = tokio::spawn(run(ctx, stop.clone()));
+    let opts = RunOptions { ca_path: args.ca };
+    let mut task = tokio::spawn(run_with(ctx, stop.clone(), opts));
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     let result = tokio::select! {
         _ = tokio::signal::ctrl_c() => None,
