@@ -26,6 +26,28 @@ impl Table {
         self.entries.insert(member.name.clone(), (member, now));
     }
 
+    /// Records `member` as last heard `age` before `now` (keeps the newer time if known).
+    pub fn renew_aged(&mut self, member: Member, age: Duration, now: Instant) {
+        let seen = now.checked_sub(age).unwrap_or(now);
+        match self.entries.get_mut(&member.name) {
+            Some((m, t)) if *t >= seen => *m = member,
+            _ => {
+                self.entries.insert(member.name.clone(), (member, seen));
+            }
+        }
+    }
+
+    /// The live members with the time since their last renewal, sorted by name.
+    pub fn list_aged(&self, now: Instant) -> Vec<(Member, Duration)> {
+        let mut out: Vec<(Member, Duration)> = self
+            .entries
+            .values()
+            .map(|(m, t)| (m.clone(), now.saturating_duration_since(*t)))
+            .collect();
+        out.sort_by(|a, b| a.0.name.cmp(&b.0.name));
+        out
+    }
+
     /// Removes `name` (a node that said goodbye).
     pub fn remove(&mut self, name: &str) {
         self.entries.remove(name);
@@ -72,6 +94,15 @@ mod tests {
         );
         t.expire(t0 + Duration::from_secs(11));
         assert_eq!(t.list().len(), 1);
+        t.renew_aged(m("c"), Duration::from_secs(9), t0 + Duration::from_secs(11));
+        t.expire(t0 + Duration::from_secs(13));
+        assert_eq!(
+            t.list().len(),
+            1,
+            "c was heard 9 s before 11 s: expired at 12 s"
+        );
+        let aged = t.list_aged(t0 + Duration::from_secs(6));
+        assert_eq!(aged[0].1, Duration::from_secs(1));
         t.remove("a");
         assert!(t.list().is_empty());
     }

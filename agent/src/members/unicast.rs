@@ -44,6 +44,17 @@ pub struct Registration {
     pub member: Member,
 }
 
+/// One entry of the registry's answer: a member and how long ago it last renewed, so
+/// clients expire it when the registry does.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Entry {
+    /// The member.
+    pub member: Member,
+    /// Milliseconds since its last renewal.
+    pub age_ms: u64,
+}
+
 /// The server side: registrations held as soft state. Plugs into the Ignition server as
 /// its `/keelson/` routes.
 #[derive(Debug)]
@@ -69,7 +80,19 @@ impl Registry {
     }
 
     fn json(&self) -> (StatusCode, Bytes) {
-        let body = serde_json::to_vec(&self.list()).unwrap_or_default();
+        let now = Instant::now();
+        let entries: Vec<Entry> = {
+            let mut t = self.table.lock().unwrap_or_else(|e| e.into_inner());
+            t.expire(now);
+            t.list_aged(now)
+                .into_iter()
+                .map(|(member, age)| Entry {
+                    member,
+                    age_ms: age.as_millis().min(u128::from(u64::MAX)) as u64,
+                })
+                .collect()
+        };
+        let body = serde_json::to_vec(&entries).unwrap_or_default();
         (StatusCode::OK, Bytes::from(body))
     }
 
@@ -133,7 +156,10 @@ impl ExtraRoutes for Registry {
                     .remove(name);
                 (StatusCode::NO_CONTENT, Bytes::new())
             }
-            Method::DELETE => (StatusCode::BAD_REQUEST, Bytes::from("member name: expected a DNS label\n")),
+            Method::DELETE => (
+                StatusCode::BAD_REQUEST,
+                Bytes::from("member name: expected a DNS label\n"),
+            ),
             _ => (StatusCode::METHOD_NOT_ALLOWED, Bytes::new()),
         })
     }
@@ -146,9 +172,9 @@ pub fn client_config(ca_path: &Path) -> anyhow::Result<Arc<rustls::ClientConfig>
         .with_context(|| format!("cluster CA {}: expected a PEM file", ca_path.display()))?;
     for cert in certs {
         let cert = cert.with_context(|| format!("cluster CA {}: bad PEM", ca_path.display()))?;
-        roots
-            .add(cert)
-            .with_context(|| format!("cluster CA {}: not a usable certificate", ca_path.display()))?;
+        roots.add(cert).with_context(|| {
+            format!("cluster CA {}: not a usable certificate", ca_path.display())
+        })?;
     }
     anyhow::ensure!(
         !roots.is_empty(),
@@ -212,7 +238,10 @@ pub async fn run(
         .iter()
         .map(|ip: &IpAddr| SocketAddr::new(*ip, port))
         .collect();
-    anyhow::ensure!(!vips.is_empty(), "cluster.json apiVips: expected an API VIP to register with");
+    anyhow::ensure!(
+        !vips.is_empty(),
+        "cluster.json apiVips: expected an API VIP to register with"
+    );
     let body = serde_json::to_vec(&Registration {
         cluster: ctx.cluster.zone(),
         member: me.clone(),
@@ -231,17 +260,20 @@ pub async fn run(
         for vip in &vips {
             let call = exchange(tls.clone(), *vip, Method::POST, MEMBERS_PATH, body.clone());
             match tokio::time::timeout(renew, call).await {
-                Ok(Ok((StatusCode::OK, list))) => match serde_json::from_slice::<Vec<Member>>(&list) {
+                Ok(Ok((StatusCode::OK, list))) => match serde_json::from_slice::<Vec<Entry>>(&list)
+                {
                     Ok(list) => {
                         let now = Instant::now();
-                        for m in list.into_iter().filter(|m| valid_label(&m.name)) {
-                            table.renew(m, now);
+                        for e in list.into_iter().filter(|e| valid_label(&e.member.name)) {
+                            table.renew_aged(e.member, Duration::from_millis(e.age_ms), now);
                         }
                         registered_with = Some(*vip);
                         break;
                     }
                     Err(e) => {
-                        counters.malformed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        counters
+                            .malformed
+                            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                         tracing::warn!(%vip, error = %e, "members: bad list from the registry");
                     }
                 },
@@ -298,10 +330,17 @@ mod tests {
             .handle(&Method::POST, MEMBERS_PATH, peer(), reg("C.example", "m0"))
             .unwrap();
         assert_eq!(st, StatusCode::OK);
-        let list: Vec<Member> = serde_json::from_slice(&body).unwrap();
+        let list: Vec<Entry> = serde_json::from_slice(&body).unwrap();
         assert_eq!(list.len(), 1);
+        assert_eq!(list[0].member.name, "m0");
+        assert!(list[0].age_ms < 1000);
         let (st, _) = r
-            .handle(&Method::DELETE, &format!("{MEMBERS_PATH}/m0"), peer(), Bytes::new())
+            .handle(
+                &Method::DELETE,
+                &format!("{MEMBERS_PATH}/m0"),
+                peer(),
+                Bytes::new(),
+            )
             .unwrap();
         assert_eq!(st, StatusCode::NO_CONTENT);
         assert!(r.list().is_empty());
@@ -311,23 +350,43 @@ mod tests {
     fn refuses_bad_input() {
         let r = Registry::new("c.example", Duration::from_secs(10));
         let (st, body) = r
-            .handle(&Method::POST, MEMBERS_PATH, peer(), reg("other.example", "m0"))
+            .handle(
+                &Method::POST,
+                MEMBERS_PATH,
+                peer(),
+                reg("other.example", "m0"),
+            )
             .unwrap();
         assert_eq!(st, StatusCode::CONFLICT);
         assert!(String::from_utf8_lossy(&body).contains("cluster: expected c.example"));
         let (st, body) = r
-            .handle(&Method::POST, MEMBERS_PATH, peer(), reg("c.example", "bad name"))
+            .handle(
+                &Method::POST,
+                MEMBERS_PATH,
+                peer(),
+                reg("c.example", "bad name"),
+            )
             .unwrap();
         assert_eq!(st, StatusCode::BAD_REQUEST);
         assert!(String::from_utf8_lossy(&body).contains("member.name"));
         let (st, body) = r
-            .handle(&Method::POST, MEMBERS_PATH, peer(), Bytes::from_static(b"{\"cluster\":1}"))
+            .handle(
+                &Method::POST,
+                MEMBERS_PATH,
+                peer(),
+                Bytes::from_static(b"{\"cluster\":1}"),
+            )
             .unwrap();
         assert_eq!(st, StatusCode::BAD_REQUEST);
         assert!(String::from_utf8_lossy(&body).contains("registration"));
-        let (st, _) = r.handle(&Method::PUT, MEMBERS_PATH, peer(), Bytes::new()).unwrap();
+        let (st, _) = r
+            .handle(&Method::PUT, MEMBERS_PATH, peer(), Bytes::new())
+            .unwrap();
         assert_eq!(st, StatusCode::METHOD_NOT_ALLOWED);
-        assert!(r.handle(&Method::GET, "/keelson/v1/other", peer(), Bytes::new()).is_none());
+        assert!(
+            r.handle(&Method::GET, "/keelson/v1/other", peer(), Bytes::new())
+                .is_none()
+        );
         assert!(r.list().is_empty());
     }
 
