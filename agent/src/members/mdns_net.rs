@@ -65,8 +65,8 @@ pub async fn run(
     let mut cache = Cache::new(&ctx.cluster.zone(), &me.name, expiry);
 
     // Startup: announce twice, one second apart (RFC 6762 §8.3), and browse.
-    sock.send_to(&hello, group).await?;
-    sock.send_to(&mdns::browse_query(), group).await?;
+    send(&sock, &hello, group).await;
+    send(&sock, &mdns::browse_query(), group).await;
     ctx.bus.mark_ready("members");
     publish(&ctx, &me, Vec::new());
 
@@ -80,13 +80,13 @@ pub async fn run(
         tokio::select! {
             _ = stop.cancelled() => break,
             _ = &mut second => {
-                sock.send_to(&hello, group).await?;
+                send(&sock, &hello, group).await;
                 second.as_mut().reset(tokio::time::Instant::now() + Duration::from_secs(86400 * 365));
             }
             _ = tick.tick() => {
-                sock.send_to(&hello, group).await?;
+                send(&sock, &hello, group).await;
                 // Ask too: responders that do not announce periodically (avahi) answer.
-                sock.send_to(&mdns::browse_query(), group).await?;
+                send(&sock, &mdns::browse_query(), group).await;
                 cache.expire(Instant::now());
                 publish(&ctx, &me, cache.members());
             }
@@ -101,13 +101,13 @@ pub async fn run(
                         // RFC 6762 §6.2: no more than one multicast answer per second.
                         if announce.is_asked(&q) && last_answer.elapsed() >= Duration::from_secs(1) {
                             last_answer = Instant::now();
-                            sock.send_to(&hello, group).await?;
+                            send(&sock, &hello, group).await;
                         }
                     }
                     Received::Response { rejected, incomplete } => {
                         for r in rejected { counters.count(r); }
                         for (inst, host) in incomplete {
-                            sock.send_to(&mdns::resolve_query(&inst, host.as_ref()), group).await?;
+                            send(&sock, &mdns::resolve_query(&inst, host.as_ref()), group).await;
                         }
                         cache.expire(Instant::now());
                         publish(&ctx, &me, cache.members());
@@ -120,6 +120,13 @@ pub async fn run(
     // Goodbye: TTL 0 so the others drop us now rather than at expiry (RFC 6762 §10.1).
     let _ = sock.send_to(&goodbye, group).await;
     Ok(())
+}
+
+/// Sends, logging failures: a link that is down for a moment must not stop discovery.
+async fn send(sock: &UdpSocket, bytes: &[u8], to: SocketAddr) {
+    if let Err(e) = sock.send_to(bytes, to).await {
+        tracing::debug!(error = %e, "mdns send");
+    }
 }
 
 impl Counters {
