@@ -254,7 +254,9 @@ fn three_agents_converge_expire_and_ignore_other_cluster() {
     }
 
     // SIGKILL worker-0: no goodbye; dropped after the expiry, not before.
-    let killed = agents.pop().unwrap();
+    let mut killed = agents.pop().unwrap();
+    killed.proc.0.kill().unwrap();
+    let _ = killed.proc.0.wait();
     drop(killed);
     let t = Instant::now();
     let expect: Vec<String> = all[..2].to_vec();
