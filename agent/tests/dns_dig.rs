@@ -455,3 +455,44 @@ fn malformed_packets_then_good_query() {
         "{out}"
     );
 }
+
+#[test]
+fn tcp_connection_limit_protects_the_server() {
+    if !have("dig") && skip("dig is not installed") {
+        return;
+    }
+    let dir = tmpdir();
+    let (_dns, addr) = start_dns(dir.path(), &members_json(), &[]);
+    // 256 idle clients hold every TCP slot.
+    let idle: Vec<std::net::TcpStream> = (0..256)
+        .map(|_| std::net::TcpStream::connect(addr).unwrap())
+        .collect();
+    std::thread::sleep(Duration::from_millis(300));
+    let out = dig(
+        addr,
+        &["+tcp", "+time=2", "+tries=1", "api.ocp4.example.com", "A"],
+    );
+    assert!(
+        answers(&out).is_empty(),
+        "the 257th connection is closed: {out}"
+    );
+    // UDP is unaffected.
+    let out = dig(addr, &["+time=2", "+tries=1", "api.ocp4.example.com", "A"]);
+    assert_eq!(
+        answers(&out),
+        ["api.ocp4.example.com. 60 A 10.0.0.5"],
+        "{out}"
+    );
+    // Slots come back when the idle clients go.
+    drop(idle);
+    std::thread::sleep(Duration::from_millis(300));
+    let out = dig(
+        addr,
+        &["+tcp", "+time=2", "+tries=1", "api.ocp4.example.com", "A"],
+    );
+    assert_eq!(
+        answers(&out),
+        ["api.ocp4.example.com. 60 A 10.0.0.5"],
+        "{out}"
+    );
+}

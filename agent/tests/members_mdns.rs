@@ -249,6 +249,11 @@ fn three_agents_converge_expire_and_ignore_other_cluster() {
         agents.iter().all(|a| a.names() == all)
     });
     eprintln!("converged in {took:?}");
+    // The same list everywhere: names, roles, addresses, versions.
+    let first = agents[0].latest.lock().unwrap().clone();
+    for a in &agents[1..] {
+        assert_eq!(*a.latest.lock().unwrap(), first);
+    }
     for a in &agents {
         let m = a.member("worker-0").unwrap();
         assert_eq!(m["addresses"], serde_json::json!(["10.71.0.12"]));

@@ -44,6 +44,9 @@ pub enum ForwardError {
     /// No upstream is configured or learned.
     #[error("no upstream resolver configured")]
     NoUpstream,
+    /// Too many queries are being forwarded already.
+    #[error("too many queries in flight")]
+    Busy,
     /// Every upstream timed out, failed, or answered garbage (the last reason).
     #[error("every upstream failed; last: {0}")]
     AllFailed(String),

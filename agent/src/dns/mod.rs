@@ -30,7 +30,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::context::{AgentContext, Member};
 use forward::{Forwarder, UPSTREAM_TIMEOUT};
-use server::{Shared, Stats};
+use server::Shared;
 use zone::Zone;
 
 /// `keelson-agent dns`: run the DNS server alone.
@@ -89,11 +89,10 @@ async fn serve_cli(args: DnsArgs) -> anyhow::Result<()> {
     let (_zone_tx, zone_rx) = watch::channel(Arc::new(zone));
     let mut upstreams = cluster.dns.upstreams.clone();
     upstreams.extend(args.upstreams.iter().copied());
-    let shared = Shared {
-        zone: zone_rx,
-        forwarder: Arc::new(Forwarder::new(upstreams, UPSTREAM_TIMEOUT)),
-        stats: Arc::new(Stats::default()),
-    };
+    let shared = Shared::new(
+        zone_rx,
+        Arc::new(Forwarder::new(upstreams, UPSTREAM_TIMEOUT)),
+    );
     let stop = CancellationToken::new();
     let bound = listen(args.listen, &shared, &stop).await?;
     println!("keelson-agent dns: listening on {bound}");
@@ -229,11 +228,7 @@ pub async fn run_with(
     let zone = build_zone(&cluster, &ctx.bus.members.borrow())?;
     let (zone_tx, zone_rx) = watch::channel(Arc::new(zone));
     let forwarder = Arc::new(Forwarder::new(Vec::new(), UPSTREAM_TIMEOUT));
-    let shared = Shared {
-        zone: zone_rx,
-        forwarder: forwarder.clone(),
-        stats: Arc::new(Stats::default()),
-    };
+    let shared = Shared::new(zone_rx, forwarder.clone());
     let child = stop.child_token();
     let mut bound = Vec::new();
     for addr in &opts.listen {

@@ -21,6 +21,11 @@ use super::zone::Zone;
 
 /// How long a TCP client may stay idle between queries.
 const TCP_IDLE: Duration = Duration::from_secs(10);
+/// TCP connections served at once; more are closed at accept.
+const MAX_TCP_CONNECTIONS: usize = 256;
+/// UDP queries being forwarded at once; more get SERVFAIL at once, so a flood of
+/// uncached names towards a dead upstream cannot pile up tasks and sockets.
+const MAX_FORWARDS: usize = 1024;
 
 /// Counters, published in the status snapshot.
 #[derive(Debug, Default)]
@@ -39,8 +44,10 @@ pub struct Stats {
     pub dropped_response: AtomicU64,
     /// FORMERR sent (undecodable, zero or several questions).
     pub formerr: AtomicU64,
-    /// SERVFAIL sent (no upstream answered).
+    /// SERVFAIL sent (no upstream answered, or too many forwards in flight).
     pub servfail: AtomicU64,
+    /// TCP connections refused (too many at once).
+    pub tcp_refused: AtomicU64,
     /// Responses truncated (TC) over UDP.
     pub truncated: AtomicU64,
 }
@@ -59,6 +66,7 @@ impl Stats {
             "formerr": g(&self.formerr),
             "servfail": g(&self.servfail),
             "truncated": g(&self.truncated),
+            "tcpRefused": g(&self.tcp_refused),
         })
     }
 
@@ -84,9 +92,22 @@ pub struct Shared {
     pub forwarder: Arc<Forwarder>,
     /// Counters.
     pub stats: Arc<Stats>,
+    forwards: Arc<tokio::sync::Semaphore>,
+    tcp: Arc<tokio::sync::Semaphore>,
 }
 
 impl Shared {
+    /// State for the loops serving `zone` and forwarding with `forwarder`.
+    pub fn new(zone: watch::Receiver<Arc<Zone>>, forwarder: Arc<Forwarder>) -> Self {
+        Self {
+            zone,
+            forwarder,
+            stats: Arc::new(Stats::default()),
+            forwards: Arc::new(tokio::sync::Semaphore::new(MAX_FORWARDS)),
+            tcp: Arc::new(tokio::sync::Semaphore::new(MAX_TCP_CONNECTIONS)),
+        }
+    }
+
     /// Decides on `packet`; counts drops.
     fn decide(&self, packet: &[u8], transport: Transport) -> Outcome {
         self.stats.received.fetch_add(1, Ordering::Relaxed);
@@ -183,11 +204,17 @@ pub async fn serve_udp(sock: UdpSocket, shared: Shared, stop: CancellationToken)
                     send(&sock, &bytes, peer).await;
                     continue;
                 }
+                let Ok(permit) = shared.forwards.clone().try_acquire_owned() else {
+                    let bytes = shared.build(&req, Err(super::forward::ForwardError::Busy));
+                    send(&sock, &bytes, peer).await;
+                    continue;
+                };
                 let sock = sock.clone();
                 let shared = shared.clone();
                 tokio::spawn(async move {
                     let bytes = shared.forward(&req).await;
                     send(&sock, &bytes, peer).await;
+                    drop(permit);
                 });
             }
             Outcome::Drop(_) => {}
@@ -225,9 +252,15 @@ pub async fn serve_tcp(listener: TcpListener, shared: Shared, stop: Cancellation
                 }
             },
         };
+        let Ok(permit) = shared.tcp.clone().try_acquire_owned() else {
+            shared.stats.tcp_refused.fetch_add(1, Ordering::Relaxed);
+            drop(stream);
+            continue;
+        };
         let shared = shared.clone();
         let stop = stop.clone();
         tokio::spawn(async move {
+            let _permit = permit;
             tokio::select! {
                 _ = stop.cancelled() => {}
                 r = tcp_conn(stream, &shared) => {
