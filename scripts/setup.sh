@@ -9,7 +9,7 @@ PACKAGES=(
   # Ignition: ignition-validate checks every config we write (spec 3.0-3.3).
   ignition
   # Peers the tests and benchmarks run against.
-  keepalived haproxy nsd dnsmasq-base bind9-dnsutils dnsperf avahi-daemon avahi-utils
+  keepalived haproxy nsd dnsmasq-base bind9-dnsutils dnsperf avahi-daemon avahi-utils dbus-daemon
   nginx-light wrk iperf3
   # Image and QEMU.
   qemu-system-x86 qemu-utils ovmf syslinux syslinux-common systemd-boot-efi

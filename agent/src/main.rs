@@ -1,7 +1,7 @@
 //! `keelson-agent`: PID 1 in the appliance image, or a service on RHCOS.
 
 use clap::{Parser, Subcommand};
-use keelson_agent::{dns, proxy, run};
+use keelson_agent::{dns, members, proxy, run};
 
 #[derive(Debug, Parser)]
 #[command(name = "keelson-agent", version, about = "keelson node agent")]
@@ -18,6 +18,9 @@ enum Command {
     Proxy(proxy::ProxyArgs),
     /// Run the DNS server alone.
     Dns(dns::DnsArgs),
+    /// Run member discovery alone, printing the member list (tests, debugging).
+    #[command(hide = true)]
+    Members(members::MembersArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -34,6 +37,7 @@ fn main() -> anyhow::Result<()> {
             Command::Run(args) => run::cli(args).await,
             Command::Proxy(args) => proxy::cli(args).await,
             Command::Dns(args) => dns::cli(args).await,
+            Command::Members(args) => members::cli(args).await,
         }
     })
 }

@@ -1,0 +1,302 @@
+//! The sockets: one UDP loop and one TCP accept loop per listen address.
+//!
+//! Authoritative answers are computed inline in the receive loop (no task per query: that is
+//! what keeps one thread fast); forwarded queries get a task each, so a slow upstream never
+//! holds up the zone.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use hickory_proto::op::{Message, ResponseCode};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream, UdpSocket};
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+use super::forward::Forwarder;
+use super::handler::{self, DropReason, Outcome, Request, Transport};
+use super::zone::Zone;
+
+/// How long a TCP client may stay idle between queries.
+const TCP_IDLE: Duration = Duration::from_secs(10);
+/// TCP connections served at once; more are closed at accept.
+const MAX_TCP_CONNECTIONS: usize = 256;
+/// UDP queries being forwarded at once; more get SERVFAIL at once, so a flood of
+/// uncached names towards a dead upstream cannot pile up tasks and sockets.
+const MAX_FORWARDS: usize = 1024;
+
+/// Counters, published in the status snapshot.
+#[derive(Debug, Default)]
+pub struct Stats {
+    /// Requests received (UDP datagrams and TCP messages).
+    pub received: AtomicU64,
+    /// Answered from the zone.
+    pub authoritative: AtomicU64,
+    /// Sent upstream or answered from the cache.
+    pub forwarded: AtomicU64,
+    /// Answered from the forward cache.
+    pub cache_hits: AtomicU64,
+    /// Dropped: shorter than a header.
+    pub dropped_short: AtomicU64,
+    /// Dropped: a response, not a query.
+    pub dropped_response: AtomicU64,
+    /// FORMERR sent (undecodable, zero or several questions).
+    pub formerr: AtomicU64,
+    /// SERVFAIL sent (no upstream answered, or too many forwards in flight).
+    pub servfail: AtomicU64,
+    /// TCP connections refused (too many at once).
+    pub tcp_refused: AtomicU64,
+    /// Responses truncated (TC) over UDP.
+    pub truncated: AtomicU64,
+}
+
+impl Stats {
+    /// A JSON snapshot.
+    pub fn snapshot(&self) -> serde_json::Value {
+        let g = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        serde_json::json!({
+            "received": g(&self.received),
+            "authoritative": g(&self.authoritative),
+            "forwarded": g(&self.forwarded),
+            "cacheHits": g(&self.cache_hits),
+            "droppedShort": g(&self.dropped_short),
+            "droppedResponse": g(&self.dropped_response),
+            "formerr": g(&self.formerr),
+            "servfail": g(&self.servfail),
+            "truncated": g(&self.truncated),
+            "tcpRefused": g(&self.tcp_refused),
+        })
+    }
+
+    fn count_reply(&self, rcode: ResponseCode, truncated: bool) {
+        if rcode == ResponseCode::FormErr {
+            self.formerr.fetch_add(1, Ordering::Relaxed);
+        }
+        if rcode == ResponseCode::ServFail {
+            self.servfail.fetch_add(1, Ordering::Relaxed);
+        }
+        if truncated {
+            self.truncated.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+/// What the loops share.
+#[derive(Debug, Clone)]
+pub struct Shared {
+    /// The current zone.
+    pub zone: watch::Receiver<Arc<Zone>>,
+    /// Forwarding and cache.
+    pub forwarder: Arc<Forwarder>,
+    /// Counters.
+    pub stats: Arc<Stats>,
+    forwards: Arc<tokio::sync::Semaphore>,
+    tcp: Arc<tokio::sync::Semaphore>,
+}
+
+impl Shared {
+    /// State for the loops serving `zone` and forwarding with `forwarder`.
+    pub fn new(zone: watch::Receiver<Arc<Zone>>, forwarder: Arc<Forwarder>) -> Self {
+        Self {
+            zone,
+            forwarder,
+            stats: Arc::new(Stats::default()),
+            forwards: Arc::new(tokio::sync::Semaphore::new(MAX_FORWARDS)),
+            tcp: Arc::new(tokio::sync::Semaphore::new(MAX_TCP_CONNECTIONS)),
+        }
+    }
+
+    /// Decides on `packet`; counts drops.
+    fn decide(&self, packet: &[u8], transport: Transport) -> Outcome {
+        self.stats.received.fetch_add(1, Ordering::Relaxed);
+        let zone = self.zone.borrow().clone();
+        let out = handler::handle(packet, &zone, transport);
+        match &out {
+            Outcome::Drop(DropReason::Short) => {
+                self.stats.dropped_short.fetch_add(1, Ordering::Relaxed);
+            }
+            Outcome::Drop(DropReason::NotAQuery) => {
+                self.stats.dropped_response.fetch_add(1, Ordering::Relaxed);
+            }
+            Outcome::Reply {
+                rcode, truncated, ..
+            } => {
+                if *rcode != ResponseCode::FormErr {
+                    self.stats.authoritative.fetch_add(1, Ordering::Relaxed);
+                }
+                self.stats.count_reply(*rcode, *truncated);
+            }
+            Outcome::Forward(_) => {
+                self.stats.forwarded.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        out
+    }
+
+    /// Answers a forwarded request from the cache, if possible, without awaiting.
+    fn answer_cached(&self, req: &Request) -> Option<Vec<u8>> {
+        let hit = self.forwarder.cached(req.query())?;
+        self.stats.cache_hits.fetch_add(1, Ordering::Relaxed);
+        Some(self.build(req, Ok(hit)))
+    }
+
+    async fn forward(&self, req: &Request) -> Vec<u8> {
+        let result = self.forwarder.resolve(req.query()).await;
+        if let Err(e) = &result {
+            tracing::debug!(query = %req.query(), error = %e, "forwarding failed");
+        }
+        self.build(req, result)
+    }
+
+    fn build(
+        &self,
+        req: &Request,
+        result: Result<super::forward::Upstream, super::forward::ForwardError>,
+    ) -> Vec<u8> {
+        let mut resp: Message = handler::response_to(&req.message);
+        match result {
+            Ok(up) => {
+                resp.metadata.response_code = up.rcode;
+                resp.answers = up.answers;
+                resp.authorities = up.authorities;
+                resp.additionals = up.additionals;
+            }
+            Err(_) => resp.metadata.response_code = ResponseCode::ServFail,
+        }
+        match handler::finish(resp, req.max_size) {
+            Outcome::Reply {
+                bytes,
+                rcode,
+                truncated,
+            } => {
+                self.stats.count_reply(rcode, truncated);
+                bytes
+            }
+            _ => Vec::new(),
+        }
+    }
+}
+
+/// Serves UDP on `sock` until `stop`.
+pub async fn serve_udp(sock: UdpSocket, shared: Shared, stop: CancellationToken) {
+    let sock = Arc::new(sock);
+    let mut buf = vec![0u8; 65535];
+    loop {
+        let (n, peer) = tokio::select! {
+            _ = stop.cancelled() => return,
+            r = sock.recv_from(&mut buf) => match r {
+                Ok(r) => r,
+                Err(e) => {
+                    // ICMP errors from earlier sends surface here on Linux; keep serving.
+                    tracing::debug!(error = %e, "udp receive error");
+                    continue;
+                }
+            },
+        };
+        match shared.decide(&buf[..n], Transport::Udp) {
+            Outcome::Reply { bytes, .. } => {
+                send(&sock, &bytes, peer).await;
+            }
+            Outcome::Forward(req) => {
+                if let Some(bytes) = shared.answer_cached(&req) {
+                    send(&sock, &bytes, peer).await;
+                    continue;
+                }
+                let Ok(permit) = shared.forwards.clone().try_acquire_owned() else {
+                    let bytes = shared.build(&req, Err(super::forward::ForwardError::Busy));
+                    send(&sock, &bytes, peer).await;
+                    continue;
+                };
+                let sock = sock.clone();
+                let shared = shared.clone();
+                tokio::spawn(async move {
+                    let bytes = shared.forward(&req).await;
+                    send(&sock, &bytes, peer).await;
+                    drop(permit);
+                });
+            }
+            Outcome::Drop(_) => {}
+        }
+    }
+}
+
+async fn send(sock: &UdpSocket, bytes: &[u8], peer: SocketAddr) {
+    if bytes.is_empty() {
+        return;
+    }
+    // Fast path: the socket is almost always writable; fall back to awaiting.
+    match sock.try_send_to(bytes, peer) {
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+            if let Err(e) = sock.send_to(bytes, peer).await {
+                tracing::debug!(%peer, error = %e, "udp send failed");
+            }
+        }
+        Err(e) => tracing::debug!(%peer, error = %e, "udp send failed"),
+    }
+}
+
+/// Serves TCP on `listener` until `stop`.
+pub async fn serve_tcp(listener: TcpListener, shared: Shared, stop: CancellationToken) {
+    loop {
+        let (stream, peer) = tokio::select! {
+            _ = stop.cancelled() => return,
+            r = listener.accept() => match r {
+                Ok(r) => r,
+                Err(e) => {
+                    tracing::debug!(error = %e, "tcp accept error");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+        };
+        let Ok(permit) = shared.tcp.clone().try_acquire_owned() else {
+            shared.stats.tcp_refused.fetch_add(1, Ordering::Relaxed);
+            drop(stream);
+            continue;
+        };
+        let shared = shared.clone();
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            let _permit = permit;
+            tokio::select! {
+                _ = stop.cancelled() => {}
+                r = tcp_conn(stream, &shared) => {
+                    if let Err(e) = r {
+                        tracing::debug!(%peer, error = %e, "tcp connection ended");
+                    }
+                }
+            }
+        });
+    }
+}
+
+async fn tcp_conn(mut stream: TcpStream, shared: &Shared) -> std::io::Result<()> {
+    loop {
+        let len = match tokio::time::timeout(TCP_IDLE, stream.read_u16()).await {
+            Ok(Ok(len)) => usize::from(len),
+            Ok(Err(e)) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(()),
+            Ok(Err(e)) => return Err(e),
+            Err(_) => return Ok(()),
+        };
+        let mut buf = vec![0u8; len];
+        tokio::time::timeout(TCP_IDLE, stream.read_exact(&mut buf))
+            .await
+            .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "idle"))??;
+        let bytes = match shared.decide(&buf, Transport::Tcp) {
+            Outcome::Reply { bytes, .. } => bytes,
+            Outcome::Forward(req) => match shared.answer_cached(&req) {
+                Some(b) => b,
+                None => shared.forward(&req).await,
+            },
+            // A response or runt on a stream: the peer is not speaking DNS; hang up.
+            Outcome::Drop(_) => return Ok(()),
+        };
+        let mut out = Vec::with_capacity(bytes.len() + 2);
+        out.extend_from_slice(&(bytes.len() as u16).to_be_bytes());
+        out.extend_from_slice(&bytes);
+        stream.write_all(&out).await?;
+    }
+}

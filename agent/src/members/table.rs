@@ -1,0 +1,109 @@
+//! Soft state: members that registered, each dropped when it stops renewing.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use crate::context::Member;
+
+/// Members keyed by name with the time of their last registration.
+#[derive(Debug)]
+pub struct Table {
+    entries: HashMap<String, (Member, Instant)>,
+    expiry: Duration,
+}
+
+impl Table {
+    /// An empty table whose entries live `expiry` after their last renewal.
+    pub fn new(expiry: Duration) -> Self {
+        Self {
+            entries: HashMap::new(),
+            expiry,
+        }
+    }
+
+    /// Registers or renews `member` at `now`.
+    pub fn renew(&mut self, member: Member, now: Instant) {
+        self.entries.insert(member.name.clone(), (member, now));
+    }
+
+    /// Records `member` as last heard `age` before `now` (keeps the newer time if known).
+    pub fn renew_aged(&mut self, member: Member, age: Duration, now: Instant) {
+        let seen = now.checked_sub(age).unwrap_or(now);
+        match self.entries.get_mut(&member.name) {
+            Some((m, t)) if *t >= seen => *m = member,
+            _ => {
+                self.entries.insert(member.name.clone(), (member, seen));
+            }
+        }
+    }
+
+    /// The live members with the time since their last renewal, sorted by name.
+    pub fn list_aged(&self, now: Instant) -> Vec<(Member, Duration)> {
+        let mut out: Vec<(Member, Duration)> = self
+            .entries
+            .values()
+            .map(|(m, t)| (m.clone(), now.saturating_duration_since(*t)))
+            .collect();
+        out.sort_by(|a, b| a.0.name.cmp(&b.0.name));
+        out
+    }
+
+    /// Removes `name` (a node that said goodbye).
+    pub fn remove(&mut self, name: &str) {
+        self.entries.remove(name);
+    }
+
+    /// Drops what was not renewed within the expiry.
+    pub fn expire(&mut self, now: Instant) {
+        let expiry = self.expiry;
+        self.entries
+            .retain(|_, (_, seen)| now.saturating_duration_since(*seen) <= expiry);
+    }
+
+    /// The live members, sorted by name.
+    pub fn list(&self) -> Vec<Member> {
+        let mut out: Vec<Member> = self.entries.values().map(|(m, _)| m.clone()).collect();
+        out.sort_by(|a, b| a.name.cmp(&b.name));
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use keelson_ignition::Role;
+
+    fn m(name: &str) -> Member {
+        Member {
+            name: name.into(),
+            role: Role::Worker,
+            addresses: vec!["10.0.0.1".parse().unwrap()],
+            version: "1".into(),
+        }
+    }
+
+    #[test]
+    fn renew_expire_remove() {
+        let t0 = Instant::now();
+        let mut t = Table::new(Duration::from_secs(10));
+        t.renew(m("b"), t0);
+        t.renew(m("a"), t0 + Duration::from_secs(5));
+        assert_eq!(
+            t.list().iter().map(|m| m.name.as_str()).collect::<Vec<_>>(),
+            ["a", "b"]
+        );
+        t.expire(t0 + Duration::from_secs(11));
+        assert_eq!(t.list().len(), 1);
+        t.renew_aged(m("c"), Duration::from_secs(9), t0 + Duration::from_secs(11));
+        t.expire(t0 + Duration::from_secs(13));
+        assert_eq!(
+            t.list().len(),
+            1,
+            "c was heard 9 s before 11 s: expired at 12 s"
+        );
+        let aged = t.list_aged(t0 + Duration::from_secs(6));
+        assert_eq!(aged[0].1, Duration::from_secs(1));
+        t.remove("a");
+        assert!(t.list().is_empty());
+    }
+}
