@@ -4,6 +4,7 @@
 //! watch channels of [`context::Bus`]. Pure protocol logic lives apart from the socket
 //! and netlink code at each module's edge so it can be tested without either.
 
+pub mod apply;
 pub mod context;
 pub mod dns;
 pub mod health;

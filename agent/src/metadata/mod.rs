@@ -70,3 +70,55 @@ mod user_data_text {
         Ok(Option::<String>::deserialize(d)?.map(String::into_bytes))
     }
 }
+
+/// Which source(s) [`discover`] may use.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum SourceChoice {
+    /// Config drive and HTTP service raced; the first complete answer wins.
+    #[default]
+    Auto,
+    /// Config drive only.
+    ConfigDrive,
+    /// HTTP metadata service only.
+    Http,
+}
+
+/// Options for [`discover`].
+#[derive(Debug, Clone, Default)]
+pub struct DiscoverOptions {
+    /// Which sources to try.
+    pub source: SourceChoice,
+    /// A config-drive image or block device to read instead of searching by label.
+    pub device: Option<std::path::PathBuf>,
+    /// Base URL of the metadata service (default `http://169.254.169.254`).
+    pub url: Option<String>,
+    /// Give up after this long (`None`: retry forever, as PID 1 does).
+    pub timeout: Option<std::time::Duration>,
+}
+
+/// Errors from metadata discovery.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum MetadataError {
+    /// No source answered in time.
+    #[error("no metadata source answered: {0}")]
+    Unavailable(String),
+}
+
+/// Reads the node's metadata from the chosen sources (DESIGN §4.2).
+pub async fn discover(_opts: &DiscoverOptions) -> Result<Metadata, MetadataError> {
+    Err(MetadataError::Unavailable("not implemented yet".into()))
+}
+
+impl Metadata {
+    /// The node name: `meta_data.name`, else the first label of `hostname`.
+    pub fn node_name(&self) -> Option<String> {
+        self.meta_data.name.clone().or_else(|| {
+            self.meta_data
+                .hostname
+                .as_deref()
+                .and_then(|h| h.split('.').next())
+                .map(str::to_owned)
+        })
+    }
+}
