@@ -23,6 +23,8 @@ pub struct NodeDrive {
     pub prefix: u8,
     /// The Ignition config given as user_data.
     pub user_data: Vec<u8>,
+    /// Instance properties (`openstack server create --property k=v`), `meta` in meta_data.
+    pub meta: std::collections::BTreeMap<String, String>,
 }
 
 impl NodeDrive {
@@ -35,7 +37,7 @@ impl NodeDrive {
             "launch_index": 0,
             "availability_zone": "nova",
             "project_id": "6f70656e737461636b20697320636f6f6c",
-            "meta": {},
+            "meta": self.meta,
             "devices": [],
         })
     }
@@ -111,6 +113,7 @@ mod tests {
             address: Ipv4Addr::new(10, 0, 0, 11),
             prefix: 16,
             user_data: vec![],
+            meta: Default::default(),
         };
         assert_eq!(
             drive.network_data()["networks"][0]["netmask"],

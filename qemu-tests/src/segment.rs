@@ -36,6 +36,15 @@ impl Segment {
         }
     }
 
+    /// The `n`th segment of this process (several tests in one process each get their own).
+    pub fn nth_for_this_process(n: u16) -> Self {
+        let base = Self::for_this_process();
+        Segment {
+            group: base.group,
+            port: 20000 + (base.port - 20000 + n * 1000) % 20000,
+        }
+    }
+
     /// The `-netdev` argument for a VM NIC on this segment.
     pub fn qemu_netdev(&self, id: &str) -> String {
         format!(
