@@ -5,6 +5,8 @@ TARGET := x86_64-unknown-linux-gnu
 AGENT_PROFILE ?= release
 AGENT_BIN := target/$(TARGET)/$(AGENT_PROFILE)/keelson-agent
 export KEELSON_AGENT_BIN := $(abspath $(AGENT_BIN))
+# The QEMU cluster's stand-in kube-apiserver, shipped in its test image.
+export KEELSON_STANDIN_BIN := $(abspath target/$(TARGET)/$(AGENT_PROFILE)/kube-standin)
 
 .PHONY: all setup agent build image test lint qemu-cluster bench fuzz clean
 
@@ -14,7 +16,8 @@ setup:
 	@./scripts/setup.sh
 
 agent:
-	RUSTFLAGS="-C target-feature=+crt-static" cargo build --profile $(AGENT_PROFILE) --target $(TARGET) -p keelson-agent
+	RUSTFLAGS="-C target-feature=+crt-static" cargo build --profile $(AGENT_PROFILE) --target $(TARGET) \
+	  -p keelson-agent -p keelson-qemu-tests --bin keelson-agent --bin kube-standin
 
 build: agent
 	cargo build --release -p keelson

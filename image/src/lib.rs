@@ -41,6 +41,10 @@ pub struct ImageOptions {
     pub source_date_epoch: u64,
     /// Extra kernel command-line words.
     pub cmdline_extra: String,
+    /// Extra files for the initramfs: (absolute path in the image, file on this machine).
+    /// Executables keep their permission bits. The QEMU cluster ships its stand-in
+    /// kube-apiserver this way; operators can add their own tools.
+    pub extra_files: Vec<(String, PathBuf)>,
 }
 
 impl ImageOptions {
@@ -54,6 +58,7 @@ impl ImageOptions {
             modules: None,
             source_date_epoch: source_date_epoch(),
             cmdline_extra: String::new(),
+            extra_files: Vec::new(),
         }
     }
 }
@@ -161,6 +166,7 @@ pub struct BuiltInitramfs {
 pub fn build_initramfs(
     agent: &[u8],
     kernel: &KernelSource,
+    extra_files: &[(String, PathBuf)],
     source_date_epoch: u64,
 ) -> Result<BuiltInitramfs, ImageError> {
     let read = |path: &Path| {
@@ -232,6 +238,18 @@ pub fn build_initramfs(
             mode: 0o644,
         },
     )?;
+    for (path, source) in extra_files {
+        let mode = std::fs::metadata(source)
+            .map(|m| std::os::unix::fs::PermissionsExt::mode(&m.permissions()) & 0o755)
+            .map_err(|e| ImageError::Io(format!("extra file {}: {e}", source.display())))?;
+        fs.add(
+            path,
+            Node::File {
+                data: read(source)?,
+                mode: mode | 0o644,
+            },
+        )?;
+    }
     let mtime = u32::try_from(source_date_epoch).unwrap_or(u32::MAX);
     let cpio_bytes = fs.to_cpio(mtime)?.len() as u64;
     Ok(BuiltInitramfs {
@@ -249,7 +267,7 @@ pub fn build(opts: &ImageOptions) -> Result<ImageManifest, ImageError> {
     };
     let kernel = KernelSource::locate(opts.kernel.as_deref(), opts.modules.as_deref())?;
     let agent = read(&opts.agent)?;
-    let initramfs = build_initramfs(&agent, &kernel, opts.source_date_epoch)?;
+    let initramfs = build_initramfs(&agent, &kernel, &opts.extra_files, opts.source_date_epoch)?;
     let vmlinuz = read(&kernel.vmlinuz)?;
     let cmdline = bootcfg::cmdline(&opts.cmdline_extra);
 

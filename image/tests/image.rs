@@ -29,8 +29,14 @@ fn fake_agent(dir: &Path) -> PathBuf {
 }
 
 fn options(out: &Path, agent: &Path) -> ImageOptions {
+    // An operator's extra tool, shipped next to the agent (the QEMU cluster's stand-in API
+    // server travels this way).
+    let tool = agent.with_file_name("hello-tool");
+    std::fs::write(&tool, b"#!/bin/true\n").unwrap();
+    std::fs::set_permissions(&tool, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
     ImageOptions {
         source_date_epoch: 1_700_000_000,
+        extra_files: vec![("/usr/local/bin/hello-tool".into(), tool)],
         ..ImageOptions::new(out, agent)
     }
 }
@@ -142,6 +148,7 @@ fn check_layout(qcow2: &Path, agent: &Path, work: &Path) {
     }
     assert_eq!(files["init"], std::fs::read(agent).unwrap());
     assert!(files.contains_key("dev/console"));
+    assert_eq!(files["usr/local/bin/hello-tool"], b"#!/bin/true\n");
     let list = String::from_utf8(
         files[&format!("lib/modules/{}/modules.keelson", kernel.version)].clone(),
     )

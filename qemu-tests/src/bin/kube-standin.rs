@@ -1,0 +1,97 @@
+//! `kube-standin`: plays kube-apiserver on the QEMU cluster's masters (DESIGN §5).
+//!
+//! A tiny HTTPS server with a self-signed certificate: `GET /readyz` and `/healthz` answer
+//! `ok`, `GET /version` answers JSON naming the node, so the harness can see requests through
+//! the API VIP spread over the masters. Shipped in the test image and started by the agent's
+//! supervisor as an operator service (`cluster.json` `services`). Blocking, a thread per
+//! connection: it serves a test, not a cluster.
+
+use std::io::{BufRead, BufReader, Write};
+use std::net::{TcpListener, TcpStream};
+use std::sync::Arc;
+
+use anyhow::{Context, Result};
+
+fn main() -> Result<()> {
+    let mut listen = "0.0.0.0:6443".to_owned();
+    let mut name = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_owned())
+        .unwrap_or_default();
+    let mut args = std::env::args().skip(1);
+    while let Some(arg) = args.next() {
+        match arg.as_str() {
+            "--listen" => listen = args.next().context("--listen needs ADDR:PORT")?,
+            "--name" => name = args.next().context("--name needs a node name")?,
+            other => anyhow::bail!("unknown argument {other:?} (expected --listen, --name)"),
+        }
+    }
+    if let Ok(env_name) = std::env::var("KEELSON_NODE_NAME") {
+        name = env_name;
+    }
+    let cert = rcgen::generate_simple_self_signed(vec![name.clone(), "kube-standin".into()])?;
+    let config = rustls::ServerConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()?
+    .with_no_client_auth()
+    .with_single_cert(
+        vec![cert.cert.der().clone()],
+        rustls::pki_types::PrivateKeyDer::Pkcs8(cert.signing_key.serialize_der().into()),
+    )?;
+    let config = Arc::new(config);
+    let listener = TcpListener::bind(&listen).with_context(|| format!("binding {listen}"))?;
+    eprintln!("kube-standin: serving https://{listen} as {name}");
+    for stream in listener.incoming() {
+        let Ok(stream) = stream else { continue };
+        let config = config.clone();
+        let name = name.clone();
+        std::thread::spawn(move || {
+            let _ = serve(stream, config, &name);
+        });
+    }
+    Ok(())
+}
+
+fn serve(mut tcp: TcpStream, config: Arc<rustls::ServerConfig>, name: &str) -> Result<()> {
+    tcp.set_read_timeout(Some(std::time::Duration::from_secs(10)))?;
+    let mut conn = rustls::ServerConnection::new(config)?;
+    let mut tls = rustls::Stream::new(&mut conn, &mut tcp);
+    let mut reader = BufReader::new(&mut tls);
+    loop {
+        let mut request_line = String::new();
+        if reader.read_line(&mut request_line)? == 0 {
+            return Ok(());
+        }
+        let mut close = false;
+        loop {
+            let mut header = String::new();
+            if reader.read_line(&mut header)? == 0 || header == "\r\n" || header == "\n" {
+                break;
+            }
+            if header.to_ascii_lowercase().starts_with("connection: close") {
+                close = true;
+            }
+        }
+        let path = request_line.split_whitespace().nth(1).unwrap_or("/");
+        let (status, body) = match path {
+            "/readyz" | "/healthz" | "/livez" => ("200 OK", "ok".to_owned()),
+            "/version" => (
+                "200 OK",
+                format!(r#"{{"gitVersion":"v0.0.0-keelson-standin","node":"{name}"}}"#),
+            ),
+            _ => ("404 Not Found", "not found".to_owned()),
+        };
+        let response = format!(
+            "HTTP/1.1 {status}\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nX-Node: {name}\r\n{}\r\n{body}",
+            body.len(),
+            if close { "Connection: close\r\n" } else { "" }
+        );
+        reader.get_mut().write_all(response.as_bytes())?;
+        reader.get_mut().flush()?;
+        if close {
+            reader.get_mut().conn.send_close_notify();
+            let _ = reader.get_mut().flush();
+            return Ok(());
+        }
+    }
+}
