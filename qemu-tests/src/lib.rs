@@ -1,6 +1,8 @@
 //! The whole-cluster test harness: QEMU VMs of the appliance image on one multicast segment,
 //! checked from a host-side participant in a network namespace.
 
+pub mod cluster;
 pub mod configdrive;
+pub mod netns;
 pub mod segment;
 pub mod vm;

@@ -1,0 +1,69 @@
+//! The harness's own network namespace: the host-side participant on the test segment.
+//! Created and removed by the harness; nothing in it reaches any other network.
+
+use std::process::{Command, Output};
+
+use anyhow::{Context, Result, bail};
+
+/// A network namespace, deleted on drop.
+#[derive(Debug)]
+pub struct Netns {
+    /// Its name (`ip netns`).
+    pub name: String,
+}
+
+impl Netns {
+    /// Creates `name` (removing a stale one of the same name first) with loopback up.
+    pub fn create(name: &str) -> Result<Self> {
+        let _ = Command::new("ip").args(["netns", "del", name]).output();
+        run(Command::new("ip").args(["netns", "add", name]))?;
+        let ns = Netns { name: name.into() };
+        ns.ip(&["link", "set", "lo", "up"])?;
+        Ok(ns)
+    }
+
+    /// `ip -n <ns> ARGS`.
+    pub fn ip(&self, args: &[&str]) -> Result<Output> {
+        run(Command::new("ip").arg("-n").arg(&self.name).args(args))
+    }
+
+    /// A command run inside the namespace (`ip netns exec`).
+    pub fn command(&self, program: &str) -> Command {
+        let mut cmd = Command::new("ip");
+        cmd.args(["netns", "exec", &self.name, program]);
+        cmd
+    }
+
+    /// The MAC address the namespace's neighbour table holds for `ip`, if any.
+    pub fn neighbour_mac(&self, ip: &str) -> Option<String> {
+        let out = self.ip(&["neigh", "show", ip]).ok()?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        let words: Vec<&str> = text.split_whitespace().collect();
+        let at = words.iter().position(|w| *w == "lladdr")?;
+        words.get(at + 1).map(|m| m.to_ascii_lowercase())
+    }
+
+    /// Forgets the neighbour entry for `ip`, so the next packet ARPs afresh.
+    pub fn flush_neighbour(&self, ip: &str) {
+        let _ = self.ip(&["neigh", "flush", "to", ip]);
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        let _ = Command::new("ip")
+            .args(["netns", "del", &self.name])
+            .output();
+    }
+}
+
+fn run(cmd: &mut Command) -> Result<Output> {
+    let out = cmd.output().with_context(|| format!("running {cmd:?}"))?;
+    if !out.status.success() {
+        bail!(
+            "{cmd:?} failed: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(out)
+}
