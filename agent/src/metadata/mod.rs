@@ -3,6 +3,9 @@
 //! The types here are the contract the rest of the agent (init, net, node identity) uses;
 //! each source (`config_drive`, `http`) lives in its own module and yields a [`Metadata`].
 
+pub mod config_drive;
+pub mod http;
+pub mod iso9660;
 pub mod network;
 
 use std::collections::BTreeMap;
@@ -100,14 +103,74 @@ pub struct DiscoverOptions {
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum MetadataError {
-    /// No source answered in time.
+    /// No source answered (yet).
     #[error("no metadata source answered: {0}")]
     Unavailable(String),
+    /// A source answered with something unusable (the message names the file and field).
+    #[error("metadata from {origin}: {message}")]
+    Invalid {
+        /// Which source.
+        origin: String,
+        /// What is wrong.
+        message: String,
+    },
 }
 
-/// Reads the node's metadata from the chosen sources (DESIGN §4.2).
-pub async fn discover(_opts: &DiscoverOptions) -> Result<Metadata, MetadataError> {
-    Err(MetadataError::Unavailable("not implemented yet".into()))
+/// One attempt over the chosen sources. Config drive first when allowed: it is local and
+/// needs no network; the HTTP service is asked when there is no drive.
+async fn attempt(opts: &DiscoverOptions) -> Result<Metadata, MetadataError> {
+    let mut failures = Vec::new();
+    if opts.source != SourceChoice::Http {
+        let devices = match &opts.device {
+            Some(device) => vec![device.clone()],
+            None => tokio::task::spawn_blocking(config_drive::find_devices)
+                .await
+                .unwrap_or_default(),
+        };
+        for device in devices {
+            let path = device.clone();
+            match tokio::task::spawn_blocking(move || config_drive::read(&path)).await {
+                Ok(Ok(md)) => return Ok(md),
+                Ok(Err(e)) => failures.push(e.to_string()),
+                Err(e) => failures.push(format!("{}: {e}", device.display())),
+            }
+        }
+        if failures.is_empty() {
+            failures.push("no config drive (no block device labelled config-2)".into());
+        }
+    }
+    if opts.source != SourceChoice::ConfigDrive {
+        let url = opts.url.as_deref().unwrap_or(http::DEFAULT_URL);
+        match http::read(url).await {
+            Ok(md) => return Ok(md),
+            Err(e) => failures.push(e.to_string()),
+        }
+    }
+    Err(MetadataError::Unavailable(failures.join("; ")))
+}
+
+/// Reads the node's metadata from the chosen sources (DESIGN §4.2), retrying with
+/// exponential backoff (0.5 s doubling to 10 s) until one answers or `timeout` passes.
+/// Invalid metadata is returned at once: retrying would not fix it.
+pub async fn discover(opts: &DiscoverOptions) -> Result<Metadata, MetadataError> {
+    let start = tokio::time::Instant::now();
+    let mut delay = std::time::Duration::from_millis(500);
+    loop {
+        match attempt(opts).await {
+            Ok(md) => return Ok(md),
+            Err(e @ MetadataError::Invalid { .. }) => return Err(e),
+            Err(e) => {
+                if let Some(timeout) = opts.timeout
+                    && start.elapsed() + delay > timeout
+                {
+                    return Err(e);
+                }
+                tracing::warn!("metadata not available yet, retrying in {delay:?}: {e}");
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(std::time::Duration::from_secs(10));
+            }
+        }
+    }
 }
 
 impl Metadata {
@@ -120,5 +183,81 @@ impl Metadata {
                 .and_then(|h| h.split('.').next())
                 .map(str::to_owned)
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const FIXTURES: &str = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../shared/testdata/openstack-metadata"
+    );
+
+    fn fixture(name: &str) -> Vec<u8> {
+        std::fs::read(format!("{FIXTURES}/{name}")).unwrap()
+    }
+
+    #[test]
+    fn every_fixture_parses() {
+        let mut seen = 0;
+        for entry in std::fs::read_dir(FIXTURES).unwrap() {
+            let name = entry.unwrap().file_name().to_string_lossy().into_owned();
+            let bytes = fixture(&name);
+            if name.ends_with("network_data.json") {
+                let net: NetworkData = serde_json::from_slice(&bytes).unwrap();
+                assert!(!net.links.is_empty() && !net.networks.is_empty(), "{name}");
+                seen += 1;
+            } else if name.ends_with("meta_data.json") {
+                let md: MetaData = serde_json::from_slice(&bytes).unwrap();
+                assert!(md.uuid.is_some() && md.name.is_some(), "{name}");
+                seen += 1;
+            } else if name.ends_with("meta-data.json") {
+                let v: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
+                assert!(v.is_object(), "{name}");
+                seen += 1;
+            }
+        }
+        assert_eq!(seen, 5);
+    }
+
+    #[test]
+    fn fixture_fields_that_matter() {
+        let ibm: NetworkData =
+            serde_json::from_slice(&fixture("ibmcloud-classic_network_data.json")).unwrap();
+        assert_eq!(ibm.links[0].kind, network::LinkKind::Phy);
+        assert_eq!(ibm.links[0].mtu, None, "mtu: null");
+        let private = &ibm.networks[0];
+        assert_eq!(private.kind, network::NetworkKind::Ipv4);
+        assert_eq!(private.ip_address.as_deref(), Some("10.135.202.146"));
+        assert_eq!(private.netmask.as_deref(), Some("255.255.255.192"));
+        assert_eq!(private.routes.len(), 3);
+        assert_eq!(private.routes[0].gateway, "10.135.202.129");
+        assert_eq!(ibm.services.len(), 2);
+
+        let kubevirt: NetworkData = serde_json::from_slice(&fixture(
+            "kubevirt_config_drive_openstack_latest_network_data.json",
+        ))
+        .unwrap();
+        assert_eq!(kubevirt.links[0].name.as_deref(), Some("eth0"));
+        assert_eq!(kubevirt.networks[0].routes[0].network, "0.0.0.0");
+        assert!(
+            kubevirt
+                .services
+                .iter()
+                .any(|s| s.address == "2001:4860:4860::8888")
+        );
+
+        let old: MetaData = serde_json::from_slice(&fixture(
+            "openstack-metadata_openstack_2012-08-10_meta_data.json",
+        ))
+        .unwrap();
+        let md = Metadata {
+            meta_data: old,
+            ..Metadata::default()
+        };
+        assert_eq!(md.node_name().as_deref(), Some("mule"));
+        assert!(!md.meta_data.public_keys.is_empty());
     }
 }
