@@ -6,6 +6,9 @@ use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 
 use super::iso9660::Iso;
+
+/// Reads one file from the volume: `Ok(None)` when it does not exist.
+type FileReader = Box<dyn FnMut(&str) -> Result<Option<Vec<u8>>, String>>;
 use super::{MetaData, Metadata, MetadataError, NetworkData};
 
 /// The labels Nova writes.
@@ -80,7 +83,7 @@ pub fn read(path: &Path) -> Result<Metadata, MetadataError> {
     if !is_config_drive_label(&label) {
         return Err(err(format!("volume label {label:?}, expected config-2")));
     }
-    let mut reader: Box<dyn FnMut(&str) -> Result<Option<Vec<u8>>, String>> = match volume {
+    let mut reader: FileReader = match volume {
         Volume::Iso9660 => {
             let file = File::open(path).map_err(|e| err(e.to_string()))?;
             let mut iso = Iso::open(file).map_err(|e| err(e.to_string()))?;

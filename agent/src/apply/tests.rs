@@ -1,0 +1,234 @@
+use super::*;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use base64::Engine;
+use std::io::Write;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+fn b64(bytes: &[u8]) -> String {
+    format!(
+        "data:;base64,{}",
+        base64::engine::general_purpose::STANDARD.encode(bytes)
+    )
+}
+
+fn gzip(bytes: &[u8]) -> Vec<u8> {
+    let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+    enc.write_all(bytes).unwrap();
+    enc.finish().unwrap()
+}
+
+fn sha512(bytes: &[u8]) -> String {
+    format!("sha512-{}", hex::encode(Sha512::digest(bytes)))
+}
+
+#[tokio::test]
+async fn writes_files_directories_keys_and_refuses_units() {
+    let root = tempfile::tempdir().unwrap();
+    let cluster = br#"{"name":"ocp4"}"#;
+    let compressed = gzip(b"big file contents\n");
+    let config = serde_json::json!({
+        "ignition": {"version": "3.2.0"},
+        "storage": {
+            "directories": [{"path": "/var/lib/keelson", "mode": 448}],
+            "files": [
+                {"path": "/etc/keelson/cluster.json", "mode": 420,
+                 "contents": {"source": b64(cluster), "verification": {"hash": sha512(cluster)}}},
+                {"path": "/etc/keelson/role", "contents": {"source": "data:,master%0A"}},
+                {"path": "/etc/big", "mode": 384,
+                 "contents": {"source": b64(&compressed), "compression": "gzip",
+                              "verification": {"hash": sha512(&compressed)}}},
+            ]
+        },
+        "passwd": {"users": [{"name": "core", "sshAuthorizedKeys": ["ssh-ed25519 AAAA k"]}]},
+        "systemd": {"units": [{"name": "keelson-agent.service", "enabled": true}]}
+    });
+    let applied = apply_user_data(&serde_json::to_vec(&config).unwrap(), root.path())
+        .await
+        .unwrap();
+    let read = |p: &str| std::fs::read(root.path().join(p)).unwrap();
+    assert_eq!(read("etc/keelson/cluster.json"), cluster);
+    assert_eq!(read("etc/keelson/role"), b"master\n");
+    assert_eq!(read("etc/big"), b"big file contents\n");
+    assert_eq!(
+        read("home/core/.ssh/authorized_keys.d/ignition"),
+        b"ssh-ed25519 AAAA k\n"
+    );
+    use std::os::unix::fs::PermissionsExt;
+    let mode = |p: &str| {
+        std::fs::metadata(root.path().join(p))
+            .unwrap()
+            .permissions()
+            .mode()
+            & 0o777
+    };
+    assert_eq!(mode("etc/big"), 0o600);
+    assert_eq!(mode("var/lib/keelson"), 0o700);
+    assert_eq!(applied.files_written.len(), 4);
+    assert_eq!(applied.refused.len(), 1);
+    assert!(
+        applied.refused[0].contains("keelson-agent.service"),
+        "{:?}",
+        applied.refused
+    );
+}
+
+#[tokio::test]
+async fn bad_input_is_named() {
+    let root = tempfile::tempdir().unwrap();
+    let cases = [
+        (serde_json::json!({"x": 1}), "ignition.version"),
+        (
+            serde_json::json!({"ignition": {"version": "1.0.0"}}),
+            "ignition.version",
+        ),
+        (
+            serde_json::json!({"ignition": {"version": "3.2.0"}, "storage": {"files": [
+                {"path": "/etc/../../escape", "contents": {"source": "data:,x"}}]}}),
+            "storage.files[0].path",
+        ),
+        (
+            serde_json::json!({"ignition": {"version": "3.2.0"}, "storage": {"files": [
+                {"path": "/etc/x", "contents": {"source": "data:,x",
+                 "verification": {"hash": sha512(b"y")}}}]}}),
+            "storage.files[0].contents.verification.hash",
+        ),
+        (
+            serde_json::json!({"ignition": {"version": "3.2.0"}, "storage": {"files": [
+                {"path": "/etc/x", "contents": {"source": "data:,x", "compression": "xz"}}]}}),
+            "compression",
+        ),
+    ];
+    for (config, field) in cases {
+        let err = apply_user_data(&serde_json::to_vec(&config).unwrap(), root.path())
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains(field), "{field}: {err}");
+    }
+    assert!(apply_user_data(b"not json", root.path()).await.is_err());
+    assert!(!root.path().join("escape").exists());
+}
+
+/// An HTTPS server with a fresh CA; the first `fail_first` requests get HTTP 500.
+async fn https_server(body: Vec<u8>, fail_first: usize) -> (String, String, Arc<AtomicUsize>) {
+    use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair};
+    let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    let ca = CertifiedIssuer::self_signed(ca_params, KeyPair::generate().unwrap()).unwrap();
+    let key = KeyPair::generate().unwrap();
+    let cert = CertificateParams::new(vec!["127.0.0.1".to_string()])
+        .unwrap()
+        .signed_by(&key, &ca)
+        .unwrap();
+    let config = rustls::ServerConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_no_client_auth()
+    .with_single_cert(
+        vec![cert.der().clone()],
+        rustls::pki_types::PrivateKeyDer::Pkcs8(key.serialize_der().into()),
+    )
+    .unwrap();
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("https://{}/config/master", listener.local_addr().unwrap());
+    let count = Arc::new(AtomicUsize::new(0));
+    let seen = count.clone();
+    tokio::spawn(async move {
+        loop {
+            let Ok((tcp, _)) = listener.accept().await else {
+                return;
+            };
+            let n = seen.fetch_add(1, Ordering::SeqCst);
+            let acceptor = acceptor.clone();
+            let body = body.clone();
+            tokio::spawn(async move {
+                let Ok(mut tls) = acceptor.accept(tcp).await else {
+                    return;
+                };
+                let mut buf = vec![0u8; 4096];
+                let _ = tls.read(&mut buf).await;
+                let (status, body) = if n < fail_first {
+                    ("500 Internal Server Error", Vec::new())
+                } else {
+                    ("200 OK", body)
+                };
+                let head = format!(
+                    "HTTP/1.1 {status}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                    body.len()
+                );
+                let _ = tls.write_all(head.as_bytes()).await;
+                let _ = tls.write_all(&body).await;
+                let _ = tls.shutdown().await;
+            });
+        }
+    });
+    (url, ca.pem(), count)
+}
+
+#[tokio::test]
+async fn pointer_config_is_fetched_with_the_ca_retried_on_500_and_verified() {
+    let full = serde_json::to_vec(&serde_json::json!({
+        "ignition": {"version": "3.2.0"},
+        "storage": {"files": [{"path": "/etc/keelson/role", "contents": {"source": "data:,master"}}]}
+    }))
+    .unwrap();
+    let (url, ca_pem, count) = https_server(full.clone(), 2).await;
+    let pointer = serde_json::json!({
+        "ignition": {
+            "version": "3.2.0",
+            "config": {"merge": [{"source": url, "verification": {"hash": sha512(&full)}}]},
+            "security": {"tls": {"certificateAuthorities": [{"source": b64(ca_pem.as_bytes())}]}}
+        }
+    });
+    let root = tempfile::tempdir().unwrap();
+    let applied = apply_user_data(&serde_json::to_vec(&pointer).unwrap(), root.path())
+        .await
+        .unwrap();
+    assert_eq!(applied.fetched, std::slice::from_ref(&url));
+    assert_eq!(count.load(Ordering::SeqCst), 3, "two 500s, then the config");
+    assert_eq!(
+        std::fs::read(root.path().join("etc/keelson/role")).unwrap(),
+        b"master"
+    );
+
+    // 2.2 pointer (`append`) with a wrong hash: a clear error, nothing written.
+    let pointer22 = serde_json::json!({
+        "ignition": {
+            "version": "2.2.0",
+            "config": {"append": [{"source": url, "verification": {"hash": sha512(b"other")}}]},
+            "security": {"tls": {"certificateAuthorities": [{"source": b64(ca_pem.as_bytes())}]}}
+        }
+    });
+    let root = tempfile::tempdir().unwrap();
+    let err = apply_user_data(&serde_json::to_vec(&pointer22).unwrap(), root.path())
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("ignition.config.append[0].verification.hash"),
+        "{err}"
+    );
+
+    // Without the CA the server is not trusted.
+    let untrusted = serde_json::json!({
+        "ignition": {"version": "3.2.0", "config": {"merge": [{"source": url}]},
+                     "security": {"tls": {"certificateAuthorities": [
+                         {"source": b64(https_server(vec![], 0).await.1.as_bytes())}]}}}
+    });
+    let err = apply_user_data_with(
+        &serde_json::to_vec(&untrusted).unwrap(),
+        root.path(),
+        &ApplyOptions {
+            fetch_timeout: Some(Duration::from_secs(2)),
+        },
+    )
+    .await
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("TLS"), "{err}");
+}
