@@ -17,6 +17,7 @@ pub mod node;
 pub mod proxy;
 pub mod run;
 pub mod status;
+pub mod supervisor;
 pub mod vrrp;
 
 /// The agent's version, as members announce it.

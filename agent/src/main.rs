@@ -24,6 +24,10 @@ enum Command {
 }
 
 fn main() -> anyhow::Result<()> {
+    // In the appliance the kernel starts us as /init: PID 1 never returns.
+    if std::process::id() == 1 {
+        keelson_agent::init::main();
+    }
     let cli = Cli::parse();
     tracing_subscriber::fmt()
         .with_env_filter(

@@ -99,6 +99,194 @@ impl NodeIdentity {
     }
 }
 
+/// The role file the rendered Ignition configs write (`master`, `worker`, `bootstrap`).
+pub const ROLE_FILE: &str = "etc/keelson/role";
+
+/// The node's role: the role file under `root`, else the `keelson-role` metadata property
+/// (`openstack server create --property keelson-role=master`), else the name's prefix
+/// (`bootstrap`, `master-0`, `worker-1`).
+pub fn role_hint(
+    root: &Path,
+    meta: Option<&std::collections::BTreeMap<String, String>>,
+    name: &str,
+) -> Option<Role> {
+    let parse = |s: &str| -> Option<Role> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "bootstrap" => Some(Role::Bootstrap),
+            "master" | "control-plane" | "controlplane" => Some(Role::Master),
+            "worker" | "compute" => Some(Role::Worker),
+            _ => None,
+        }
+    };
+    if let Ok(text) = std::fs::read_to_string(root.join(ROLE_FILE))
+        && let Some(role) = parse(&text)
+    {
+        return Some(role);
+    }
+    if let Some(role) = meta
+        .and_then(|m| m.get("keelson-role"))
+        .and_then(|r| parse(r))
+    {
+        return Some(role);
+    }
+    let short = name.split('.').next().unwrap_or(name);
+    ["bootstrap", "master", "worker", "control-plane", "compute"]
+        .iter()
+        .find(|p| short.starts_with(*p))
+        .and_then(|p| parse(p))
+}
+
+/// Errors deriving the identity from the running system.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum IdentityError {
+    /// No role could be determined.
+    #[error(
+        "node {name}: no role (write /etc/keelson/role, set the keelson-role property, or \
+         name the node bootstrap/master-N/worker-N)"
+    )]
+    NoRole {
+        /// The node.
+        name: String,
+    },
+    /// No interface has an address in the machine network.
+    #[error("node {name}: no interface has an address in the machine networks {networks:?}")]
+    NoAddress {
+        /// The node.
+        name: String,
+        /// The machine networks.
+        networks: Vec<IpNet>,
+    },
+}
+
+/// The identity from the running system: name from metadata or the host name, role from
+/// [`role_hint`], interface and addresses from the machine's addresses inside the cluster's
+/// machine networks.
+pub fn from_system(
+    cluster: &keelson_ignition::ClusterConfig,
+    root: &Path,
+    metadata: Option<&crate::metadata::Metadata>,
+) -> Result<NodeIdentity, IdentityError> {
+    let name = metadata
+        .and_then(|m| m.node_name())
+        .or_else(|| {
+            nix::unistd::gethostname().ok().map(|h| {
+                h.to_string_lossy()
+                    .split('.')
+                    .next()
+                    .unwrap_or("")
+                    .to_owned()
+            })
+        })
+        .filter(|n| !n.is_empty())
+        .unwrap_or_else(|| "localhost".into());
+    let role = role_hint(root, metadata.map(|m| &m.meta_data.meta), &name)
+        .ok_or_else(|| IdentityError::NoRole { name: name.clone() })?;
+    let mut found: Vec<(String, IpNet)> = Vec::new();
+    if let Ok(addrs) = nix::ifaddrs::getifaddrs() {
+        for ifa in addrs {
+            let (Some(addr), Some(mask)) = (ifa.address, ifa.netmask) else {
+                continue;
+            };
+            let pair = match (
+                addr.as_sockaddr_in(),
+                mask.as_sockaddr_in(),
+                addr.as_sockaddr_in6(),
+                mask.as_sockaddr_in6(),
+            ) {
+                (Some(a), Some(m), _, _) => Some((
+                    std::net::IpAddr::V4(a.ip()),
+                    u32::from(m.ip()).leading_ones() as u8,
+                )),
+                (_, _, Some(a), Some(m)) => Some((
+                    std::net::IpAddr::V6(a.ip()),
+                    u128::from(m.ip()).leading_ones() as u8,
+                )),
+                _ => None,
+            };
+            if let Some((ip, prefix)) = pair
+                && cluster.machine_networks.iter().any(|n| n.contains(&ip))
+                && let Ok(net) = IpNet::new(ip, prefix)
+            {
+                found.push((ifa.interface_name.clone(), net));
+            }
+        }
+    }
+    let Some((interface, _)) = found.first().cloned() else {
+        return Err(IdentityError::NoAddress {
+            name,
+            networks: cluster.machine_networks.clone(),
+        });
+    };
+    let addresses = found
+        .into_iter()
+        .filter(|(i, _)| *i == interface)
+        .map(|(_, n)| n)
+        .collect();
+    Ok(NodeIdentity {
+        name,
+        role,
+        interface,
+        addresses,
+    })
+}
+
+#[cfg(test)]
+mod identity_tests {
+    use super::*;
+
+    #[test]
+    fn role_sources_in_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let meta: std::collections::BTreeMap<String, String> =
+            [("keelson-role".to_owned(), "worker".to_owned())].into();
+        assert_eq!(
+            role_hint(dir.path(), Some(&meta), "master-0"),
+            Some(Role::Worker)
+        );
+        assert_eq!(
+            role_hint(dir.path(), None, "master-0.novalocal"),
+            Some(Role::Master)
+        );
+        assert_eq!(
+            role_hint(dir.path(), None, "bootstrap"),
+            Some(Role::Bootstrap)
+        );
+        assert_eq!(role_hint(dir.path(), None, "db-1"), None);
+        std::fs::create_dir_all(dir.path().join("etc/keelson")).unwrap();
+        std::fs::write(dir.path().join(ROLE_FILE), "bootstrap\n").unwrap();
+        assert_eq!(
+            role_hint(dir.path(), Some(&meta), "master-0"),
+            Some(Role::Bootstrap)
+        );
+    }
+
+    #[test]
+    fn from_system_finds_loopback_in_a_loopback_machine_network() {
+        let mut cluster =
+            keelson_ignition::ClusterConfig::from_json(include_bytes!("dns/testdata/cluster.json"))
+                .unwrap();
+        cluster.machine_networks = vec!["127.0.0.0/8".parse().unwrap()];
+        let dir = tempfile::tempdir().unwrap();
+        let node = from_system(&cluster, dir.path(), None);
+        // The host name decides the role here; either way the error or identity is precise.
+        match node {
+            Ok(node) => {
+                assert_eq!(node.interface, "lo");
+                assert_eq!(node.addresses[0].to_string(), "127.0.0.1/8");
+            }
+            Err(e) => assert!(e.to_string().contains("no role"), "{e}"),
+        }
+        cluster.machine_networks = vec!["fdcb:a1e5:7:1::/64".parse().unwrap()];
+        std::fs::create_dir_all(dir.path().join("etc/keelson")).unwrap();
+        std::fs::write(dir.path().join(ROLE_FILE), "worker").unwrap();
+        let err = from_system(&cluster, dir.path(), None)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("fdcb:a1e5:7:1::/64"), "{err}");
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,6 +1,17 @@
-//! `keelson-agent run`: start the services for this node.
+//! `keelson-agent run`: start the services for this node under the supervisor, print the
+//! ready line when every one of them is up, stop them in order on SIGTERM/SIGINT.
+//! PID 1 (`init`) uses [`run_node`] too.
 
 use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context;
+use keelson_ignition::{ClusterConfig, Role};
+use tokio_util::sync::CancellationToken;
+
+use crate::context::AgentContext;
+use crate::node::NodeIdentity;
+use crate::supervisor::{ServiceFn, Supervisor, boxed};
 
 /// `keelson-agent run`.
 #[derive(Debug, clap::Args)]
@@ -11,12 +22,143 @@ pub struct RunArgs {
     /// node.json: overrides the identity metadata would give.
     #[arg(long)]
     pub node: Option<PathBuf>,
-    /// Only these services (comma list of vrrp, proxy, dns, members, ignition).
+    /// Only these services (comma list of members, dns, ignition; default: the role's).
     #[arg(long, value_delimiter = ',')]
     pub only: Vec<String>,
 }
 
+/// The services, in start order: members first (the others read the member list), the
+/// Ignition server before DNS so masters can fetch as early as possible.
+pub const SERVICES: &[(&str, ServiceFn)] = &[
+    ("members", |c, s| boxed(crate::members::run(c, s))),
+    ("ignition", |c, s| boxed(crate::ignition_server::run(c, s))),
+    ("dns", |c, s| boxed(crate::dns::run(c, s))),
+];
+
+/// Which services a role runs (DESIGN §3). VRRP and the API proxy join this table when their
+/// modules land; until then a node runs and reports only what it really serves.
+pub fn services_for(role: Role) -> Vec<&'static str> {
+    match role {
+        Role::Bootstrap | Role::Master => vec!["members", "ignition", "dns"],
+        Role::Worker => vec!["members", "dns"],
+    }
+}
+
+/// The exact ready line tests and the QEMU harness wait for.
+pub fn ready_line(node: &NodeIdentity, services: &[&str]) -> String {
+    format!(
+        "keelson-agent ready: node={} role={} services={}",
+        node.name,
+        node.role.as_str(),
+        services.join(",")
+    )
+}
+
+/// Runs `services` (all of the role's when empty) plus the operator's processes until `stop`;
+/// prints the ready line once every service marked itself ready.
+pub async fn run_node(
+    ctx: AgentContext,
+    only: &[String],
+    stop: CancellationToken,
+) -> anyhow::Result<()> {
+    let wanted: Vec<&'static str> = if only.is_empty() {
+        services_for(ctx.node.role)
+    } else {
+        let mut out = Vec::new();
+        for name in only {
+            let known = SERVICES
+                .iter()
+                .find(|(n, _)| n == name)
+                .map(|(n, _)| *n)
+                .with_context(|| {
+                    format!(
+                        "--only {name}: expected one of {}",
+                        SERVICES
+                            .iter()
+                            .map(|(n, _)| *n)
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    )
+                })?;
+            out.push(known);
+        }
+        out
+    };
+    let mut supervisor = Supervisor::new(ctx.clone(), stop.clone());
+    for (name, run) in SERVICES {
+        if wanted.contains(name) {
+            supervisor.service(name, *run);
+        }
+    }
+    let mut processes = Vec::new();
+    for spec in ctx.cluster.services.clone() {
+        let name = spec.name.clone();
+        if supervisor.process(spec) {
+            processes.push(name);
+        }
+    }
+    let mut ready = ctx.bus.ready.subscribe();
+    let line = ready_line(&ctx.node, &wanted);
+    let announce = {
+        let stop = stop.clone();
+        let wanted = wanted.clone();
+        async move {
+            tokio::select! {
+                r = ready.wait_for(|set| wanted.iter().all(|w| set.contains(*w))) => {
+                    if r.is_ok() {
+                        // Plain line (no log prefix): tests and the console grep for it.
+                        eprintln!("{line}");
+                        tracing::info!("{line}");
+                    }
+                }
+                _ = stop.cancelled() => {}
+            }
+        }
+    };
+    tokio::spawn(announce);
+    if !processes.is_empty() {
+        tracing::info!("operator processes: {}", processes.join(", "));
+    }
+    stop.cancelled().await;
+    tracing::info!("stopping services");
+    supervisor.wait(Duration::from_secs(10)).await;
+    Ok(())
+}
+
+/// Cancels `stop` on SIGTERM or SIGINT.
+pub fn stop_on_signals(stop: CancellationToken) -> anyhow::Result<()> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
+    tokio::spawn(async move {
+        tokio::select! {
+            _ = term.recv() => tracing::info!("SIGTERM"),
+            _ = int.recv() => tracing::info!("SIGINT"),
+        }
+        stop.cancel();
+    });
+    Ok(())
+}
+
 /// Runs `keelson-agent run`.
-pub async fn cli(_args: RunArgs) -> anyhow::Result<()> {
-    anyhow::bail!("run is not implemented yet")
+pub async fn cli(args: RunArgs) -> anyhow::Result<()> {
+    let bytes = std::fs::read(&args.cluster)
+        .with_context(|| format!("reading {}", args.cluster.display()))?;
+    let cluster =
+        ClusterConfig::from_json(&bytes).with_context(|| format!("{}", args.cluster.display()))?;
+    let node = match &args.node {
+        Some(path) => NodeIdentity::load(path)?,
+        None => crate::node::from_system(&cluster, std::path::Path::new("/"), None)?,
+    };
+    tracing::info!(
+        "node {} role {} on {} {:?}",
+        node.name,
+        node.role.as_str(),
+        node.interface,
+        node.addresses
+    );
+    let ctx = AgentContext::new(cluster, node);
+    let stop = CancellationToken::new();
+    stop_on_signals(stop.clone())?;
+    run_node(ctx, &args.only, stop).await
 }

@@ -1,5 +1,6 @@
 //! `keelson`: builds a cluster's payloads from an install-config.yaml.
 
+mod image;
 mod serve;
 
 use clap::{Parser, Subcommand};
@@ -14,6 +15,8 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Build the appliance image (keelson.qcow2) alone.
+    Image(image::ImageArgs),
     /// Serve a build directory's Ignition configs (:22623 TLS, :22624 plain).
     Serve(serve::ServeArgs),
 }
@@ -28,6 +31,7 @@ fn main() {
         .init();
     let cli = Cli::parse();
     let result = match cli.command {
+        Command::Image(args) => image::run(args),
         Command::Serve(args) => tokio::runtime::Runtime::new()
             .map_err(anyhow::Error::from)
             .and_then(|rt| rt.block_on(serve::run(args))),

@@ -2,7 +2,7 @@
 //! `keelson.qcow2`, a config drive, a NIC on the test segment, the serial console captured to
 //! a file, and the human monitor on a unix socket (`system_powerdown`, `quit`).
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::Write;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -145,16 +145,32 @@ impl Vm {
         }
     }
 
-    /// Sends one human-monitor command.
+    /// Sends one human-monitor command and waits (up to 3 s) until QEMU has taken it: the
+    /// prompt appears once on connect and again after the command ran. Hanging up before
+    /// that can lose the command.
     pub fn monitor(&self, command: &str) -> Result<()> {
         let mut stream = UnixStream::connect(&self.monitor)
             .with_context(|| format!("connecting to {}'s monitor", self.spec.name))?;
-        stream.set_read_timeout(Some(Duration::from_secs(2)))?;
+        stream.set_read_timeout(Some(Duration::from_millis(200)))?;
         writeln!(stream, "{command}")?;
-        // Read the banner and echo so the command is processed before we hang up.
-        let mut reader = BufReader::new(stream);
-        let mut line = String::new();
-        let _ = reader.read_line(&mut line);
+        let deadline = Instant::now() + Duration::from_secs(3);
+        let mut seen = Vec::new();
+        let mut buf = [0u8; 1024];
+        while Instant::now() < deadline {
+            match std::io::Read::read(&mut stream, &mut buf) {
+                Ok(0) => break,
+                Ok(n) => seen.extend_from_slice(&buf[..n]),
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                    ) => {}
+                Err(_) => break,
+            }
+            if String::from_utf8_lossy(&seen).matches("(qemu)").count() >= 2 {
+                break;
+            }
+        }
         Ok(())
     }
 

@@ -1,1 +1,206 @@
-//! PID 1 in the appliance: mounts, modules, reaping, supervisor, shutdown (DESIGN §4.1).
+//! PID 1 in the appliance (DESIGN §4.1): mount the kernel file systems, load the image's
+//! modules, read metadata, configure the network, apply user_data, run the services under
+//! the supervisor, reap orphans, and on SIGTERM / SIGPWR / ctrl-alt-del / the ACPI power
+//! button stop everything in order and power off. PID 1 never exits: every failure is logged
+//! on the console and retried.
+
+pub mod modules;
+pub mod power;
+pub mod reaper;
+
+use std::path::Path;
+use std::time::Duration;
+
+use anyhow::Context;
+use keelson_ignition::ClusterConfig;
+use tokio_util::sync::CancellationToken;
+
+use crate::context::AgentContext;
+
+/// Where the cluster settings land after user_data is applied.
+pub const CLUSTER_JSON: &str = "/etc/keelson/cluster.json";
+
+/// The PID-1 entry point. Never returns.
+pub fn main() -> ! {
+    std::panic::set_hook(Box::new(|info| {
+        eprintln!("keelson-agent: panic: {info}");
+    }));
+    init_logging();
+    log("starting as PID 1");
+    mount_all();
+    match modules::load_image_modules(Path::new("/lib/modules")) {
+        Ok(n) => log(&format!("loaded {n} kernel modules")),
+        Err(e) => log(&format!("loading kernel modules: {e:#}")),
+    }
+    loop {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build();
+        let runtime = match runtime {
+            Ok(rt) => rt,
+            Err(e) => {
+                log(&format!(
+                    "cannot start the async runtime: {e}; retrying in 5 s"
+                ));
+                std::thread::sleep(Duration::from_secs(5));
+                continue;
+            }
+        };
+        let outcome = runtime.block_on(async {
+            // Run boot on a task so a panic anywhere in it is caught here.
+            tokio::spawn(boot()).await
+        });
+        match outcome {
+            Ok(Ok(())) => power_off(),
+            Ok(Err(e)) => log(&format!("boot failed: {e:#}; retrying in 5 s")),
+            Err(e) => log(&format!("boot panicked: {e}; retrying in 5 s")),
+        }
+        drop(runtime);
+        std::thread::sleep(Duration::from_secs(5));
+    }
+}
+
+/// Logs straight to the console, independent of `tracing` (used before it is set up and for
+/// the steps operators look for).
+pub fn log(message: &str) {
+    eprintln!("keelson-agent: {message}");
+}
+
+fn init_logging() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "info,hickory_proto=warn,hickory_server=warn".into()),
+        )
+        .with_ansi(false)
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .try_init();
+}
+
+/// Mounts proc, sys, devtmpfs, /run and /tmp; already-mounted is fine.
+fn mount_all() {
+    use nix::mount::{MsFlags, mount};
+    let nosuid = MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
+    let table: [(&str, &str, &str, MsFlags, Option<&str>); 5] = [
+        ("proc", "/proc", "proc", nosuid, None),
+        ("sysfs", "/sys", "sysfs", nosuid, None),
+        (
+            "devtmpfs",
+            "/dev",
+            "devtmpfs",
+            MsFlags::MS_NOSUID,
+            Some("mode=0755"),
+        ),
+        (
+            "tmpfs",
+            "/run",
+            "tmpfs",
+            MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+            Some("mode=0755"),
+        ),
+        (
+            "tmpfs",
+            "/tmp",
+            "tmpfs",
+            MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+            Some("mode=1777"),
+        ),
+    ];
+    for (source, target, fstype, flags, data) in table {
+        let _ = std::fs::create_dir_all(target);
+        match mount(Some(source), target, Some(fstype), flags, data) {
+            Ok(()) | Err(nix::errno::Errno::EBUSY) => {}
+            Err(e) => log(&format!("mount {target}: {e}")),
+        }
+    }
+}
+
+/// Everything after the mounts; returns when the node should power off.
+async fn boot() -> anyhow::Result<()> {
+    let stop = CancellationToken::new();
+    power::watch(stop.clone());
+    reaper::spawn();
+
+    let netlink = crate::net::Netlink::connect().context("opening netlink")?;
+    if let Err(e) = netlink.loopback_up().await {
+        log(&format!("loopback: {e}"));
+    }
+
+    log("reading metadata (config drive, then the metadata service)");
+    let discover_options = crate::metadata::DiscoverOptions::default();
+    let metadata = tokio::select! {
+        md = crate::metadata::discover(&discover_options) => md?,
+        _ = stop.cancelled() => return Ok(()),
+    };
+    let name = metadata.node_name().unwrap_or_else(|| "keelson".into());
+    log(&format!("metadata from {}: node {name}", metadata.source));
+    if let Err(e) = nix::unistd::sethostname(&name) {
+        log(&format!("sethostname {name}: {e}"));
+    }
+
+    let links = netlink.links().await.context("listing links")?;
+    let plan = crate::net::plan(metadata.network_data.as_ref(), &links)?;
+    let configured = netlink
+        .apply(&plan)
+        .await
+        .context("configuring the network")?;
+    log(&format!(
+        "network: {} {:?}, DNS {:?}",
+        configured.interface.as_deref().unwrap_or("-"),
+        configured
+            .addresses
+            .iter()
+            .map(|a| a.to_string())
+            .collect::<Vec<_>>(),
+        configured.dns
+    ));
+
+    match &metadata.user_data {
+        Some(user_data) => {
+            let applied = tokio::select! {
+                a = crate::apply::apply_user_data(user_data, Path::new("/")) => a?,
+                _ = stop.cancelled() => return Ok(()),
+            };
+            for url in &applied.fetched {
+                log(&format!("fetched config {url}"));
+            }
+            for line in &applied.refused {
+                log(&format!("user_data: not applied: {line}"));
+            }
+            log(&format!(
+                "user_data: wrote {} files",
+                applied.files_written.len()
+            ));
+        }
+        None => log("no user_data"),
+    }
+
+    let cluster_bytes = std::fs::read(CLUSTER_JSON)
+        .with_context(|| format!("{CLUSTER_JSON} (user_data must provide it)"))?;
+    let cluster = ClusterConfig::from_json(&cluster_bytes).context(CLUSTER_JSON)?;
+    let node = crate::node::from_system(&cluster, Path::new("/"), Some(&metadata))?;
+    log(&format!(
+        "node {} role {} on {}",
+        node.name,
+        node.role.as_str(),
+        node.interface
+    ));
+    let ctx = AgentContext::new(cluster, node);
+    ctx.bus.dns_upstreams.send_replace(configured.dns.clone());
+    crate::run::run_node(ctx, &[], stop).await?;
+    log("services stopped");
+    Ok(())
+}
+
+/// Flushes file systems and powers the machine off. Never returns.
+fn power_off() -> ! {
+    log("powering off");
+    nix::unistd::sync();
+    loop {
+        let Err(e) = nix::sys::reboot::reboot(nix::sys::reboot::RebootMode::RB_POWER_OFF);
+        log(&format!("power off failed: {e}"));
+        std::thread::sleep(Duration::from_secs(5));
+    }
+}

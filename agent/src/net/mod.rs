@@ -1,1 +1,171 @@
-//! Networking: netlink (links, addresses, routes) and the DHCPv4 client.
+//! Node networking over netlink (rtnetlink; no shelling out to `ip`): links up, MTU,
+//! addresses and routes from `network_data.json` (DESIGN §4.1).
+//!
+//! [`plan`] is pure (tested on the metadata fixtures); [`Netlink`] applies a plan.
+
+pub mod plan;
+
+use std::net::IpAddr;
+
+use futures::TryStreamExt;
+use ipnet::IpNet;
+use netlink_packet_route::link::LinkAttribute;
+use rtnetlink::{Handle, LinkUnspec, RouteMessageBuilder};
+
+pub use plan::{InterfacePlan, LinkInfo, NetworkPlan, plan};
+
+/// A netlink connection.
+#[derive(Debug, Clone)]
+pub struct Netlink {
+    handle: Handle,
+}
+
+/// What configuring the network gave us.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Configured {
+    /// The first configured interface (the machine network's).
+    pub interface: Option<String>,
+    /// Its addresses.
+    pub addresses: Vec<IpNet>,
+    /// DNS servers to forward to.
+    pub dns: Vec<IpAddr>,
+}
+
+impl Netlink {
+    /// Opens a netlink socket (in the caller's network namespace).
+    pub fn connect() -> std::io::Result<Self> {
+        let (connection, handle, _) = rtnetlink::new_connection()?;
+        tokio::spawn(connection);
+        Ok(Netlink { handle })
+    }
+
+    /// Every link with its index, name and MAC.
+    pub async fn links(&self) -> Result<Vec<LinkInfo>, rtnetlink::Error> {
+        let mut out = Vec::new();
+        let mut stream = self.handle.link().get().execute();
+        while let Some(message) = stream.try_next().await? {
+            let mut info = LinkInfo {
+                index: message.header.index,
+                name: String::new(),
+                mac: String::new(),
+            };
+            for attr in &message.attributes {
+                match attr {
+                    LinkAttribute::IfName(name) => info.name = name.clone(),
+                    LinkAttribute::Address(mac)
+                        if mac.len() == 6 && mac.iter().any(|b| *b != 0) =>
+                    {
+                        info.mac = mac
+                            .iter()
+                            .map(|b| format!("{b:02x}"))
+                            .collect::<Vec<_>>()
+                            .join(":");
+                    }
+                    _ => {}
+                }
+            }
+            out.push(info);
+        }
+        out.sort_by_key(|l| l.index);
+        Ok(out)
+    }
+
+    /// Sets a link up, with an MTU when given.
+    pub async fn set_up(&self, index: u32, mtu: Option<u32>) -> Result<(), rtnetlink::Error> {
+        let mut builder = LinkUnspec::new_with_index(index).up();
+        if let Some(mtu) = mtu {
+            builder = builder.mtu(mtu);
+        }
+        self.handle.link().set(builder.build()).execute().await
+    }
+
+    /// Adds an address (already present is fine).
+    pub async fn add_address(&self, index: u32, net: IpNet) -> Result<(), rtnetlink::Error> {
+        ignore_exists(
+            self.handle
+                .address()
+                .add(index, net.addr(), net.prefix_len())
+                .execute()
+                .await,
+        )
+    }
+
+    /// Adds a route via `gateway` on `index` (already present is fine).
+    pub async fn add_route(
+        &self,
+        index: u32,
+        destination: IpNet,
+        gateway: IpAddr,
+    ) -> Result<(), rtnetlink::Error> {
+        let message = match (destination, gateway) {
+            (IpNet::V4(d), IpAddr::V4(g)) => RouteMessageBuilder::<std::net::Ipv4Addr>::new()
+                .destination_prefix(d.addr(), d.prefix_len())
+                .gateway(g)
+                .output_interface(index)
+                .build(),
+            (IpNet::V6(d), IpAddr::V6(g)) => RouteMessageBuilder::<std::net::Ipv6Addr>::new()
+                .destination_prefix(d.addr(), d.prefix_len())
+                .gateway(g)
+                .output_interface(index)
+                .build(),
+            _ => return Ok(()),
+        };
+        ignore_exists(self.handle.route().add(message).execute().await)
+    }
+
+    /// Brings up loopback.
+    pub async fn loopback_up(&self) -> Result<(), rtnetlink::Error> {
+        let links = self.links().await?;
+        if let Some(lo) = links.iter().find(|l| l.name == "lo") {
+            self.set_up(lo.index, None).await?;
+        }
+        Ok(())
+    }
+
+    /// Applies a plan: links up, addresses, routes. Returns what the node now has.
+    pub async fn apply(&self, plan: &NetworkPlan) -> Result<Configured, rtnetlink::Error> {
+        let mut configured = Configured {
+            dns: plan.dns.clone(),
+            ..Configured::default()
+        };
+        for line in &plan.skipped {
+            tracing::warn!("network: {line}");
+        }
+        for iface in &plan.interfaces {
+            self.set_up(iface.link.index, iface.mtu).await?;
+            for addr in &iface.addresses {
+                self.add_address(iface.link.index, *addr).await?;
+                tracing::info!("network: {} address {addr}", iface.link.name);
+            }
+            for route in &iface.routes {
+                self.add_route(iface.link.index, route.destination, route.gateway)
+                    .await?;
+                tracing::info!(
+                    "network: route {} via {} dev {}",
+                    route.destination,
+                    route.gateway,
+                    iface.link.name
+                );
+            }
+            if iface.dhcp4 {
+                tracing::warn!(
+                    "network: {} asks for DHCPv4, which this agent build does not run yet; \
+                     give the node a static address in network_data.json",
+                    iface.link.name
+                );
+            }
+            if configured.interface.is_none() {
+                configured.interface = Some(iface.link.name.clone());
+                configured.addresses = iface.addresses.clone();
+            }
+        }
+        Ok(configured)
+    }
+}
+
+fn ignore_exists(result: Result<(), rtnetlink::Error>) -> Result<(), rtnetlink::Error> {
+    match result {
+        Err(rtnetlink::Error::NetlinkError(e)) if e.raw_code() == -libc::EEXIST => Ok(()),
+        other => other,
+    }
+}

@@ -1,0 +1,165 @@
+use super::*;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use keelson_ignition::Role;
+
+use crate::node::NodeIdentity;
+
+fn context() -> AgentContext {
+    let cluster =
+        keelson_ignition::ClusterConfig::from_json(include_bytes!("../dns/testdata/cluster.json"))
+            .unwrap();
+    let node = NodeIdentity {
+        name: "worker-0".into(),
+        role: Role::Worker,
+        interface: "lo".into(),
+        addresses: vec![],
+    };
+    AgentContext::new(cluster, node)
+}
+
+fn fast() -> Backoff {
+    Backoff::new(
+        Duration::from_millis(10),
+        Duration::from_millis(40),
+        Duration::from_secs(60),
+    )
+}
+
+#[test]
+fn backoff_doubles_caps_and_resets_after_a_healthy_run() {
+    let mut b = Backoff::new(
+        Duration::from_secs(1),
+        Duration::from_secs(8),
+        Duration::from_secs(60),
+    );
+    let short = Duration::from_millis(10);
+    let delays: Vec<u64> = (0..6).map(|_| b.delay_after(short).as_secs()).collect();
+    assert_eq!(delays, [1, 2, 4, 8, 8, 8]);
+    assert_eq!(b.delay_after(Duration::from_secs(61)).as_secs(), 1);
+    assert_eq!(b.delay_after(short).as_secs(), 2);
+}
+
+static PANICS: AtomicUsize = AtomicUsize::new(0);
+
+fn panicky(
+    ctx: AgentContext,
+    stop: CancellationToken,
+) -> Pin<Box<dyn Future<Output = anyhow::Result<()>> + Send>> {
+    boxed(async move {
+        if PANICS.fetch_add(1, Ordering::SeqCst) < 2 {
+            panic!("boom");
+        }
+        ctx.bus.mark_ready("panicky");
+        stop.cancelled().await;
+        Ok(())
+    })
+}
+
+static FAILS: AtomicUsize = AtomicUsize::new(0);
+
+fn failing(
+    _: AgentContext,
+    _: CancellationToken,
+) -> Pin<Box<dyn Future<Output = anyhow::Result<()>> + Send>> {
+    boxed(async move {
+        FAILS.fetch_add(1, Ordering::SeqCst);
+        anyhow::bail!("no such thing")
+    })
+}
+
+#[tokio::test]
+async fn panics_and_errors_are_restarted_and_stop_is_orderly() {
+    let ctx = context();
+    let stop = CancellationToken::new();
+    let mut sup = Supervisor::new(ctx.clone(), stop.clone()).with_backoff(fast());
+    sup.service("panicky", panicky);
+    sup.service("failing", failing);
+    let mut ready = ctx.bus.ready.subscribe();
+    tokio::time::timeout(
+        Duration::from_secs(5),
+        ready.wait_for(|r| r.contains("panicky")),
+    )
+    .await
+    .expect("the service came up after two panics")
+    .unwrap();
+    assert_eq!(PANICS.load(Ordering::SeqCst), 3);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(
+        FAILS.load(Ordering::SeqCst) >= 3,
+        "the failing service keeps being retried"
+    );
+    let status = ctx.bus.status.borrow().clone();
+    assert!(
+        status["supervisor.failing"]["lastError"]
+            .as_str()
+            .unwrap()
+            .contains("no such thing"),
+        "{status:?}"
+    );
+    stop.cancel();
+    assert!(sup.wait(Duration::from_secs(5)).await, "everything stopped");
+}
+
+#[tokio::test]
+async fn processes_restart_by_policy_and_are_killed_on_stop() {
+    let dir = tempfile::tempdir().unwrap();
+    let counter = dir.path().join("runs");
+    let ctx = context();
+    let stop = CancellationToken::new();
+    let mut sup = Supervisor::new(ctx.clone(), stop.clone()).with_backoff(fast());
+    let spec = |name: &str, script: String, restart| ServiceSpec {
+        name: name.into(),
+        path: "/bin/sh".into(),
+        args: vec!["-c".into(), script],
+        env: [("OUT".to_owned(), counter.display().to_string())].into(),
+        restart,
+        roles: vec![],
+    };
+    // Fails every time: restarted with backoff.
+    assert!(sup.process(spec(
+        "crashy",
+        "echo x >> \"$OUT\"; exit 3".into(),
+        RestartPolicy::OnFailure
+    )));
+    // Succeeds: on-failure does not restart it.
+    assert!(sup.process(spec(
+        "oneshot",
+        "echo \"$KEELSON_NODE_NAME\" > \"$OUT.name\"".into(),
+        RestartPolicy::OnFailure
+    )));
+    // Long-running: killed on stop.
+    let pidfile = dir.path().join("sleeper.pid");
+    assert!(sup.process(spec(
+        "sleeper",
+        format!("echo $$ > {}; exec sleep 300", pidfile.display()),
+        RestartPolicy::Always
+    )));
+    // Not for this role.
+    assert!(!sup.process(ServiceSpec {
+        roles: vec![Role::Master],
+        ..spec("masters-only", "exit 0".into(), RestartPolicy::Never)
+    }));
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let runs = std::fs::read_to_string(&counter).unwrap().lines().count();
+    assert!(runs >= 3, "crashy restarted: {runs} runs");
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join("runs.name"))
+            .unwrap()
+            .trim(),
+        "worker-0"
+    );
+    let pid: i32 = std::fs::read_to_string(&pidfile)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(is_supervised(pid));
+    stop.cancel();
+    assert!(sup.wait(Duration::from_secs(10)).await);
+    assert!(
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None).is_err(),
+        "sleeper was stopped"
+    );
+    assert!(!is_supervised(pid));
+}
