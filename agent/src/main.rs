@@ -1,7 +1,7 @@
 //! `keelson-agent`: PID 1 in the appliance image, or a service on RHCOS.
 
 use clap::{Parser, Subcommand};
-use keelson_agent::{dns, members, proxy, run};
+use keelson_agent::{dns, members, metadata, proxy, run, status};
 
 #[derive(Debug, Parser)]
 #[command(name = "keelson-agent", version, about = "keelson node agent")]
@@ -14,6 +14,10 @@ struct Cli {
 enum Command {
     /// Run the services for this node.
     Run(run::RunArgs),
+    /// What the running agent knows (VIPs, services, members).
+    Status(status::StatusArgs),
+    /// Print this node's metadata (config drive or metadata service) as JSON.
+    Metadata(metadata::MetadataArgs),
     /// Run the API proxy alone.
     Proxy(proxy::ProxyArgs),
     /// Run the DNS server alone.
@@ -39,6 +43,8 @@ fn main() -> anyhow::Result<()> {
     runtime.block_on(async move {
         match cli.command {
             Command::Run(args) => run::cli(args).await,
+            Command::Status(args) => status::cli(args).await,
+            Command::Metadata(args) => metadata::cli(args).await,
             Command::Proxy(args) => proxy::cli(args).await,
             Command::Dns(args) => dns::cli(args).await,
             Command::Members(args) => members::cli(args).await,

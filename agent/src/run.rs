@@ -25,6 +25,9 @@ pub struct RunArgs {
     /// Only these services (comma list of members, dns, ignition; default: the role's).
     #[arg(long, value_delimiter = ',')]
     pub only: Vec<String>,
+    /// Where to serve `keelson-agent status`.
+    #[arg(long, default_value = crate::status::SOCKET)]
+    pub status_socket: PathBuf,
 }
 
 /// The services, in start order: members first (the others read the member list), the
@@ -59,6 +62,7 @@ pub fn ready_line(node: &NodeIdentity, services: &[&str]) -> String {
 pub async fn run_node(
     ctx: AgentContext,
     only: &[String],
+    status_socket: PathBuf,
     stop: CancellationToken,
 ) -> anyhow::Result<()> {
     let wanted: Vec<&'static str> = if only.is_empty() {
@@ -116,6 +120,14 @@ pub async fn run_node(
         }
     };
     tokio::spawn(announce);
+    {
+        let (ctx, stop) = (ctx.clone(), stop.clone());
+        tokio::spawn(async move {
+            if let Err(e) = crate::status::serve(ctx, status_socket, stop).await {
+                tracing::warn!("status socket: {e:#}");
+            }
+        });
+    }
     if !processes.is_empty() {
         tracing::info!("operator processes: {}", processes.join(", "));
     }
@@ -160,5 +172,5 @@ pub async fn cli(args: RunArgs) -> anyhow::Result<()> {
     let ctx = AgentContext::new(cluster, node);
     let stop = CancellationToken::new();
     stop_on_signals(stop.clone())?;
-    run_node(ctx, &args.only, stop).await
+    run_node(ctx, &args.only, args.status_socket, stop).await
 }

@@ -156,6 +156,25 @@ async fn boot() -> anyhow::Result<()> {
             .collect::<Vec<_>>(),
         configured.dns
     ));
+    let (dns_tx, dns_rx) = tokio::sync::watch::channel(configured.dns.clone());
+    for iface in plan.interfaces.iter().filter(|i| i.dhcp4) {
+        log(&format!("network: DHCPv4 on {}", iface.link.name));
+        let (netlink, link, dhcp_stop, dns_tx) = (
+            netlink.clone(),
+            iface.link.clone(),
+            stop.clone(),
+            dns_tx.clone(),
+        );
+        let hostname = Some(name.clone());
+        tokio::spawn(async move {
+            if let Err(e) =
+                crate::net::dhcp::run(netlink, link, hostname, None, dns_tx, dhcp_stop).await
+            {
+                log(&format!("dhcp: {e:#}"));
+            }
+        });
+        wait_for_ipv4(&iface.link.name, &stop).await;
+    }
 
     match &metadata.user_data {
         Some(user_data) => {
@@ -188,10 +207,48 @@ async fn boot() -> anyhow::Result<()> {
         node.interface
     ));
     let ctx = AgentContext::new(cluster, node);
-    ctx.bus.dns_upstreams.send_replace(configured.dns.clone());
-    crate::run::run_node(ctx, &[], stop).await?;
+    ctx.bus.dns_upstreams.send_replace(dns_rx.borrow().clone());
+    {
+        // Later DHCP leases may bring other DNS servers.
+        let (bus, mut dns_rx) = (ctx.bus.clone(), dns_rx.clone());
+        tokio::spawn(async move {
+            while dns_rx.changed().await.is_ok() {
+                let servers = dns_rx.borrow().clone();
+                bus.dns_upstreams.send_replace(servers);
+            }
+        });
+    }
+    crate::run::run_node(ctx, &[], crate::status::SOCKET.into(), stop).await?;
     log("services stopped");
     Ok(())
+}
+
+/// Waits until `interface` has an IPv4 address (DHCP bound), saying so every 10 s.
+async fn wait_for_ipv4(interface: &str, stop: &CancellationToken) {
+    let start = tokio::time::Instant::now();
+    let mut said = 0;
+    while !stop.is_cancelled() {
+        let has = nix::ifaddrs::getifaddrs().is_ok_and(|mut addrs| {
+            addrs.any(|a| {
+                a.interface_name == interface
+                    && a.address
+                        .as_ref()
+                        .and_then(|s| s.as_sockaddr_in())
+                        .is_some()
+            })
+        });
+        if has {
+            return;
+        }
+        let waited = start.elapsed().as_secs();
+        if waited / 10 > said {
+            said = waited / 10;
+            log(&format!(
+                "network: still waiting for a DHCP lease on {interface} ({waited} s)"
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 }
 
 /// Flushes file systems and powers the machine off. Never returns.

@@ -74,6 +74,36 @@ mod user_data_text {
     }
 }
 
+/// `keelson-agent metadata`: print the parsed metadata as JSON.
+#[derive(Debug, clap::Args)]
+pub struct MetadataArgs {
+    /// Which source to read.
+    #[arg(long, value_enum, default_value = "auto")]
+    pub source: SourceChoice,
+    /// Metadata service base URL.
+    #[arg(long)]
+    pub url: Option<String>,
+    /// A config-drive device or image file.
+    #[arg(long)]
+    pub device: Option<std::path::PathBuf>,
+    /// Give up after this many seconds.
+    #[arg(long, default_value = "30")]
+    pub timeout: u64,
+}
+
+/// Runs `keelson-agent metadata`.
+pub async fn cli(args: MetadataArgs) -> anyhow::Result<()> {
+    let md = discover(&DiscoverOptions {
+        source: args.source,
+        device: args.device,
+        url: args.url,
+        timeout: Some(std::time::Duration::from_secs(args.timeout)),
+    })
+    .await?;
+    println!("{}", serde_json::to_string_pretty(&md)?);
+    Ok(())
+}
+
 /// Which source(s) [`discover`] may use.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
 pub enum SourceChoice {

@@ -3,6 +3,7 @@
 //!
 //! [`plan`] is pure (tested on the metadata fixtures); [`Netlink`] applies a plan.
 
+pub mod dhcp;
 pub mod plan;
 
 use std::net::IpAddr;
@@ -88,6 +89,26 @@ impl Netlink {
                 .execute()
                 .await,
         )
+    }
+
+    /// Removes an address (absent is fine).
+    pub async fn del_address(&self, index: u32, net: IpNet) -> Result<(), rtnetlink::Error> {
+        let mut stream = self
+            .handle
+            .address()
+            .get()
+            .set_link_index_filter(index)
+            .execute();
+        while let Some(message) = stream.try_next().await? {
+            let matches = message.header.prefix_len == net.prefix_len()
+                && message.attributes.iter().any(|a| {
+                    matches!(a, netlink_packet_route::address::AddressAttribute::Address(ip) if *ip == net.addr())
+                });
+            if matches {
+                return self.handle.address().del(message).execute().await;
+            }
+        }
+        Ok(())
     }
 
     /// Adds a route via `gateway` on `index` (already present is fine).

@@ -1,0 +1,475 @@
+//! A DHCPv4 client (RFC 2131) for networks `network_data.json` marks `ipv4_dhcp`, or when
+//! there is no network_data at all.
+//!
+//! [`Client`] is the pure state machine: it takes packets and the time, and returns what to
+//! send and what to apply; tested with a fake clock. The I/O edge ([`run`]) uses a UDP socket
+//! on port 68 bound to the interface (`SO_BINDTODEVICE`) with the BROADCAST flag set in our
+//! requests, so the server broadcasts its answers and no raw packet socket is needed before
+//! the interface has an address. Packets are encoded and decoded by `dhcproto`.
+
+use std::net::{Ipv4Addr, SocketAddrV4};
+use std::time::Duration;
+
+use dhcproto::v4::{DhcpOption, Flags, Message, MessageType, Opcode, OptionCode};
+use dhcproto::{Decodable, Decoder, Encodable, Encoder};
+use ipnet::Ipv4Net;
+
+/// A lease the server granted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Lease {
+    /// Our address with its prefix.
+    pub address: Ipv4Net,
+    /// Default router.
+    pub router: Option<Ipv4Addr>,
+    /// DNS servers.
+    pub dns: Vec<Ipv4Addr>,
+    /// Interface MTU.
+    pub mtu: Option<u16>,
+    /// The server that granted it.
+    pub server: Ipv4Addr,
+    /// Lease time.
+    pub lease: Duration,
+    /// Renewal time (T1).
+    pub t1: Duration,
+    /// Rebinding time (T2).
+    pub t2: Duration,
+}
+
+/// Where a packet goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Destination {
+    /// 255.255.255.255:67.
+    Broadcast,
+    /// The server, unicast.
+    Server(Ipv4Addr),
+}
+
+/// What the state machine asks the I/O edge to do.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Action {
+    /// Send a packet.
+    Send(Box<Message>, Destination),
+    /// Configure this lease (new or renewed).
+    Apply(Lease),
+    /// The lease expired: remove the address.
+    Expire(Lease),
+}
+
+/// Client states (RFC 2131 §4.4).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum State {
+    /// Sending DISCOVER.
+    Selecting,
+    /// Sent REQUEST for an offer.
+    Requesting {
+        /// The offered address.
+        offered: Ipv4Addr,
+        /// The offering server.
+        server: Ipv4Addr,
+    },
+    /// Holding a lease.
+    Bound,
+    /// T1 passed: asking the server (unicast).
+    Renewing,
+    /// T2 passed: asking anyone (broadcast).
+    Rebinding,
+}
+
+/// The DHCPv4 client state machine. Times are durations since an arbitrary start.
+#[derive(Debug, Clone)]
+pub struct Client {
+    mac: [u8; 6],
+    hostname: Option<String>,
+    xid: u32,
+    state: State,
+    lease: Option<Lease>,
+    bound_at: Duration,
+    next_timer: Duration,
+    retries: u32,
+    /// Overrides the server's T1 (tests shorten renewal this way).
+    pub t1_override: Option<Duration>,
+}
+
+const RETRY: Duration = Duration::from_secs(4);
+
+impl Client {
+    /// A client for the NIC with `mac`; `xid` seeds transaction ids.
+    pub fn new(mac: [u8; 6], hostname: Option<String>, xid: u32) -> Self {
+        Client {
+            mac,
+            hostname,
+            xid,
+            state: State::Selecting,
+            lease: None,
+            bound_at: Duration::ZERO,
+            next_timer: Duration::ZERO,
+            retries: 0,
+            t1_override: None,
+        }
+    }
+
+    /// The current state.
+    pub fn state(&self) -> &State {
+        &self.state
+    }
+
+    /// The current lease.
+    pub fn lease(&self) -> Option<&Lease> {
+        self.lease.as_ref()
+    }
+
+    /// When [`Client::on_timer`] wants to be called next.
+    pub fn next_timer(&self) -> Duration {
+        self.next_timer
+    }
+
+    fn message(&self, kind: MessageType, ciaddr: Ipv4Addr) -> Message {
+        let mut msg = Message::new_with_id(
+            self.xid,
+            ciaddr,
+            Ipv4Addr::UNSPECIFIED,
+            Ipv4Addr::UNSPECIFIED,
+            Ipv4Addr::UNSPECIFIED,
+            &self.mac,
+        );
+        msg.set_opcode(Opcode::BootRequest);
+        if ciaddr.is_unspecified() {
+            msg.set_flags(Flags::default().set_broadcast());
+        }
+        let opts = msg.opts_mut();
+        opts.insert(DhcpOption::MessageType(kind));
+        let mut client_id = vec![1u8];
+        client_id.extend_from_slice(&self.mac);
+        opts.insert(DhcpOption::ClientIdentifier(client_id));
+        opts.insert(DhcpOption::ParameterRequestList(vec![
+            OptionCode::SubnetMask,
+            OptionCode::Router,
+            OptionCode::DomainNameServer,
+            OptionCode::InterfaceMtu,
+            OptionCode::AddressLeaseTime,
+            OptionCode::Renewal,
+            OptionCode::Rebinding,
+        ]));
+        if let Some(name) = &self.hostname {
+            opts.insert(DhcpOption::Hostname(name.clone()));
+        }
+        msg
+    }
+
+    fn discover(&mut self, now: Duration) -> Vec<Action> {
+        self.xid = self.xid.wrapping_add(1);
+        self.state = State::Selecting;
+        self.next_timer = now + backoff(self.retries);
+        self.retries += 1;
+        vec![Action::Send(
+            Box::new(self.message(MessageType::Discover, Ipv4Addr::UNSPECIFIED)),
+            Destination::Broadcast,
+        )]
+    }
+
+    /// Starts (or restarts) acquisition.
+    pub fn start(&mut self, now: Duration) -> Vec<Action> {
+        self.retries = 0;
+        self.discover(now)
+    }
+
+    /// Timer expiry: retransmit, renew, rebind or expire.
+    pub fn on_timer(&mut self, now: Duration) -> Vec<Action> {
+        if now < self.next_timer {
+            return vec![];
+        }
+        match self.state.clone() {
+            State::Selecting => self.discover(now),
+            State::Requesting { offered, server } => {
+                if self.retries > 4 {
+                    return self.start(now);
+                }
+                self.retries += 1;
+                self.next_timer = now + backoff(self.retries);
+                vec![Action::Send(
+                    Box::new(self.request(offered, server)),
+                    Destination::Broadcast,
+                )]
+            }
+            State::Bound | State::Renewing | State::Rebinding => {
+                let Some(lease) = self.lease.clone() else {
+                    return self.start(now);
+                };
+                let since = now.saturating_sub(self.bound_at);
+                if since >= lease.lease {
+                    self.lease = None;
+                    let mut actions = vec![Action::Expire(lease)];
+                    actions.extend(self.start(now));
+                    return actions;
+                }
+                let t1 = self.t1_override.unwrap_or(lease.t1);
+                let (state, dest) = if since >= lease.t2 {
+                    (State::Rebinding, Destination::Broadcast)
+                } else if since >= t1 {
+                    (State::Renewing, Destination::Server(lease.server))
+                } else {
+                    self.next_timer = self.bound_at + t1;
+                    return vec![];
+                };
+                self.state = state;
+                self.xid = self.xid.wrapping_add(1);
+                // RFC 2131 §4.4.5: retransmit at half the remaining time, at least 60 s
+                // (shortened here to RETRY so short test leases still renew promptly).
+                let until = if self.state == State::Renewing {
+                    lease.t2
+                } else {
+                    lease.lease
+                };
+                let remaining = until.saturating_sub(since);
+                self.next_timer = now
+                    + (remaining / 2)
+                        .max(RETRY)
+                        .min(remaining.max(Duration::from_millis(100)));
+                let msg = self.message(MessageType::Request, lease.address.addr());
+                vec![Action::Send(Box::new(msg), dest)]
+            }
+        }
+    }
+
+    fn request(&self, offered: Ipv4Addr, server: Ipv4Addr) -> Message {
+        let mut msg = self.message(MessageType::Request, Ipv4Addr::UNSPECIFIED);
+        msg.opts_mut()
+            .insert(DhcpOption::RequestedIpAddress(offered));
+        msg.opts_mut().insert(DhcpOption::ServerIdentifier(server));
+        msg
+    }
+
+    /// A packet from a server.
+    pub fn on_packet(&mut self, msg: &Message, now: Duration) -> Vec<Action> {
+        if msg.opcode() != Opcode::BootReply
+            || msg.xid() != self.xid
+            || msg.chaddr().get(..6) != Some(&self.mac[..])
+        {
+            return vec![];
+        }
+        let server = match msg.opts().get(OptionCode::ServerIdentifier) {
+            Some(DhcpOption::ServerIdentifier(s)) => *s,
+            _ => msg.siaddr(),
+        };
+        match (msg.opts().msg_type(), self.state.clone()) {
+            (Some(MessageType::Offer), State::Selecting) => {
+                let offered = msg.yiaddr();
+                if offered.is_unspecified() {
+                    return vec![];
+                }
+                self.state = State::Requesting { offered, server };
+                self.retries = 0;
+                self.next_timer = now + RETRY;
+                vec![Action::Send(
+                    Box::new(self.request(offered, server)),
+                    Destination::Broadcast,
+                )]
+            }
+            (
+                Some(MessageType::Ack),
+                State::Requesting { .. } | State::Renewing | State::Rebinding,
+            ) => {
+                let Some(lease) = lease_from(msg, server) else {
+                    return vec![];
+                };
+                self.state = State::Bound;
+                self.bound_at = now;
+                self.retries = 0;
+                self.next_timer = now + self.t1_override.unwrap_or(lease.t1);
+                self.lease = Some(lease.clone());
+                vec![Action::Apply(lease)]
+            }
+            (Some(MessageType::Nak), _) => {
+                let mut actions = Vec::new();
+                if let Some(lease) = self.lease.take() {
+                    actions.push(Action::Expire(lease));
+                }
+                actions.extend(self.start(now));
+                actions
+            }
+            _ => vec![],
+        }
+    }
+
+    /// The RELEASE to send on shutdown, if we hold a lease.
+    pub fn release(&mut self) -> Option<(Message, Destination)> {
+        let lease = self.lease.take()?;
+        self.xid = self.xid.wrapping_add(1);
+        let mut msg = self.message(MessageType::Release, lease.address.addr());
+        msg.set_flags(Flags::default());
+        msg.opts_mut()
+            .insert(DhcpOption::ServerIdentifier(lease.server));
+        Some((msg, Destination::Server(lease.server)))
+    }
+}
+
+fn backoff(retries: u32) -> Duration {
+    // 4, 8, 16, 32, 64 s as RFC 2131 §4.1 suggests (without the random jitter).
+    RETRY * 2u32.pow(retries.min(4))
+}
+
+fn lease_from(msg: &Message, server: Ipv4Addr) -> Option<Lease> {
+    let opts = msg.opts();
+    let mask = match opts.get(OptionCode::SubnetMask) {
+        Some(DhcpOption::SubnetMask(m)) => u32::from(*m).leading_ones() as u8,
+        _ => 24,
+    };
+    let lease = match opts.get(OptionCode::AddressLeaseTime) {
+        Some(DhcpOption::AddressLeaseTime(s)) => Duration::from_secs(u64::from(*s)),
+        _ => Duration::from_secs(3600),
+    };
+    let t1 = match opts.get(OptionCode::Renewal) {
+        Some(DhcpOption::Renewal(s)) => Duration::from_secs(u64::from(*s)),
+        _ => lease / 2,
+    };
+    let t2 = match opts.get(OptionCode::Rebinding) {
+        Some(DhcpOption::Rebinding(s)) => Duration::from_secs(u64::from(*s)),
+        _ => lease * 7 / 8,
+    };
+    Some(Lease {
+        address: Ipv4Net::new(msg.yiaddr(), mask).ok()?,
+        router: match opts.get(OptionCode::Router) {
+            Some(DhcpOption::Router(r)) => r.first().copied(),
+            _ => None,
+        },
+        dns: match opts.get(OptionCode::DomainNameServer) {
+            Some(DhcpOption::DomainNameServer(d)) => d.clone(),
+            _ => vec![],
+        },
+        mtu: match opts.get(OptionCode::InterfaceMtu) {
+            Some(DhcpOption::InterfaceMtu(m)) => Some(*m),
+            _ => None,
+        },
+        server,
+        lease,
+        t1,
+        t2,
+    })
+}
+
+/// Encodes a message.
+pub fn encode(msg: &Message) -> Option<Vec<u8>> {
+    let mut buf = Vec::new();
+    msg.encode(&mut Encoder::new(&mut buf)).ok()?;
+    Some(buf)
+}
+
+/// Decodes a message; `None` for anything malformed (dropped).
+///
+/// dhcproto 0.15 has a `debug_assert!` on the Rapid Commit option's length (found by the
+/// proptest below): harmless in release builds, a panic in debug ones. Catching it keeps a
+/// hostile packet from ever taking the client down, whatever the build.
+pub fn decode(bytes: &[u8]) -> Option<Message> {
+    std::panic::catch_unwind(|| Message::decode(&mut Decoder::new(bytes)).ok())
+        .ok()
+        .flatten()
+}
+
+/// Runs the client on `interface` until `stop`: applies leases through netlink, publishes DNS
+/// servers on `dns`, and sends RELEASE (and removes the address) on stop.
+pub async fn run(
+    netlink: super::Netlink,
+    link: super::LinkInfo,
+    hostname: Option<String>,
+    t1_override: Option<Duration>,
+    dns: tokio::sync::watch::Sender<Vec<std::net::IpAddr>>,
+    stop: tokio_util::sync::CancellationToken,
+) -> anyhow::Result<()> {
+    use anyhow::Context;
+    let mac = parse_mac(&link.mac).context("interface has no MAC address")?;
+    let socket = socket2::Socket::new(
+        socket2::Domain::IPV4,
+        socket2::Type::DGRAM,
+        Some(socket2::Protocol::UDP),
+    )?;
+    socket.set_reuse_address(true)?;
+    socket.set_broadcast(true)?;
+    socket.bind_device(Some(link.name.as_bytes()))?;
+    socket.set_nonblocking(true)?;
+    socket.bind(&SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 68).into())?;
+    let socket = tokio::net::UdpSocket::from_std(socket.into())?;
+    let start = tokio::time::Instant::now();
+    let mut client = Client::new(mac, hostname, rand::random());
+    client.t1_override = t1_override;
+    let mut actions = client.start(start.elapsed());
+    let mut buf = vec![0u8; 1500];
+    loop {
+        for action in actions.drain(..) {
+            match action {
+                Action::Send(msg, dest) => {
+                    let to = match dest {
+                        Destination::Broadcast => SocketAddrV4::new(Ipv4Addr::BROADCAST, 67),
+                        Destination::Server(s) => SocketAddrV4::new(s, 67),
+                    };
+                    if let Some(bytes) = encode(&msg)
+                        && let Err(e) = socket.send_to(&bytes, to).await
+                    {
+                        tracing::warn!("dhcp: sending to {to}: {e}");
+                    }
+                }
+                Action::Apply(lease) => {
+                    netlink
+                        .add_address(link.index, ipnet::IpNet::V4(lease.address))
+                        .await?;
+                    if let Some(router) = lease.router {
+                        netlink
+                            .add_route(link.index, "0.0.0.0/0".parse()?, router.into())
+                            .await?;
+                    }
+                    tracing::info!(
+                        "dhcp: {} lease {} router {:?} dns {:?} for {:?}",
+                        link.name,
+                        lease.address,
+                        lease.router,
+                        lease.dns,
+                        lease.lease
+                    );
+                    dns.send_replace(lease.dns.iter().map(|d| (*d).into()).collect());
+                }
+                Action::Expire(lease) => {
+                    tracing::warn!("dhcp: {} lease {} expired", link.name, lease.address);
+                    let _ = netlink
+                        .del_address(link.index, ipnet::IpNet::V4(lease.address))
+                        .await;
+                }
+            }
+        }
+        let wait = client.next_timer().saturating_sub(start.elapsed());
+        tokio::select! {
+            _ = stop.cancelled() => break,
+            _ = tokio::time::sleep(wait) => actions = client.on_timer(start.elapsed()),
+            received = socket.recv_from(&mut buf) => {
+                if let Ok((n, _)) = received
+                    && let Some(msg) = decode(&buf[..n])
+                {
+                    actions = client.on_packet(&msg, start.elapsed());
+                }
+            }
+        }
+    }
+    if let Some(lease) = client.lease().cloned()
+        && let Some((msg, Destination::Server(server))) = client.release()
+    {
+        if let Some(bytes) = encode(&msg) {
+            let _ = socket.send_to(&bytes, SocketAddrV4::new(server, 67)).await;
+        }
+        let _ = netlink
+            .del_address(link.index, ipnet::IpNet::V4(lease.address))
+            .await;
+        tracing::info!("dhcp: released {}", lease.address);
+    }
+    Ok(())
+}
+
+/// `aa:bb:cc:dd:ee:ff` to bytes.
+pub fn parse_mac(text: &str) -> Option<[u8; 6]> {
+    let parts: Vec<u8> = text
+        .split(':')
+        .map(|p| u8::from_str_radix(p, 16))
+        .collect::<Result<_, _>>()
+        .ok()?;
+    parts.try_into().ok()
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,184 @@
+use super::*;
+
+const MAC: [u8; 6] = [0x52, 0x54, 0, 0, 0, 1];
+const SERVER: Ipv4Addr = Ipv4Addr::new(10, 1, 0, 1);
+
+fn sent(actions: &[Action]) -> (&Message, Destination) {
+    match actions.iter().find_map(|a| match a {
+        Action::Send(m, d) => Some((&**m, *d)),
+        _ => None,
+    }) {
+        Some(x) => x,
+        None => panic!("nothing sent: {actions:?}"),
+    }
+}
+
+fn reply(to: &Message, kind: MessageType, yiaddr: Ipv4Addr, lease_secs: u32) -> Message {
+    let mut msg = Message::new_with_id(
+        to.xid(),
+        Ipv4Addr::UNSPECIFIED,
+        yiaddr,
+        SERVER,
+        Ipv4Addr::UNSPECIFIED,
+        &MAC,
+    );
+    msg.set_opcode(Opcode::BootReply);
+    let opts = msg.opts_mut();
+    opts.insert(DhcpOption::MessageType(kind));
+    opts.insert(DhcpOption::ServerIdentifier(SERVER));
+    opts.insert(DhcpOption::SubnetMask(Ipv4Addr::new(255, 255, 255, 0)));
+    opts.insert(DhcpOption::Router(vec![SERVER]));
+    opts.insert(DhcpOption::DomainNameServer(vec![Ipv4Addr::new(
+        10, 1, 0, 53,
+    )]));
+    opts.insert(DhcpOption::AddressLeaseTime(lease_secs));
+    // Round-trip through the wire format, as the I/O edge does.
+    decode(&encode(&msg).unwrap()).unwrap()
+}
+
+fn secs(s: u64) -> Duration {
+    Duration::from_secs(s)
+}
+
+#[test]
+fn discover_offer_request_ack_renew_rebind_expire() {
+    let mut c = Client::new(MAC, Some("worker-0".into()), 7);
+    let actions = c.start(secs(0));
+    let (discover, dest) = sent(&actions);
+    assert_eq!(dest, Destination::Broadcast);
+    assert_eq!(discover.opts().msg_type(), Some(MessageType::Discover));
+    assert!(
+        discover.flags().broadcast(),
+        "ask for broadcast replies: no address yet"
+    );
+
+    // A reply for someone else's transaction is ignored.
+    let mut stray = reply(
+        discover,
+        MessageType::Offer,
+        Ipv4Addr::new(10, 1, 0, 9),
+        120,
+    );
+    stray.set_xid(discover.xid() ^ 1);
+    assert!(c.on_packet(&stray, secs(1)).is_empty());
+
+    let offer = reply(
+        discover,
+        MessageType::Offer,
+        Ipv4Addr::new(10, 1, 0, 50),
+        120,
+    );
+    let actions = c.on_packet(&offer, secs(1));
+    let (request, _) = sent(&actions);
+    assert_eq!(request.opts().msg_type(), Some(MessageType::Request));
+    assert!(matches!(
+        request.opts().get(OptionCode::RequestedIpAddress),
+        Some(DhcpOption::RequestedIpAddress(a)) if *a == Ipv4Addr::new(10, 1, 0, 50)
+    ));
+
+    let ack = reply(request, MessageType::Ack, Ipv4Addr::new(10, 1, 0, 50), 120);
+    let actions = c.on_packet(&ack, secs(2));
+    let Action::Apply(lease) = &actions[0] else {
+        panic!("{actions:?}")
+    };
+    assert_eq!(lease.address.to_string(), "10.1.0.50/24");
+    assert_eq!(lease.router, Some(SERVER));
+    assert_eq!((lease.t1, lease.t2), (secs(60), secs(105)));
+    assert_eq!(c.state(), &State::Bound);
+    assert_eq!(c.next_timer(), secs(62));
+
+    // Nothing before T1.
+    assert!(c.on_timer(secs(30)).is_empty());
+    // T1: unicast renew from our address.
+    let actions = c.on_timer(secs(62));
+    let (renew, dest) = sent(&actions);
+    assert_eq!(dest, Destination::Server(SERVER));
+    assert_eq!(renew.ciaddr(), Ipv4Addr::new(10, 1, 0, 50));
+    assert_eq!(c.state(), &State::Renewing);
+    // No answer until T2: broadcast rebind.
+    let actions = c.on_timer(secs(107));
+    let (_, dest) = sent(&actions);
+    assert_eq!(
+        (dest, c.state()),
+        (Destination::Broadcast, &State::Rebinding)
+    );
+    // No answer until the lease ends: expire and start over.
+    let actions = c.on_timer(secs(122));
+    assert!(matches!(actions[0], Action::Expire(_)), "{actions:?}");
+    assert_eq!(c.state(), &State::Selecting);
+    assert!(c.lease().is_none());
+}
+
+#[test]
+fn renew_ack_extends_and_release_is_unicast() {
+    let mut c = Client::new(MAC, None, 1);
+    let d = c.start(secs(0));
+    let offer = reply(
+        sent(&d).0,
+        MessageType::Offer,
+        Ipv4Addr::new(10, 1, 0, 51),
+        100,
+    );
+    let r = c.on_packet(&offer, secs(0));
+    let ack = reply(
+        sent(&r).0,
+        MessageType::Ack,
+        Ipv4Addr::new(10, 1, 0, 51),
+        100,
+    );
+    c.on_packet(&ack, secs(0));
+    let renew = c.on_timer(secs(50));
+    let ack = reply(
+        sent(&renew).0,
+        MessageType::Ack,
+        Ipv4Addr::new(10, 1, 0, 51),
+        100,
+    );
+    let actions = c.on_packet(&ack, secs(51));
+    assert!(matches!(actions[0], Action::Apply(_)));
+    assert_eq!(c.state(), &State::Bound);
+    assert_eq!(c.next_timer(), secs(101), "T1 counts from the renewal");
+    let (release, dest) = c.release().unwrap();
+    assert_eq!(release.opts().msg_type(), Some(MessageType::Release));
+    assert_eq!(dest, Destination::Server(SERVER));
+    assert!(c.release().is_none(), "released once");
+}
+
+#[test]
+fn nak_restarts_and_retransmits_back_off() {
+    let mut c = Client::new(MAC, None, 1);
+    let d = c.start(secs(0));
+    assert_eq!(c.next_timer(), secs(4));
+    assert!(c.on_timer(secs(3)).is_empty());
+    let again = c.on_timer(secs(4));
+    assert_eq!(
+        sent(&again).0.opts().msg_type(),
+        Some(MessageType::Discover)
+    );
+    assert_eq!(c.next_timer(), secs(12), "4 s then 8 s");
+    let offer = reply(
+        sent(&again).0,
+        MessageType::Offer,
+        Ipv4Addr::new(10, 1, 0, 52),
+        100,
+    );
+    let r = c.on_packet(&offer, secs(5));
+    let nak = reply(sent(&r).0, MessageType::Nak, Ipv4Addr::UNSPECIFIED, 0);
+    let actions = c.on_packet(&nak, secs(6));
+    assert_eq!(
+        sent(&actions).0.opts().msg_type(),
+        Some(MessageType::Discover)
+    );
+    let _ = d;
+}
+
+proptest::proptest! {
+    #[test]
+    fn random_packets_never_panic(bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..600)) {
+        let mut c = Client::new(MAC, None, 1);
+        c.start(secs(0));
+        if let Some(msg) = decode(&bytes) {
+            c.on_packet(&msg, secs(1));
+        }
+    }
+}

@@ -1,0 +1,272 @@
+//! Node networking against the real kernel and a real DHCP server, in network namespaces the
+//! test creates: static configuration from network_data.json over netlink, and the DHCPv4
+//! client against dnsmasq (lease, renew, release on stop).
+
+use std::net::IpAddr;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use keelson_agent::metadata::NetworkData;
+use keelson_agent::net::{Netlink, dhcp, plan};
+
+fn root_or_skip() -> bool {
+    if nix::unistd::geteuid().is_root() {
+        return true;
+    }
+    assert!(std::env::var("CI").is_err(), "CI runs these tests as root");
+    eprintln!("skipping: needs root for network namespaces");
+    false
+}
+
+fn sh(args: &[&str]) -> String {
+    let out = Command::new(args[0]).args(&args[1..]).output().unwrap();
+    assert!(
+        out.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Namespaces removed on drop (also on a failed assertion).
+struct Namespaces(Vec<String>);
+
+impl Namespaces {
+    fn new(names: &[&str]) -> Self {
+        for n in names {
+            let _ = Command::new("ip").args(["netns", "del", n]).output();
+            sh(&["ip", "netns", "add", n]);
+        }
+        Namespaces(names.iter().map(|s| s.to_string()).collect())
+    }
+}
+
+impl Drop for Namespaces {
+    fn drop(&mut self) {
+        for n in &self.0 {
+            let _ = Command::new("ip").args(["netns", "del", n]).output();
+        }
+    }
+}
+
+/// Runs `f` on a thread inside network namespace `ns`, with its own runtime.
+fn in_netns<T: Send + 'static>(
+    ns: &str,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> std::thread::JoinHandle<T> {
+    let path = format!("/run/netns/{ns}");
+    std::thread::spawn(move || {
+        let file = std::fs::File::open(&path).unwrap();
+        nix::sched::setns(&file, nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
+        f()
+    })
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+#[test]
+fn static_network_data_is_applied_over_netlink() {
+    if !root_or_skip() {
+        return;
+    }
+    let id = std::process::id() % 10_000;
+    let (a, b) = (format!("kins{id}a"), format!("kins{id}b"));
+    let _ns = Namespaces::new(&[&a, &b]);
+    sh(&[
+        "ip", "-n", &a, "link", "add", "eth7", "type", "veth", "peer", "name", "peer7", "netns", &b,
+    ]);
+    sh(&[
+        "ip",
+        "-n",
+        &a,
+        "link",
+        "set",
+        "eth7",
+        "address",
+        "52:54:00:77:00:01",
+    ]);
+    let data: NetworkData = serde_json::from_value(serde_json::json!({
+        "links": [{"id": "tap1", "type": "phy", "ethernet_mac_address": "52:54:00:77:00:01", "mtu": 1400}],
+        "networks": [{"id": "n0", "type": "ipv4", "link": "tap1", "ip_address": "10.76.0.11",
+                      "netmask": "255.255.255.0",
+                      "routes": [{"network": "10.99.0.0", "netmask": "255.255.0.0", "gateway": "10.76.0.1"}]}],
+        "services": [{"type": "dns", "address": "10.76.0.53"}]
+    }))
+    .unwrap();
+    let configured = in_netns(&a, move || {
+        runtime().block_on(async move {
+            let netlink = Netlink::connect().unwrap();
+            netlink.loopback_up().await.unwrap();
+            let links = netlink.links().await.unwrap();
+            let p = plan(Some(&data), &links).unwrap();
+            let first = netlink.apply(&p).await.unwrap();
+            // Applying twice is harmless (a restarted agent does exactly that).
+            netlink.apply(&p).await.unwrap();
+            first
+        })
+    })
+    .join()
+    .unwrap();
+    assert_eq!(configured.interface.as_deref(), Some("eth7"));
+    assert_eq!(configured.dns, ["10.76.0.53".parse::<IpAddr>().unwrap()]);
+    let addr = sh(&["ip", "-n", &a, "-4", "addr", "show", "dev", "eth7"]);
+    assert!(addr.contains("inet 10.76.0.11/24"), "{addr}");
+    assert!(
+        addr.contains("mtu 1400")
+            || sh(&["ip", "-n", &a, "link", "show", "eth7"]).contains("mtu 1400")
+    );
+    let routes = sh(&["ip", "-n", &a, "-4", "route"]);
+    assert!(
+        routes.contains("10.99.0.0/16 via 10.76.0.1 dev eth7"),
+        "{routes}"
+    );
+    assert!(sh(&["ip", "-n", &a, "link", "show", "lo"]).contains("UP"));
+}
+
+struct Dnsmasq(Child);
+
+impl Drop for Dnsmasq {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn wait_for(what: &str, timeout: Duration, mut cond: impl FnMut() -> bool) -> Duration {
+    let start = Instant::now();
+    while start.elapsed() < timeout {
+        if cond() {
+            return start.elapsed();
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    panic!("timed out after {timeout:?} waiting for {what}");
+}
+
+#[test]
+fn dhcp_lease_renew_and_release_against_dnsmasq() {
+    if !root_or_skip() {
+        return;
+    }
+    if !Path::new("/usr/sbin/dnsmasq").exists() {
+        assert!(std::env::var("CI").is_err(), "CI installs dnsmasq-base");
+        eprintln!("skipping: no dnsmasq");
+        return;
+    }
+    let id = std::process::id() % 10_000;
+    let (srv, cli) = (format!("kind{id}s"), format!("kind{id}c"));
+    let _ns = Namespaces::new(&[&srv, &cli]);
+    sh(&[
+        "ip", "-n", &srv, "link", "add", "dsrv", "type", "veth", "peer", "name", "eth0", "netns",
+        &cli,
+    ]);
+    sh(&[
+        "ip",
+        "-n",
+        &srv,
+        "addr",
+        "add",
+        "10.77.0.1/24",
+        "dev",
+        "dsrv",
+    ]);
+    sh(&["ip", "-n", &srv, "link", "set", "dsrv", "up"]);
+    let dir = tempfile::tempdir().unwrap();
+    let leases = dir.path().join("leases");
+    let log = dir.path().join("log");
+    let _dnsmasq = Dnsmasq(
+        Command::new("ip")
+            .args([
+                "netns",
+                "exec",
+                &srv,
+                "/usr/sbin/dnsmasq",
+                "--no-daemon",
+                "--conf-file=/dev/null",
+            ])
+            .args([
+                "--interface=dsrv",
+                "--bind-interfaces",
+                "--port=0",
+                "--log-dhcp",
+            ])
+            .args(["--dhcp-range=10.77.0.50,10.77.0.60,255.255.255.0,2m"])
+            .args([
+                "--dhcp-option=option:router,10.77.0.1",
+                "--dhcp-option=option:dns-server,10.77.0.53",
+            ])
+            .arg(format!("--dhcp-leasefile={}", leases.display()))
+            .arg(format!("--log-facility={}", log.display()))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let log_text = || std::fs::read_to_string(&log).unwrap_or_default();
+    wait_for("dnsmasq to start", Duration::from_secs(10), || {
+        log_text().contains("DHCP, IP range")
+    });
+
+    let stop = tokio_util::sync::CancellationToken::new();
+    let (dns_tx, dns_rx) = tokio::sync::watch::channel(Vec::new());
+    let client = {
+        let stop = stop.clone();
+        in_netns(&cli, move || {
+            runtime().block_on(async move {
+                let netlink = Netlink::connect().unwrap();
+                let links = netlink.links().await.unwrap();
+                let eth0 = links.into_iter().find(|l| l.name == "eth0").unwrap();
+                netlink.set_up(eth0.index, None).await.unwrap();
+                dhcp::run(
+                    netlink,
+                    eth0,
+                    Some("dhcp-test".into()),
+                    Some(Duration::from_secs(2)),
+                    dns_tx,
+                    stop,
+                )
+                .await
+            })
+        })
+    };
+    let addr = || sh(&["ip", "-n", &cli, "-4", "addr", "show", "dev", "eth0"]);
+    let took = wait_for("a lease", Duration::from_secs(20), || {
+        addr().contains("inet 10.77.0.")
+    });
+    eprintln!("dhcp lease after {took:?}");
+    let routes = sh(&["ip", "-n", &cli, "-4", "route"]);
+    assert!(
+        routes.contains("default via 10.77.0.1 dev eth0"),
+        "{routes}"
+    );
+    assert_eq!(*dns_rx.borrow(), ["10.77.0.53".parse::<IpAddr>().unwrap()]);
+    assert!(
+        std::fs::read_to_string(&leases)
+            .unwrap()
+            .contains("dhcp-test")
+    );
+    // T1 overridden to 2 s: the client renews (a second DHCPREQUEST/DHCPACK pair).
+    wait_for("a renewal", Duration::from_secs(15), || {
+        log_text().matches("DHCPACK").count() >= 2
+    });
+    stop.cancel();
+    client.join().unwrap().unwrap();
+    wait_for("the release", Duration::from_secs(10), || {
+        log_text().contains("DHCPRELEASE")
+    });
+    assert!(
+        !addr().contains("inet 10.77.0."),
+        "address removed on release"
+    );
+    wait_for("dnsmasq to drop the lease", Duration::from_secs(10), || {
+        !std::fs::read_to_string(&leases)
+            .unwrap_or_default()
+            .contains("dhcp-test")
+    });
+}
