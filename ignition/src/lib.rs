@@ -13,6 +13,7 @@ pub mod cluster;
 pub mod negotiate;
 pub mod routes;
 pub mod server;
+pub mod unit;
 pub mod version;
 
 pub use cluster::{ClusterConfig, Role};

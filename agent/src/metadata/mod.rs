@@ -146,37 +146,103 @@ pub enum MetadataError {
     },
 }
 
-/// One attempt over the chosen sources. Config drive first when allowed: it is local and
-/// needs no network; the HTTP service is asked when there is no drive.
-async fn attempt(opts: &DiscoverOptions) -> Result<Metadata, MetadataError> {
-    let mut failures = Vec::new();
-    if opts.source != SourceChoice::Http {
-        let devices = match &opts.device {
+/// A place metadata comes from (one module per source, as afterburn's providers).
+pub trait Source: Send + Sync {
+    /// For logs: `config-drive:/dev/sr0`, `http://169.254.169.254`.
+    fn describe(&self) -> String;
+    /// Reads the metadata once.
+    fn read(&self) -> impl std::future::Future<Output = Result<Metadata, MetadataError>> + Send;
+}
+
+/// The config drive: a given device, or every block device labelled `config-2`.
+#[derive(Debug, Clone, Default)]
+pub struct ConfigDriveSource {
+    /// A device or image file instead of searching by label.
+    pub device: Option<std::path::PathBuf>,
+}
+
+impl Source for ConfigDriveSource {
+    fn describe(&self) -> String {
+        match &self.device {
+            Some(d) => format!("config-drive:{}", d.display()),
+            None => "config drive (by label)".into(),
+        }
+    }
+
+    async fn read(&self) -> Result<Metadata, MetadataError> {
+        let devices = match &self.device {
             Some(device) => vec![device.clone()],
             None => tokio::task::spawn_blocking(config_drive::find_devices)
                 .await
                 .unwrap_or_default(),
         };
+        let mut failures = Vec::new();
         for device in devices {
             let path = device.clone();
             match tokio::task::spawn_blocking(move || config_drive::read(&path)).await {
                 Ok(Ok(md)) => return Ok(md),
+                Ok(Err(e @ MetadataError::Invalid { .. })) => return Err(e),
                 Ok(Err(e)) => failures.push(e.to_string()),
                 Err(e) => failures.push(format!("{}: {e}", device.display())),
             }
         }
         if failures.is_empty() {
-            failures.push("no config drive (no block device labelled config-2)".into());
+            failures.push("no block device labelled config-2".into());
+        }
+        Err(MetadataError::Unavailable(failures.join("; ")))
+    }
+}
+
+/// The HTTP metadata service.
+#[derive(Debug, Clone)]
+pub struct HttpSource {
+    /// Base URL.
+    pub url: String,
+}
+
+impl Source for HttpSource {
+    fn describe(&self) -> String {
+        self.url.clone()
+    }
+
+    async fn read(&self) -> Result<Metadata, MetadataError> {
+        http::read(&self.url).await
+    }
+}
+
+/// One attempt over the chosen sources, raced: the first complete answer wins; when one
+/// source fails the other still gets its chance.
+async fn attempt(opts: &DiscoverOptions) -> Result<Metadata, MetadataError> {
+    let drive = ConfigDriveSource {
+        device: opts.device.clone(),
+    };
+    let service = HttpSource {
+        url: opts.url.clone().unwrap_or_else(|| http::DEFAULT_URL.into()),
+    };
+    match opts.source {
+        SourceChoice::ConfigDrive => drive.read().await,
+        SourceChoice::Http => service.read().await,
+        SourceChoice::Auto => {
+            let a = drive.read();
+            let b = service.read();
+            tokio::pin!(a, b);
+            let (first, rest_is_drive) = tokio::select! {
+                r = &mut a => (r, false),
+                r = &mut b => (r, true),
+            };
+            match first {
+                Ok(md) => Ok(md),
+                Err(first_err) => {
+                    let second = if rest_is_drive { a.await } else { b.await };
+                    second.map_err(|second_err| match (first_err, second_err) {
+                        (e @ MetadataError::Invalid { .. }, _)
+                        | (_, e @ MetadataError::Invalid { .. }) => e,
+                        (e1, e2) => MetadataError::Unavailable(format!("{e1}; {e2}")),
+                    })
+                }
+            }
         }
     }
-    if opts.source != SourceChoice::ConfigDrive {
-        let url = opts.url.as_deref().unwrap_or(http::DEFAULT_URL);
-        match http::read(url).await {
-            Ok(md) => return Ok(md),
-            Err(e) => failures.push(e.to_string()),
-        }
-    }
-    Err(MetadataError::Unavailable(failures.join("; ")))
 }
 
 /// Reads the node's metadata from the chosen sources (DESIGN §4.2), retrying with

@@ -144,3 +144,45 @@ pub struct Service {
     /// Address.
     pub address: String,
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    proptest::proptest! {
+        /// Any JSON-ish text gives a value or an error, never a panic; valid documents
+        /// round-trip through serialisation.
+        #[test]
+        fn parse_never_panics(text in "[\\[\\]{}\":,a-z0-9_. -]{0,200}") {
+            let _ = serde_json::from_str::<NetworkData>(&text);
+            let _ = serde_json::from_str::<crate::metadata::MetaData>(&text);
+        }
+
+        #[test]
+        fn round_trip(mac in "[0-9a-f]{2}(:[0-9a-f]{2}){5}", ip in proptest::array::uniform4(0u8..), mtu in proptest::option::of(576u32..9000)) {
+            let data = NetworkData {
+                links: vec![Link { id: "l0".into(), kind: LinkKind::Phy, name: None, ethernet_mac_address: Some(mac), mtu, vlan_id: None, vlan_link: None, bond_links: vec![], bond_mode: None }],
+                networks: vec![Network { id: "n0".into(), kind: NetworkKind::Ipv4, link: "l0".into(), network_id: None, ip_address: Some(std::net::Ipv4Addr::from(ip).to_string()), netmask: Some("255.255.255.0".into()), routes: vec![], dns_nameservers: vec![], services: vec![] }],
+                services: vec![],
+            };
+            let text = serde_json::to_string(&data).unwrap();
+            proptest::prop_assert_eq!(serde_json::from_str::<NetworkData>(&text).unwrap(), data);
+        }
+    }
+
+    #[test]
+    fn unknown_types_are_kept() {
+        let data: NetworkData = serde_json::from_str(
+            r#"{"links":[{"id":"a","type":"ovs"},{"id":"b","type":"vlan","vlan_id":7,"vlan_link":"a"}],
+                "networks":[{"id":"n","type":"ipv6_slaac","link":"b"}]}"#,
+        )
+        .unwrap();
+        assert_eq!(data.links[0].kind, LinkKind::Other("ovs".into()));
+        assert_eq!(data.links[1].vlan_id, Some(7));
+        assert_eq!(data.networks[0].kind, NetworkKind::Ipv6Slaac);
+        let err = serde_json::from_str::<NetworkData>(r#"{"links":[{"type":"phy"}]}"#)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("missing field `id`"), "{err}");
+    }
+}

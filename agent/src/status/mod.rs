@@ -1,5 +1,5 @@
 //! `keelson-agent status`: what the running agent knows, served as one JSON document on a
-//! unix socket (`/run/keelson/status.sock`), printed as a table or as JSON by the client.
+//! unix socket (`/run/keelson/agent.sock`), printed as a table or as JSON by the client.
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -11,7 +11,7 @@ use tokio_util::sync::CancellationToken;
 use crate::context::AgentContext;
 
 /// Where the running agent serves its status.
-pub const SOCKET: &str = "/run/keelson/status.sock";
+pub const SOCKET: &str = "/run/keelson/agent.sock";
 
 /// The status document.
 pub fn snapshot(ctx: &AgentContext, started: Instant) -> serde_json::Value {
