@@ -10,6 +10,7 @@
 //! and the agent's `ignition_server` share.
 
 pub mod cluster;
+pub mod install_config;
 pub mod negotiate;
 pub mod routes;
 pub mod server;

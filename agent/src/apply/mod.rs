@@ -399,11 +399,6 @@ async fn write_file(
             fetch::get_with_retry(url, cas, opts.fetch_timeout).await?
         }
     };
-    verify(
-        &raw,
-        contents.and_then(|c| c.pointer("/verification/hash")),
-        &format!("{field}.contents"),
-    )?;
     let data = match contents
         .and_then(|c| c.get("compression"))
         .and_then(Value::as_str)
@@ -426,6 +421,12 @@ async fn write_file(
             });
         }
     };
+    // Ignition: "if compression is specified, the hash describes the decompressed file".
+    verify(
+        &data,
+        contents.and_then(|c| c.pointer("/verification/hash")),
+        &format!("{field}.contents"),
+    )?;
     let werr = |source| ApplyError::Write {
         path: path.to_owned(),
         source,

@@ -38,7 +38,7 @@ async fn writes_files_directories_keys_and_refuses_units() {
                 {"path": "/etc/keelson/role", "contents": {"source": "data:,master%0A"}},
                 {"path": "/etc/big", "mode": 384,
                  "contents": {"source": b64(&compressed), "compression": "gzip",
-                              "verification": {"hash": sha512(&compressed)}}},
+                              "verification": {"hash": sha512(b"big file contents\n")}}},
             ]
         },
         "passwd": {"users": [{"name": "core", "sshAuthorizedKeys": ["ssh-ed25519 AAAA k"]}]},
