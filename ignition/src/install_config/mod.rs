@@ -12,10 +12,9 @@ use ipnet::IpNet;
 use serde_norway::Value;
 
 use crate::cluster::{
-    ApiSettings, BackendCheck, CLUSTER_JSON_VERSION, ClusterConfig, DnsSettings,
-    HealthCheckConfig, HealthCheckKind, IgnitionServerSettings, MembersSettings,
-    MembersTransport, RolePriorities, VrrpInstanceConfig, VrrpSettings, VrrpTransport,
-    VrrpVersion, default_vrids,
+    ApiSettings, BackendCheck, CLUSTER_JSON_VERSION, ClusterConfig, DnsSettings, HealthCheckConfig,
+    HealthCheckKind, IgnitionServerSettings, MembersSettings, MembersTransport, RolePriorities,
+    VrrpInstanceConfig, VrrpSettings, VrrpTransport, VrrpVersion, default_vrids,
 };
 
 /// An install-config error: the field path and what was expected.
@@ -84,7 +83,9 @@ fn field_err(field: &str, expected: &str, got: &Value) -> InstallConfigError {
 }
 
 fn get<'a>(v: &'a Value, key: &str) -> Option<&'a Value> {
-    v.as_mapping()?.get(Value::String(key.into())).filter(|v| !v.is_null())
+    v.as_mapping()?
+        .get(Value::String(key.into()))
+        .filter(|v| !v.is_null())
 }
 
 fn req_str(v: &Value, path: &str, key: &str) -> Result<String, InstallConfigError> {
@@ -110,11 +111,7 @@ fn replicas(v: Option<&Value>, field: &str, min: u64) -> Result<u32, InstallConf
         Some(Value::Number(n)) if n.as_u64().is_some_and(|n| n >= min && n <= 1000) => {
             Ok(n.as_u64().unwrap_or(0) as u32)
         }
-        Some(other) => Err(field_err(
-            field,
-            &format!("an integer >= {min}"),
-            other,
-        )),
+        Some(other) => Err(field_err(field, &format!("an integer >= {min}"), other)),
     }
 }
 
@@ -141,8 +138,15 @@ fn ip_of(v: &Value, field: &str) -> Result<IpAddr, InstallConfigError> {
 
 /// The top-level and platform fields keelson reads; anything else is noted.
 const USED_TOP: &[&str] = &[
-    "apiVersion", "baseDomain", "metadata", "controlPlane", "compute", "networking", "platform",
-    "sshKey", "pullSecret",
+    "apiVersion",
+    "baseDomain",
+    "metadata",
+    "controlPlane",
+    "compute",
+    "networking",
+    "platform",
+    "sshKey",
+    "pullSecret",
 ];
 
 impl InstallConfig {
@@ -167,7 +171,8 @@ impl InstallConfig {
             return Err(field_err("apiVersion", "\"v1\"", v));
         }
         let base_domain = req_str(&doc, "", "baseDomain")?;
-        let metadata = get(&doc, "metadata").ok_or_else(|| field_err("metadata", "a mapping with name", &Value::Null))?;
+        let metadata = get(&doc, "metadata")
+            .ok_or_else(|| field_err("metadata", "a mapping with name", &Value::Null))?;
         let name = req_str(metadata, "metadata", "name")?;
         if !name
             .chars()
@@ -191,7 +196,8 @@ impl InstallConfig {
             None => workers = 3,
             Some(Value::Sequence(pools)) => {
                 for (i, pool) in pools.iter().enumerate() {
-                    workers += replicas(get(pool, "replicas"), &format!("compute[{i}].replicas"), 0)?;
+                    workers +=
+                        replicas(get(pool, "replicas"), &format!("compute[{i}].replicas"), 0)?;
                 }
             }
             Some(other) => return Err(field_err("compute", "a list of machine pools", other)),
@@ -202,11 +208,16 @@ impl InstallConfig {
         let mut machine_networks = Vec::new();
         if let Some(list) = networking.and_then(|n| get(n, "machineNetwork")) {
             let Value::Sequence(items) = list else {
-                return Err(field_err("networking.machineNetwork", "a list of {cidr: ...}", list));
+                return Err(field_err(
+                    "networking.machineNetwork",
+                    "a list of {cidr: ...}",
+                    list,
+                ));
             };
             for (i, item) in items.iter().enumerate() {
                 let field = format!("networking.machineNetwork[{i}].cidr");
-                let cidr = get(item, "cidr").ok_or_else(|| field_err(&field, "a CIDR", &Value::Null))?;
+                let cidr =
+                    get(item, "cidr").ok_or_else(|| field_err(&field, "a CIDR", &Value::Null))?;
                 machine_networks.push(
                     cidr.as_str()
                         .and_then(|s| s.trim().parse::<IpNet>().ok())
@@ -218,7 +229,9 @@ impl InstallConfig {
             machine_networks.push(
                 cidr.as_str()
                     .and_then(|s| s.trim().parse::<IpNet>().ok())
-                    .ok_or_else(|| field_err("networking.machineCIDR", "a CIDR such as 10.0.0.0/16", cidr))?
+                    .ok_or_else(|| {
+                        field_err("networking.machineCIDR", "a CIDR such as 10.0.0.0/16", cidr)
+                    })?
                     .trunc(),
             );
         }
@@ -232,7 +245,13 @@ impl InstallConfig {
 
         // VIPs: the platform that has them (openstack, baremetal, vsphere, ovirt all use the
         // same names).
-        let platform = get(&doc, "platform").ok_or_else(|| field_err("platform", "a mapping with the VIPs (platform.openstack.apiVIPs)", &Value::Null))?;
+        let platform = get(&doc, "platform").ok_or_else(|| {
+            field_err(
+                "platform",
+                "a mapping with the VIPs (platform.openstack.apiVIPs)",
+                &Value::Null,
+            )
+        })?;
         let (pname, p) = platform
             .as_mapping()
             .and_then(|m| m.iter().find(|(_, v)| v.is_mapping()))
@@ -246,12 +265,19 @@ impl InstallConfig {
             if let Some(v) = get(p, singular) {
                 return Ok(vec![ip_of(v, &format!("{base}.{singular}"))?]);
             }
-            Err(field_err(&format!("{base}.{plural}"), "a list with the VIP", &Value::Null))
+            Err(field_err(
+                &format!("{base}.{plural}"),
+                "a list with the VIP",
+                &Value::Null,
+            ))
         };
         let api_vips = vips("apiVIPs", "apiVIP")?;
         let ingress_vips = vips("ingressVIPs", "ingressVIP")?;
         for (field, list) in [("apiVIPs", &api_vips), ("ingressVIPs", &ingress_vips)] {
-            if list.is_empty() || list.len() > 2 || (list.len() == 2 && list[0].is_ipv4() == list[1].is_ipv4()) {
+            if list.is_empty()
+                || list.len() > 2
+                || (list.len() == 2 && list[0].is_ipv4() == list[1].is_ipv4())
+            {
                 return Err(InstallConfigError::Field {
                     field: format!("{base}.{field}"),
                     expected: "one VIP, or one IPv4 and one IPv6".into(),
@@ -264,7 +290,11 @@ impl InstallConfig {
                         field: format!("{base}.{field}[{i}]"),
                         expected: format!(
                             "an address inside the machine network ({})",
-                            machine_networks.iter().map(|n| n.to_string()).collect::<Vec<_>>().join(", ")
+                            machine_networks
+                                .iter()
+                                .map(|n| n.to_string())
+                                .collect::<Vec<_>>()
+                                .join(", ")
                         ),
                         got: vip.to_string(),
                     });
@@ -282,8 +312,21 @@ impl InstallConfig {
             Some(v) => Some(ip_of(v, &format!("{base}.apiFloatingIP"))?),
             None => None,
         };
-        for key in p.as_mapping().map(|m| m.keys().filter_map(Value::as_str).collect::<Vec<_>>()).unwrap_or_default() {
-            if !["apiVIPs", "apiVIP", "ingressVIPs", "ingressVIP", "apiFloatingIP", "lbFloatingIP"].contains(&key) {
+        for key in p
+            .as_mapping()
+            .map(|m| m.keys().filter_map(Value::as_str).collect::<Vec<_>>())
+            .unwrap_or_default()
+        {
+            if ![
+                "apiVIPs",
+                "apiVIP",
+                "ingressVIPs",
+                "ingressVIP",
+                "apiFloatingIP",
+                "lbFloatingIP",
+            ]
+            .contains(&key)
+            {
                 notes.push(format!("{base}.{key}: not used by keelson, ignored"));
             }
         }
@@ -320,7 +363,11 @@ impl InstallConfig {
         let mut instances = Vec::new();
         for (i, vip) in self.api_vips.iter().enumerate() {
             instances.push(VrrpInstanceConfig {
-                name: if i == 0 { "api".into() } else { "api-v6".into() },
+                name: if i == 0 {
+                    "api".into()
+                } else {
+                    "api-v6".into()
+                },
                 vip: *vip,
                 vrid: api_vrid,
                 version: VrrpVersion::V3,
@@ -357,7 +404,11 @@ impl InstallConfig {
         }
         for (i, vip) in self.ingress_vips.iter().enumerate() {
             instances.push(VrrpInstanceConfig {
-                name: if i == 0 { "ingress".into() } else { "ingress-v6".into() },
+                name: if i == 0 {
+                    "ingress".into()
+                } else {
+                    "ingress-v6".into()
+                },
                 vip: *vip,
                 vrid: ingress_vrid,
                 version: VrrpVersion::V3,

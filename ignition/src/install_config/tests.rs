@@ -6,9 +6,15 @@ const EXAMPLE_42: &str = include_str!("../../../examples/install-config-4.2.yaml
 #[test]
 fn current_example() {
     let ic = InstallConfig::parse(EXAMPLE).unwrap();
-    assert_eq!((ic.name.as_str(), ic.base_domain.as_str()), ("ocp4", "osd2019.local"));
+    assert_eq!(
+        (ic.name.as_str(), ic.base_domain.as_str()),
+        ("ocp4", "osd2019.local")
+    );
     assert_eq!((ic.masters, ic.workers), (3, 2));
-    assert_eq!(ic.machine_networks, ["10.0.0.0/16".parse::<IpNet>().unwrap()]);
+    assert_eq!(
+        ic.machine_networks,
+        ["10.0.0.0/16".parse::<IpNet>().unwrap()]
+    );
     assert_eq!(ic.api_vips, ["10.0.0.5".parse::<IpAddr>().unwrap()]);
     assert_eq!(ic.ingress_vips, ["10.0.0.7".parse::<IpAddr>().unwrap()]);
     assert_eq!(ic.ssh_keys.len(), 1);
@@ -17,7 +23,10 @@ fn current_example() {
     let (api, ingress) = default_vrids("ocp4");
     assert_eq!(cluster.instance("api").unwrap().vrid, api);
     assert_eq!(cluster.instance("ingress").unwrap().vrid, ingress);
-    assert_eq!(cluster.instance("api").unwrap().priorities.bootstrap, Some(70));
+    assert_eq!(
+        cluster.instance("api").unwrap().priorities.bootstrap,
+        Some(70)
+    );
     assert_eq!(cluster.zone(), "ocp4.osd2019.local");
 }
 
@@ -62,11 +71,26 @@ fn bad_input_names_field_and_expectation() {
         err(&with("    - 10.0.0.7", "    - 10.0.0.5")),
         "platform.openstack.ingressVIPs: expected a VIP different from the API VIP, got 10.0.0.5"
     );
-    assert!(err(&with("    - 10.0.0.5", "    - not-an-ip")).starts_with("platform.openstack.apiVIPs[0]: expected an IP address"));
-    assert!(err(&with("  - cidr: 10.0.0.0/16", "  - cidr: 10.0.0/99")).starts_with("networking.machineNetwork[0].cidr"));
-    assert!(err(&with("baseDomain: osd2019.local", "")).starts_with("baseDomain: expected a non-empty string"));
-    assert!(err(&with("  name: ocp4", "  name: OCP_4")).starts_with("metadata.name: expected a DNS label"));
-    assert!(err(&with("    apiVIPs:\n    - 10.0.0.5\n", "")).starts_with("platform.openstack.apiVIPs: expected a list with the VIP"));
+    assert!(
+        err(&with("    - 10.0.0.5", "    - not-an-ip"))
+            .starts_with("platform.openstack.apiVIPs[0]: expected an IP address")
+    );
+    assert!(
+        err(&with("  - cidr: 10.0.0.0/16", "  - cidr: 10.0.0/99"))
+            .starts_with("networking.machineNetwork[0].cidr")
+    );
+    assert!(
+        err(&with("baseDomain: osd2019.local", ""))
+            .starts_with("baseDomain: expected a non-empty string")
+    );
+    assert!(
+        err(&with("  name: ocp4", "  name: OCP_4"))
+            .starts_with("metadata.name: expected a DNS label")
+    );
+    assert!(
+        err(&with("    apiVIPs:\n    - 10.0.0.5\n", ""))
+            .starts_with("platform.openstack.apiVIPs: expected a list with the VIP")
+    );
     assert!(err("a: [").starts_with("not valid YAML"));
     assert!(err("- 1\n- 2\n").starts_with("(top level): expected a mapping"));
 }

@@ -1,0 +1,396 @@
+//! Ignition configs as data (DESIGN §2): the full configs each role boots from and the
+//! pointer configs given as user_data, for spec 2.2 (RHCOS 4.2–4.5, our own types) and
+//! 3.0–3.5 (typed by the `ignition-config` crate).
+//!
+//! One version-neutral model ([`Model`]) is built per role and then written in the asked
+//! spec; the same inputs give the same bytes (keys in struct order, no timestamps), which is
+//! what lets a node's Ignition server serve exactly what `keelson render` prints.
+
+pub mod v22;
+
+use std::io::Write;
+
+use base64::Engine;
+use sha2::{Digest, Sha512};
+
+use crate::cluster::{ClusterConfig, Role};
+use crate::unit;
+use crate::version::SpecVersion;
+
+/// OpenStack's cap on user_data (base64 of it, in fact; we keep the raw size under it).
+pub const USER_DATA_MAX: usize = 65_535;
+
+/// Where files land on a node.
+pub mod paths {
+    /// The agent's cluster settings.
+    pub const CLUSTER_JSON: &str = "/etc/keelson/cluster.json";
+    /// The node's role.
+    pub const ROLE: &str = "/etc/keelson/role";
+    /// The cluster root CA.
+    pub const CA: &str = "/etc/keelson/tls/ca.crt";
+    /// The Ignition server certificate (bootstrap and masters).
+    pub const SERVER_CERT: &str = "/etc/keelson/tls/server.crt";
+    /// Its key.
+    pub const SERVER_KEY: &str = "/etc/keelson/tls/server.key";
+    /// The CA in the system trust store (RHCOS picks up anchors from here).
+    pub const TRUST_ANCHOR: &str = "/etc/pki/ca-trust/source/anchors/keelson-ca.crt";
+}
+
+/// What a full config needs besides cluster.json.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeAssets {
+    /// Cluster root CA certificate (PEM).
+    pub ca_pem: String,
+    /// Ignition server certificate (PEM).
+    pub server_cert_pem: String,
+    /// Ignition server key (PEM).
+    pub server_key_pem: String,
+    /// sha512 (hex) of the agent binary.
+    pub agent_sha512: String,
+    /// Where nodes fetch the agent; `None` for the appliance (the image already has it).
+    pub agent_url: Option<String>,
+}
+
+/// Errors rendering a config.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RenderError {
+    /// The typed config rejected the document (a bug, reported with the version).
+    #[error("spec {spec}: {message}")]
+    Typed {
+        /// The spec version.
+        spec: SpecVersion,
+        /// What serde said.
+        message: String,
+    },
+    /// The cluster has no API VIP to point at.
+    #[error("cluster.json apiVips: expected at least one VIP")]
+    NoVip,
+    /// A user_data config is over OpenStack's cap.
+    #[error("{what} is {size} bytes, over OpenStack's user_data limit of {USER_DATA_MAX}: {why}")]
+    TooLarge {
+        /// Which config.
+        what: String,
+        /// Its size.
+        size: usize,
+        /// What to do.
+        why: String,
+    },
+}
+
+/// A file's contents.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Contents {
+    /// Inline bytes (written as a data: URL).
+    Inline(Vec<u8>),
+    /// Fetched from `url`, verified against the sha512 (hex).
+    Remote {
+        /// Source URL.
+        url: String,
+        /// sha512 hex of the contents.
+        sha512: String,
+    },
+}
+
+/// A file in the model.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FileSpec {
+    /// Absolute path.
+    pub path: String,
+    /// Permission bits.
+    pub mode: u32,
+    /// Contents.
+    pub contents: Contents,
+}
+
+/// A systemd unit.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UnitSpec {
+    /// Unit name.
+    pub name: String,
+    /// Enable it.
+    pub enabled: bool,
+    /// Unit file.
+    pub contents: String,
+}
+
+/// A version-neutral config.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Model {
+    /// Files, in order.
+    pub files: Vec<FileSpec>,
+    /// Units.
+    pub units: Vec<UnitSpec>,
+    /// `core`'s SSH keys.
+    pub ssh_keys: Vec<String>,
+    /// Pointer: the config to merge (3.x) / append (2.2).
+    pub merge: Option<String>,
+    /// CAs trusted for HTTPS fetches (PEM).
+    pub tls_cas: Vec<String>,
+}
+
+/// The URL of a role's config on the Ignition server behind the API VIP.
+pub fn config_url(cluster: &ClusterConfig, role: Role) -> Result<String, RenderError> {
+    let vip = cluster.api_vips.first().ok_or(RenderError::NoVip)?;
+    let host = match vip {
+        std::net::IpAddr::V4(v4) => v4.to_string(),
+        std::net::IpAddr::V6(v6) => format!("[{v6}]"),
+    };
+    Ok(format!(
+        "https://{host}:{}/config/{}",
+        cluster.ignition.tls_port,
+        role.as_str()
+    ))
+}
+
+/// The URL of the agent binary on the Ignition server behind the API VIP.
+pub fn agent_asset_url(cluster: &ClusterConfig) -> Result<String, RenderError> {
+    let url = config_url(cluster, Role::Master)?;
+    Ok(url.replace("/config/master", "/assets/keelson-agent"))
+}
+
+/// The full model for `role`.
+pub fn full_model(cluster: &ClusterConfig, role: Role, assets: &NodeAssets) -> Model {
+    let inline = |path: &str, mode: u32, data: &[u8]| FileSpec {
+        path: path.into(),
+        mode,
+        contents: Contents::Inline(data.to_vec()),
+    };
+    let mut files = vec![
+        inline(paths::CLUSTER_JSON, 0o644, &cluster.to_json()),
+        inline(
+            paths::ROLE,
+            0o644,
+            format!("{}\n", role.as_str()).as_bytes(),
+        ),
+        inline(paths::CA, 0o644, assets.ca_pem.as_bytes()),
+        inline(paths::TRUST_ANCHOR, 0o644, assets.ca_pem.as_bytes()),
+    ];
+    // The bootstrap serves configs now and masters after the pivot; workers never do, so
+    // they never hold the server key.
+    if role != Role::Worker {
+        files.push(inline(
+            paths::SERVER_CERT,
+            0o644,
+            assets.server_cert_pem.as_bytes(),
+        ));
+        files.push(inline(
+            paths::SERVER_KEY,
+            0o600,
+            assets.server_key_pem.as_bytes(),
+        ));
+    }
+    let mut units = Vec::new();
+    // Masters and workers fetch the agent from the Ignition server; the RHCOS bootstrap from
+    // `--agent-url`; the appliance bootstrap (no URL) already runs it as PID 1.
+    let agent_url = match role {
+        Role::Bootstrap => assets.agent_url.clone(),
+        _ => agent_asset_url(cluster).ok(),
+    };
+    if let Some(url) = agent_url {
+        files.push(FileSpec {
+            path: unit::AGENT_PATH.into(),
+            mode: 0o755,
+            contents: Contents::Remote {
+                url,
+                sha512: assets.agent_sha512.clone(),
+            },
+        });
+        units.push(UnitSpec {
+            name: unit::AGENT_UNIT_NAME.into(),
+            enabled: true,
+            contents: unit::agent_unit(),
+        });
+    }
+    Model {
+        files,
+        units,
+        ssh_keys: cluster.ssh_authorized_keys.clone(),
+        merge: None,
+        tls_cas: vec![assets.ca_pem.clone()],
+    }
+}
+
+/// The pointer model for `role`: merge the full config from the API VIP's Ignition server,
+/// trusting the cluster CA.
+pub fn pointer_model(
+    cluster: &ClusterConfig,
+    role: Role,
+    ca_pem: &str,
+) -> Result<Model, RenderError> {
+    Ok(Model {
+        merge: Some(config_url(cluster, role)?),
+        tls_cas: vec![ca_pem.to_owned()],
+        ..Model::default()
+    })
+}
+
+/// Renders the full config of `role` in `spec`.
+pub fn render_full(
+    cluster: &ClusterConfig,
+    role: Role,
+    spec: SpecVersion,
+    assets: &NodeAssets,
+) -> Result<Vec<u8>, RenderError> {
+    write(&full_model(cluster, role, assets), spec)
+}
+
+/// Renders the pointer config of `role` in `spec`.
+pub fn render_pointer(
+    cluster: &ClusterConfig,
+    role: Role,
+    spec: SpecVersion,
+    ca_pem: &str,
+) -> Result<Vec<u8>, RenderError> {
+    write(&pointer_model(cluster, role, ca_pem)?, spec)
+}
+
+/// Refuses a config meant as user_data that OpenStack would not take.
+pub fn check_user_data(what: &str, bytes: &[u8]) -> Result<(), RenderError> {
+    if bytes.len() > USER_DATA_MAX {
+        return Err(RenderError::TooLarge {
+            what: what.into(),
+            size: bytes.len(),
+            why: "large files belong on the Ignition server or an object store, fetched by URL"
+                .into(),
+        });
+    }
+    Ok(())
+}
+
+/// An inline resource: the shortest of a percent-encoded, a base64 and a gzip+base64 data
+/// URL; returns (url, compression).
+pub fn data_url(data: &[u8]) -> (String, Option<&'static str>) {
+    let b64 = |bytes: &[u8]| base64::engine::general_purpose::STANDARD.encode(bytes);
+    let plain = format!("data:,{}", percent_encode(data));
+    let base = format!("data:;base64,{}", b64(data));
+    let mut gz = flate2::GzBuilder::new()
+        .mtime(0)
+        .operating_system(255)
+        .write(Vec::new(), flate2::Compression::best());
+    let gzipped = gz.write_all(data).and_then(|_| gz.finish()).ok();
+    let mut best = if plain.len() <= base.len() {
+        (plain, None)
+    } else {
+        (base, None)
+    };
+    if let Some(g) = gzipped {
+        let url = format!("data:;base64,{}", b64(&g));
+        if url.len() < best.0.len() {
+            best = (url, Some("gzip"));
+        }
+    }
+    best
+}
+
+/// RFC 3986 percent-encoding of everything but unreserved characters.
+fn percent_encode(data: &[u8]) -> String {
+    let mut out = String::with_capacity(data.len());
+    for &b in data {
+        if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+/// `sha512-<hex>` of `data`.
+pub fn sha512_hash(data: &[u8]) -> String {
+    format!("sha512-{}", hex::encode(Sha512::digest(data)))
+}
+
+/// Writes a model in `spec`.
+pub fn write(model: &Model, spec: SpecVersion) -> Result<Vec<u8>, RenderError> {
+    if spec == SpecVersion::V2_2 {
+        return v22::write(model);
+    }
+    let doc = v3_document(model, spec);
+    let typed_err = |e: serde_json::Error| RenderError::Typed {
+        spec,
+        message: e.to_string(),
+    };
+    // Through the crate's typed config: what we write is what that spec defines.
+    let bytes = match spec {
+        SpecVersion::V3_0 => serde_json::to_vec(
+            &serde_json::from_value::<ignition_config::v3_0::Config>(doc).map_err(typed_err)?,
+        ),
+        SpecVersion::V3_1 => serde_json::to_vec(
+            &serde_json::from_value::<ignition_config::v3_1::Config>(doc).map_err(typed_err)?,
+        ),
+        SpecVersion::V3_2 => serde_json::to_vec(
+            &serde_json::from_value::<ignition_config::v3_2::Config>(doc).map_err(typed_err)?,
+        ),
+        SpecVersion::V3_3 => serde_json::to_vec(
+            &serde_json::from_value::<ignition_config::v3_3::Config>(doc).map_err(typed_err)?,
+        ),
+        SpecVersion::V3_4 => serde_json::to_vec(
+            &serde_json::from_value::<ignition_config::v3_4::Config>(doc).map_err(typed_err)?,
+        ),
+        SpecVersion::V3_5 => serde_json::to_vec(
+            &serde_json::from_value::<ignition_config::v3_5::Config>(doc).map_err(typed_err)?,
+        ),
+        SpecVersion::V2_2 => unreachable!("handled above"),
+    }
+    .map_err(typed_err)?;
+    Ok(bytes)
+}
+
+/// The 3.x document as JSON (shape shared by 3.0–3.5 for what we use).
+fn v3_document(model: &Model, spec: SpecVersion) -> serde_json::Value {
+    use serde_json::json;
+    let mut ignition = json!({ "version": spec.as_str() });
+    if let Some(url) = &model.merge {
+        ignition["config"] = json!({ "merge": [{ "source": url }] });
+    }
+    if !model.tls_cas.is_empty() {
+        let cas: Vec<_> = model
+            .tls_cas
+            .iter()
+            .map(|pem| json!({ "source": data_url(pem.as_bytes()).0 }))
+            .collect();
+        ignition["security"] = json!({ "tls": { "certificateAuthorities": cas } });
+    }
+    let mut doc = json!({ "ignition": ignition });
+    if !model.files.is_empty() {
+        let files: Vec<_> = model
+            .files
+            .iter()
+            .map(|f| {
+                let contents = match &f.contents {
+                    Contents::Inline(data) => {
+                        let (source, compression) = data_url(data);
+                        let mut c = json!({ "source": source, "verification": { "hash": sha512_hash(data) } });
+                        if let Some(comp) = compression {
+                            c["compression"] = json!(comp);
+                        }
+                        c
+                    }
+                    Contents::Remote { url, sha512 } => json!({
+                        "source": url,
+                        "verification": { "hash": format!("sha512-{sha512}") }
+                    }),
+                };
+                json!({ "path": f.path, "mode": f.mode, "overwrite": true, "contents": contents })
+            })
+            .collect();
+        doc["storage"] = json!({ "files": files });
+    }
+    if !model.units.is_empty() {
+        let units: Vec<_> = model
+            .units
+            .iter()
+            .map(|u| json!({ "name": u.name, "enabled": u.enabled, "contents": u.contents }))
+            .collect();
+        doc["systemd"] = json!({ "units": units });
+    }
+    if !model.ssh_keys.is_empty() {
+        doc["passwd"] =
+            json!({ "users": [{ "name": "core", "sshAuthorizedKeys": model.ssh_keys }] });
+    }
+    doc
+}
+
+#[cfg(test)]
+mod tests;

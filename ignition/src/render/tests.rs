@@ -1,0 +1,271 @@
+use super::*;
+use crate::install_config::InstallConfig;
+
+fn cluster() -> ClusterConfig {
+    InstallConfig::parse(include_str!("../../../examples/install-config.yaml"))
+        .unwrap()
+        .cluster_config()
+}
+
+fn assets(agent_url: Option<&str>) -> NodeAssets {
+    NodeAssets {
+        ca_pem: "-----BEGIN CERTIFICATE-----\nMIIBfake\n-----END CERTIFICATE-----\n".into(),
+        server_cert_pem: "-----BEGIN CERTIFICATE-----\nMIIBserver\n-----END CERTIFICATE-----\n"
+            .into(),
+        server_key_pem: "-----BEGIN PRIVATE KEY-----\nMIIBkey\n-----END PRIVATE KEY-----\n".into(),
+        agent_sha512: "ab".repeat(64),
+        agent_url: agent_url.map(str::to_owned),
+    }
+}
+
+fn schema(spec: SpecVersion) -> jsonschema::Validator {
+    let name = format!(
+        "{}/../../shared/testdata/ignition-schemas/v{}.ignition.json",
+        env!("CARGO_MANIFEST_DIR"),
+        &spec.as_str()[..3].replace('.', "_")
+    );
+    let text = std::fs::read_to_string(&name).unwrap_or_else(|e| panic!("{name}: {e}"));
+    let schema: serde_json::Value = serde_json::from_str(&text).unwrap();
+    jsonschema::validator_for(&schema).unwrap()
+}
+
+fn every_config() -> Vec<(String, SpecVersion, Vec<u8>)> {
+    let c = cluster();
+    let mut out = Vec::new();
+    for spec in SpecVersion::ALL {
+        for role in [Role::Bootstrap, Role::Master, Role::Worker] {
+            for url in [None, Some("https://objects.example/keelson-agent")] {
+                out.push((
+                    format!("{spec} full {role} url={url:?}"),
+                    spec,
+                    render_full(&c, role, spec, &assets(url)).unwrap(),
+                ));
+            }
+            if role != Role::Bootstrap {
+                out.push((
+                    format!("{spec} pointer {role}"),
+                    spec,
+                    render_pointer(&c, role, spec, &assets(None).ca_pem).unwrap(),
+                ));
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn every_config_passes_its_schema() {
+    for (what, spec, bytes) in every_config() {
+        let doc: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
+        assert_eq!(doc["ignition"]["version"], spec.as_str(), "{what}");
+        let validator = schema(spec);
+        let errors: Vec<String> = validator.iter_errors(&doc).map(|e| e.to_string()).collect();
+        assert!(errors.is_empty(), "{what}: {errors:?}");
+    }
+}
+
+#[test]
+fn ignition_validate_accepts_3_0_to_3_3() {
+    let Ok(probe) = std::process::Command::new("ignition-validate")
+        .arg("--version")
+        .output()
+    else {
+        assert!(
+            std::env::var("CI").is_err(),
+            "CI installs Debian's ignition"
+        );
+        eprintln!("skipping: no ignition-validate");
+        return;
+    };
+    assert!(probe.status.success());
+    let dir = tempfile::tempdir().unwrap();
+    for (i, (what, spec, bytes)) in every_config().into_iter().enumerate() {
+        if !matches!(
+            spec,
+            SpecVersion::V3_0 | SpecVersion::V3_1 | SpecVersion::V3_2 | SpecVersion::V3_3
+        ) {
+            continue;
+        }
+        let path = dir.path().join(format!("{i}.ign"));
+        std::fs::write(&path, &bytes).unwrap();
+        let out = std::process::Command::new("ignition-validate")
+            .arg(&path)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{what}: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+#[test]
+fn full_configs_carry_what_each_role_needs() {
+    let c = cluster();
+    let paths = |bytes: &[u8]| -> Vec<String> {
+        let doc: serde_json::Value = serde_json::from_slice(bytes).unwrap();
+        doc["storage"]["files"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|f| f["path"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    let master = render_full(&c, Role::Master, SpecVersion::V3_2, &assets(None)).unwrap();
+    let m = paths(&master);
+    for p in [
+        paths::CLUSTER_JSON,
+        paths::ROLE,
+        paths::CA,
+        paths::SERVER_KEY,
+        unit::AGENT_PATH,
+    ] {
+        assert!(m.contains(&p.to_owned()), "master lacks {p}");
+    }
+    let doc: serde_json::Value = serde_json::from_slice(&master).unwrap();
+    let agent = doc["storage"]["files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["path"] == unit::AGENT_PATH)
+        .unwrap();
+    assert_eq!(
+        agent["contents"]["source"],
+        "https://10.0.0.5:22623/assets/keelson-agent"
+    );
+    assert_eq!(
+        agent["contents"]["verification"]["hash"],
+        format!("sha512-{}", "ab".repeat(64))
+    );
+    assert_eq!(doc["systemd"]["units"][0]["name"], unit::AGENT_UNIT_NAME);
+    assert_eq!(doc["systemd"]["units"][0]["enabled"], true);
+    assert_eq!(doc["passwd"]["users"][0]["name"], "core");
+
+    let worker = paths(&render_full(&c, Role::Worker, SpecVersion::V3_2, &assets(None)).unwrap());
+    assert!(
+        !worker.contains(&paths::SERVER_KEY.to_owned()),
+        "workers never hold the server key"
+    );
+
+    // Appliance bootstrap: no agent file or unit; RHCOS bootstrap: from --agent-url.
+    let appliance = render_full(&c, Role::Bootstrap, SpecVersion::V3_2, &assets(None)).unwrap();
+    assert!(!paths(&appliance).contains(&unit::AGENT_PATH.to_owned()));
+    let rhcos = render_full(
+        &c,
+        Role::Bootstrap,
+        SpecVersion::V3_2,
+        &assets(Some("https://o.example/a")),
+    )
+    .unwrap();
+    assert!(String::from_utf8_lossy(&rhcos).contains("https://o.example/a"));
+
+    // The role file decodes to the role.
+    let doc: serde_json::Value = serde_json::from_slice(&master).unwrap();
+    let role = doc["storage"]["files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["path"] == paths::ROLE)
+        .unwrap();
+    assert_eq!(role["contents"]["source"], "data:,master%0A");
+}
+
+#[test]
+fn pointer_and_22_specifics() {
+    let c = cluster();
+    let ca = assets(None).ca_pem;
+    let p = render_pointer(&c, Role::Worker, SpecVersion::V3_2, &ca).unwrap();
+    let doc: serde_json::Value = serde_json::from_slice(&p).unwrap();
+    assert_eq!(
+        doc["ignition"]["config"]["merge"][0]["source"],
+        "https://10.0.0.5:22623/config/worker"
+    );
+    assert!(
+        doc["ignition"]["security"]["tls"]["certificateAuthorities"][0]["source"]
+            .as_str()
+            .unwrap()
+            .starts_with("data:")
+    );
+    check_user_data("worker.ign", &p).unwrap();
+
+    let p22 = render_pointer(&c, Role::Master, SpecVersion::V2_2, &ca).unwrap();
+    let doc: serde_json::Value = serde_json::from_slice(&p22).unwrap();
+    assert_eq!(
+        doc["ignition"]["config"]["append"][0]["source"],
+        "https://10.0.0.5:22623/config/master"
+    );
+    assert!(doc["ignition"]["config"].get("merge").is_none());
+    let full22 = render_full(&c, Role::Master, SpecVersion::V2_2, &assets(None)).unwrap();
+    let doc: serde_json::Value = serde_json::from_slice(&full22).unwrap();
+    assert!(
+        doc["storage"]["files"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|f| f["filesystem"] == "root")
+    );
+
+    let err = check_user_data("bootstrap.ign", &vec![b'x'; USER_DATA_MAX + 1])
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("bootstrap.ign") && err.contains("65535"),
+        "{err}"
+    );
+}
+
+#[test]
+fn same_inputs_same_bytes() {
+    let c = cluster();
+    for spec in SpecVersion::ALL {
+        let a = render_full(&c, Role::Master, spec, &assets(None)).unwrap();
+        let b = render_full(&c.clone(), Role::Master, spec, &assets(None)).unwrap();
+        assert_eq!(a, b, "{spec}");
+    }
+}
+
+#[test]
+fn data_urls_pick_the_shortest_form() {
+    let (url, comp) = data_url(b"master\n");
+    assert_eq!((url.as_str(), comp), ("data:,master%0A", None));
+    let big = vec![b'a'; 10_000];
+    let (url, comp) = data_url(&big);
+    assert_eq!(comp, Some("gzip"));
+    assert!(url.len() < 200, "{}", url.len());
+}
+
+proptest::proptest! {
+    #[test]
+    fn data_url_round_trips(data in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..2000)) {
+        let (url, compression) = data_url(&data);
+        let rest = url.strip_prefix("data:").unwrap();
+        let (meta, payload) = rest.split_once(',').unwrap();
+        let decoded = if meta.ends_with(";base64") {
+            base64::engine::general_purpose::STANDARD.decode(payload).unwrap()
+        } else {
+            let mut out = Vec::new();
+            let bytes = payload.as_bytes();
+            let mut i = 0;
+            while i < bytes.len() {
+                if bytes[i] == b'%' {
+                    out.push(u8::from_str_radix(std::str::from_utf8(&bytes[i + 1..i + 3]).unwrap(), 16).unwrap());
+                    i += 3;
+                } else {
+                    out.push(bytes[i]);
+                    i += 1;
+                }
+            }
+            out
+        };
+        let plain = if compression == Some("gzip") {
+            let mut out = Vec::new();
+            std::io::Read::read_to_end(&mut flate2::read::GzDecoder::new(&decoded[..]), &mut out).unwrap();
+            out
+        } else {
+            decoded
+        };
+        proptest::prop_assert_eq!(plain, data);
+    }
+}
