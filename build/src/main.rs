@@ -1,5 +1,6 @@
 //! `keelson`: builds a cluster's payloads from an install-config.yaml.
 
+mod build;
 mod image;
 mod serve;
 
@@ -15,6 +16,14 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Build a cluster's payloads: Ignition configs, cluster.json, TLS, image, SHA256SUMS.
+    Build(build::BuildArgs),
+    /// Print one role's Ignition config.
+    Render(build::RenderArgs),
+    /// Check an install-config.yaml.
+    Validate(build::ConfigArgs),
+    /// Print the VRRP router IDs derived from the cluster name.
+    Vrids(build::ConfigArgs),
     /// Build the appliance image (keelson.qcow2) alone.
     Image(image::ImageArgs),
     /// Serve a build directory's Ignition configs (:22623 TLS, :22624 plain).
@@ -31,6 +40,10 @@ fn main() {
         .init();
     let cli = Cli::parse();
     let result = match cli.command {
+        Command::Build(args) => build::build(args),
+        Command::Render(args) => build::render_cmd(args),
+        Command::Validate(args) => build::validate(args),
+        Command::Vrids(args) => build::vrids(args),
         Command::Image(args) => image::run(args),
         Command::Serve(args) => tokio::runtime::Runtime::new()
             .map_err(anyhow::Error::from)

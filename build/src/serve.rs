@@ -12,7 +12,7 @@ use anyhow::Context;
 use ipnet::IpNet;
 use keelson_ignition::ClusterConfig;
 use keelson_ignition::server::{
-    Assets, ConfigSource, FileSource, IgnitionServer, ServerOptions, default_allowed_networks,
+    Assets, ConfigSource, IgnitionServer, RenderSource, ServerOptions, default_allowed_networks,
     tls_config_from_files,
 };
 use tokio_util::sync::CancellationToken;
@@ -39,9 +39,16 @@ pub struct ServeArgs {
     pub allow: Vec<IpNet>,
 }
 
-/// TEMPORARY: serves `DIR/<pool>-full.json`; replaced by the `render_full` adapter at merge.
-pub fn config_source(dir: &Path, _cluster: &ClusterConfig) -> Arc<dyn ConfigSource> {
-    Arc::new(FileSource::new(dir))
+/// Renders from `DIR/cluster.json`, `DIR/tls/` and the agent in `DIR/assets/keelson-agent`:
+/// byte-identical to `keelson render` with the same inputs.
+pub fn config_source(dir: &Path, cluster: &ClusterConfig) -> anyhow::Result<Arc<dyn ConfigSource>> {
+    let source = RenderSource::from_files(
+        cluster.clone(),
+        &dir.join("tls"),
+        &dir.join("assets").join(crate::build::AGENT_ASSET),
+    )
+    .map_err(|e| anyhow::anyhow!("{e}"))?;
+    Ok(Arc::new(source))
 }
 
 /// A configured, bound server for `args` (split from [`run`] so tests bind port 0).
@@ -74,8 +81,8 @@ pub async fn bind(args: &ServeArgs) -> anyhow::Result<keelson_ignition::server::
         allowed_networks: allowed,
         ..ServerOptions::default()
     };
-    let server =
-        IgnitionServer::from_shared(config_source(&args.dir, &cluster), assets, opts).with_tls(tls);
+    let server = IgnitionServer::from_shared(config_source(&args.dir, &cluster)?, assets, opts)
+        .with_tls(tls);
     Ok(server.bind().await?)
 }
 
@@ -188,8 +195,40 @@ mod tests {
         std::fs::write(d.join("tls/server.crt"), cert.pem()).unwrap();
         std::fs::write(d.join("tls/server.key"), key.serialize_pem()).unwrap();
         std::fs::write(d.join("assets/keelson-agent"), b"\x7fELF agent").unwrap();
-        let master = br#"{"ignition":{"version":"3.2.0"},"storage":{}}"#;
-        std::fs::write(d.join("master-full.json"), master).unwrap();
+        let cluster = ClusterConfig::from_json(CLUSTER_JSON.as_bytes()).unwrap();
+        let source = config_source(d, &cluster).unwrap();
+        let master = source
+            .config(
+                keelson_ignition::Role::Master,
+                keelson_ignition::SpecVersion::V3_2,
+            )
+            .unwrap()
+            .to_vec();
+        let master22 = source
+            .config(
+                keelson_ignition::Role::Master,
+                keelson_ignition::SpecVersion::V2_2,
+            )
+            .unwrap()
+            .to_vec();
+        // What `keelson render` prints for the same inputs.
+        let assets = keelson_ignition::render::NodeAssets {
+            ca_pem: ca.pem(),
+            server_cert_pem: cert.pem(),
+            server_key_pem: key.serialize_pem(),
+            agent_sha512: hex::encode(<sha2::Sha512 as sha2::Digest>::digest(b"\x7fELF agent")),
+            agent_url: None,
+        };
+        assert_eq!(
+            master,
+            keelson_ignition::render::render_full(
+                &cluster,
+                keelson_ignition::Role::Master,
+                keelson_ignition::SpecVersion::V3_2,
+                &assets
+            )
+            .unwrap()
+        );
 
         let args = ServeArgs {
             dir: d.to_path_buf(),
@@ -239,11 +278,11 @@ mod tests {
         })
         .await
         .unwrap();
-        assert_eq!(results[0], ("200".to_string(), master.to_vec()));
+        assert_eq!(results[0], ("200".to_string(), master.clone()));
         assert_eq!(results[1].0, "500", "bootstrap mode: worker retries");
         assert_eq!(results[2], ("200".to_string(), b"\x7fELF agent".to_vec()));
-        // No Accept version: spec 2.2.0, which the temporary file source does not hold.
-        assert_eq!(results[3].0, "500");
+        // No Accept version: spec 2.2.0, as Ignition 0.x clients expect.
+        assert_eq!(results[3], ("200".to_string(), master22));
         stop.cancel();
         task.await.unwrap().unwrap();
     }

@@ -12,6 +12,7 @@
 pub mod cluster;
 pub mod install_config;
 pub mod negotiate;
+pub mod pki;
 pub mod render;
 pub mod routes;
 pub mod server;

@@ -13,16 +13,15 @@ use bytes::Bytes;
 use keelson_ignition::Role;
 use keelson_ignition::routes::ExtraRoutes;
 use keelson_ignition::server::{
-    Assets, BoundServer, ConfigSource, FileSource, IgnitionServer, ServerOptions,
+    Assets, BoundServer, ConfigSource, IgnitionServer, RenderSource, ServerOptions,
     default_allowed_networks, tls_config_from_files,
 };
 use tokio_util::sync::CancellationToken;
 
 use crate::context::{AgentContext, Bus};
 
-/// TEMPORARY (until the renderer adapter is plugged in at merge): where [`run`] looks for
-/// `<pool>-full.json`.
-pub const TEMPORARY_CONFIG_DIR: &str = "/etc/keelson/ignition";
+/// Where the node's TLS files are (written by its Ignition config).
+pub const TLS_DIR: &str = "/etc/keelson/tls";
 
 /// Name of the asset that serves the running agent's own binary.
 pub const AGENT_ASSET: &str = "keelson-agent";
@@ -177,10 +176,13 @@ impl Drop for Running {
 
 /// Runs this subsystem until `stop` is cancelled.
 pub async fn run(ctx: AgentContext, stop: CancellationToken) -> anyhow::Result<()> {
-    // TEMPORARY: the merge plugs the renderer in here (a ConfigSource over render_full).
-    IgnitionService::new(FileSource::new(TEMPORARY_CONFIG_DIR))
-        .run(ctx, stop)
-        .await
+    // The node renders what it serves from its own cluster.json and TLS files, with the
+    // running agent as the binary masters and workers fetch.
+    let exe = std::env::current_exe().context("locating the agent's own binary")?;
+    let source =
+        RenderSource::from_files((*ctx.cluster).clone(), std::path::Path::new(TLS_DIR), &exe)
+            .map_err(|e| anyhow::anyhow!("{e}"))?;
+    IgnitionService::new(source).run(ctx, stop).await
 }
 
 #[cfg(test)]

@@ -41,7 +41,7 @@ use tokio_util::task::TaskTracker;
 
 pub use access::AccessList;
 pub use assets::{AssetError, Assets, valid_asset_name};
-pub use source::{ConfigSource, FileSource, SourceError};
+pub use source::{ConfigSource, RenderSource, SourceError};
 pub use tls::{TlsError, tls_config, tls_config_from_files};
 
 use crate::routes::ExtraRoutes;

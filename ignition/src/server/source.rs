@@ -3,7 +3,6 @@
 //! a few KB, so every request after the first is a map lookup).
 
 use std::collections::HashMap;
-use std::path::PathBuf;
 use std::sync::{Arc, RwLock};
 
 use bytes::Bytes;
@@ -64,39 +63,53 @@ impl Cache {
     }
 }
 
-/// TEMPORARY (replaced by the `render_full` adapter at merge): serves `DIR/<pool>-full.json`
-/// as written by hand or by an earlier `keelson build`, but only for the spec version the
-/// file declares in `ignition.version`: any other version is an error (500), never a config
-/// the client cannot parse.
+/// Renders configs from cluster.json and the TLS files with the same code `keelson render`
+/// uses, so a node serves exactly what the operator would render for that spec version.
 #[derive(Debug, Clone)]
-pub struct FileSource {
-    dir: PathBuf,
+pub struct RenderSource {
+    cluster: crate::ClusterConfig,
+    assets: crate::render::NodeAssets,
 }
 
-impl FileSource {
-    /// A source over `dir`.
-    pub fn new(dir: impl Into<PathBuf>) -> Self {
-        Self { dir: dir.into() }
+impl RenderSource {
+    /// A source for `cluster` with the node's `assets`.
+    pub fn new(cluster: crate::ClusterConfig, assets: crate::render::NodeAssets) -> Self {
+        Self { cluster, assets }
+    }
+
+    /// Reads the TLS files from `tls_dir` (`ca.crt`, `server.crt`, `server.key`) and hashes
+    /// `agent` (the binary served as `/assets/keelson-agent`).
+    pub fn from_files(
+        cluster: crate::ClusterConfig,
+        tls_dir: &std::path::Path,
+        agent: &std::path::Path,
+    ) -> Result<Self, SourceError> {
+        let read = |name: &str| {
+            let path = tls_dir.join(name);
+            std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))
+        };
+        let agent_bytes = std::fs::read(agent).map_err(|e| format!("{}: {e}", agent.display()))?;
+        use sha2::Digest;
+        Ok(Self::new(
+            cluster,
+            crate::render::NodeAssets {
+                ca_pem: read(crate::pki::files::CA_CERT)?,
+                server_cert_pem: read(crate::pki::files::SERVER_CERT)?,
+                server_key_pem: read(crate::pki::files::SERVER_KEY)?,
+                agent_sha512: hex::encode(sha2::Sha512::digest(&agent_bytes)),
+                agent_url: None,
+            },
+        ))
     }
 }
 
-impl ConfigSource for FileSource {
+impl ConfigSource for RenderSource {
     fn config(&self, pool: Role, spec: SpecVersion) -> Result<Bytes, SourceError> {
-        let path = self.dir.join(format!("{pool}-full.json"));
-        let bytes = std::fs::read(&path).map_err(|e| format!("{}: {e}", path.display()))?;
-        let doc: serde_json::Value = serde_json::from_slice(&bytes)
-            .map_err(|e| format!("{}: not JSON: {e}", path.display()))?;
-        let version = doc
-            .pointer("/ignition/version")
-            .and_then(|v| v.as_str())
-            .ok_or_else(|| format!("{}: ignition.version: expected a string", path.display()))?;
-        if version != spec.as_str() {
-            return Err(format!(
-                "{}: holds spec {version}, client asked for {spec} (this temporary source does not convert)",
-                path.display()
-            )
-            .into());
-        }
-        Ok(Bytes::from(bytes))
+        Ok(Bytes::from(crate::render::render_full(
+            &self.cluster,
+            pool,
+            spec,
+            &self.assets,
+        )?))
     }
 }

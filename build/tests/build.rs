@@ -1,0 +1,267 @@
+//! `keelson build`, `render`, `validate`, `vrids` as an operator runs them.
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+const KEELSON: &str = env!("CARGO_BIN_EXE_keelson");
+const EXAMPLE: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../examples/install-config.yaml"
+);
+const EXAMPLE_42: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../examples/install-config-4.2.yaml"
+);
+
+fn keelson(args: &[&str]) -> Output {
+    Command::new(KEELSON)
+        .args(args)
+        .env("SOURCE_DATE_EPOCH", "1700000000")
+        .output()
+        .unwrap()
+}
+
+fn ok(out: &Output) -> String {
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn fake_agent(dir: &Path) -> String {
+    let path = dir.join("keelson-agent");
+    std::fs::write(&path, b"\x7fELF not really an agent").unwrap();
+    path.display().to_string()
+}
+
+fn with_kernel() -> bool {
+    let found = keelson_image::kernel::KernelSource::locate(None, None).is_ok();
+    if !found {
+        assert!(
+            std::env::var("CI").is_err(),
+            "CI runs `make setup` for the kernel"
+        );
+        eprintln!("no kernel: building with --no-image");
+    }
+    found
+}
+
+#[test]
+fn two_builds_with_the_same_tls_give_the_same_sha256sums() {
+    let work = tempfile::tempdir().unwrap();
+    let agent = fake_agent(work.path());
+    let (a, b) = (work.path().join("a"), work.path().join("b"));
+    let image = with_kernel();
+    let build = |out: &Path| {
+        let mut args = vec![
+            "build", "--config", EXAMPLE, "--agent", &agent, "--quiet", "--out",
+        ];
+        let out = out.display().to_string();
+        args.push(&out);
+        if !image {
+            args.push("--no-image");
+        }
+        ok(&keelson(&args));
+    };
+    build(&a);
+    // Same tls/ in a fresh directory.
+    std::fs::create_dir_all(b.join("tls")).unwrap();
+    for f in ["ca.crt", "ca.key", "server.crt", "server.key"] {
+        std::fs::copy(a.join("tls").join(f), b.join("tls").join(f)).unwrap();
+    }
+    build(&b);
+    let sums_a = std::fs::read_to_string(a.join("SHA256SUMS")).unwrap();
+    assert_eq!(
+        sums_a,
+        std::fs::read_to_string(b.join("SHA256SUMS")).unwrap()
+    );
+    for name in [
+        "bootstrap.ign",
+        "master.ign",
+        "worker.ign",
+        "cluster.json",
+        "tls/ca.crt",
+    ] {
+        assert!(
+            sums_a.contains(&format!("  {name}\n")),
+            "{name} in SHA256SUMS"
+        );
+    }
+    if image {
+        assert!(sums_a.contains("  keelson.qcow2\n"));
+    }
+    assert!(
+        !sums_a.contains("ca.key"),
+        "the CA key is not a deliverable"
+    );
+    // `sha256sum -c` agrees.
+    let check = Command::new("sha256sum")
+        .args(["-c", "--quiet", "SHA256SUMS"])
+        .current_dir(&a)
+        .output()
+        .unwrap();
+    assert!(
+        check.status.success(),
+        "{}",
+        String::from_utf8_lossy(&check.stdout)
+    );
+    // No staging leftovers.
+    assert!(std::fs::read_dir(&a).unwrap().all(|e| {
+        !e.unwrap()
+            .file_name()
+            .to_string_lossy()
+            .starts_with(".keelson")
+    }));
+
+    // The master pointer config points at the VIP with the CA from tls/.
+    let master: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(a.join("master.ign")).unwrap()).unwrap();
+    assert_eq!(
+        master["ignition"]["config"]["merge"][0]["source"],
+        "https://10.0.0.5:22623/config/master"
+    );
+
+    // `keelson render` prints what the Ignition server over this directory serves.
+    let dir = a.display().to_string();
+    let rendered = ok(&keelson(&[
+        "render", "--config", EXAMPLE, "--role", "master", "--dir", &dir, "--agent", &agent,
+    ]));
+    let cluster =
+        keelson_ignition::ClusterConfig::from_json(&std::fs::read(a.join("cluster.json")).unwrap())
+            .unwrap();
+    let source = keelson_ignition::server::RenderSource::from_files(
+        cluster,
+        &a.join("tls"),
+        &a.join("assets/keelson-agent"),
+    )
+    .unwrap();
+    use keelson_ignition::server::ConfigSource;
+    let served = source
+        .config(
+            keelson_ignition::Role::Master,
+            keelson_ignition::SpecVersion::V3_2,
+        )
+        .unwrap();
+    assert_eq!(rendered.trim_end().as_bytes(), &served[..]);
+}
+
+#[test]
+fn the_42_era_config_builds_spec_2_2() {
+    let work = tempfile::tempdir().unwrap();
+    let agent = fake_agent(work.path());
+    let out = work.path().join("out").display().to_string();
+    ok(&keelson(&[
+        "build",
+        "--config",
+        EXAMPLE_42,
+        "--out",
+        &out,
+        "--agent",
+        &agent,
+        "--spec",
+        "2.2.0",
+        "--no-image",
+        "--quiet",
+    ]));
+    let boot: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(work.path().join("out/bootstrap.ign")).unwrap())
+            .unwrap();
+    assert_eq!(boot["ignition"]["version"], "2.2.0");
+    let worker: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(work.path().join("out/worker.ign")).unwrap())
+            .unwrap();
+    assert_eq!(
+        worker["ignition"]["config"]["append"][0]["source"],
+        "https://10.0.0.5:22623/config/worker"
+    );
+}
+
+#[test]
+fn bad_input_exits_2_names_the_field_and_writes_nothing() {
+    let work = tempfile::tempdir().unwrap();
+    let agent = fake_agent(work.path());
+    let text = std::fs::read_to_string(EXAMPLE).unwrap();
+    let cases = [
+        (
+            text.replace("replicas: 3", "replicas: three"),
+            "controlPlane.replicas: expected an integer >= 1, got \"three\"",
+        ),
+        (
+            text.replace("    - 10.0.0.7", "    - 10.0.0.5"),
+            "platform.openstack.ingressVIPs: expected a VIP different from the API VIP",
+        ),
+        (
+            text.replace("    - 10.0.0.5", "    - 10.9.0.5"),
+            "platform.openstack.apiVIPs[0]: expected an address inside the machine network",
+        ),
+        ("metadata: [".to_owned(), "not valid YAML"),
+    ];
+    for (i, (yaml, message)) in cases.iter().enumerate() {
+        let config = work.path().join(format!("bad{i}.yaml"));
+        std::fs::write(&config, yaml).unwrap();
+        let config = config.display().to_string();
+        let out_dir = work.path().join(format!("out{i}"));
+        let out = out_dir.display().to_string();
+        for args in [
+            vec!["validate", "--config", &config],
+            vec![
+                "build",
+                "--config",
+                &config,
+                "--out",
+                &out,
+                "--agent",
+                &agent,
+                "--no-image",
+            ],
+        ] {
+            let result = keelson(&args);
+            assert_eq!(result.status.code(), Some(2), "{args:?}");
+            let err = String::from_utf8_lossy(&result.stderr);
+            assert!(
+                err.contains(message) && err.contains(&config),
+                "{args:?}: {err}"
+            );
+        }
+        assert!(
+            !out_dir.exists() || std::fs::read_dir(&out_dir).unwrap().next().is_none(),
+            "nothing written"
+        );
+    }
+    let spec = keelson(&[
+        "build", "--config", EXAMPLE, "--out", "/tmp/x", "--spec", "9.9.9",
+    ]);
+    assert_eq!(spec.status.code(), Some(2));
+    // A missing agent: a clear error and nothing half-written.
+    let out = work.path().join("noagent");
+    let result = keelson(&[
+        "build",
+        "--config",
+        EXAMPLE,
+        "--out",
+        &out.display().to_string(),
+        "--agent",
+        "/nonexistent/agent",
+        "--no-image",
+    ]);
+    assert_eq!(result.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&result.stderr).contains("/nonexistent/agent"));
+}
+
+#[test]
+fn vrids_and_validate_print_what_they_derived() {
+    let out = ok(&keelson(&["vrids", "--config", EXAMPLE]));
+    let (api, ingress) = keelson_ignition::cluster::default_vrids("ocp4");
+    assert!(out.contains(&format!("api         vrid {api:>3}")), "{out}");
+    assert!(
+        out.contains(&format!("ingress     vrid {ingress:>3}")),
+        "{out}"
+    );
+    let out = ok(&keelson(&["validate", "--config", EXAMPLE_42]));
+    assert!(
+        out.contains("ocp4.osd2019.local") && out.contains("valid"),
+        "{out}"
+    );
+}
