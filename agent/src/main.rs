@@ -1,7 +1,7 @@
 //! `keelson-agent`: PID 1 in the appliance image, or a service on RHCOS.
 
 use clap::{Parser, Subcommand};
-use keelson_agent::{dns, members, proxy, run};
+use keelson_agent::{dns, members, proxy, run, vrrp};
 
 #[derive(Debug, Parser)]
 #[command(name = "keelson-agent", version, about = "keelson node agent")]
@@ -21,6 +21,9 @@ enum Command {
     /// Run member discovery alone, printing the member list (tests, debugging).
     #[command(hide = true)]
     Members(members::MembersArgs),
+    /// Run VRRP and its health checks alone, printing the VRRP status (tests, debugging).
+    #[command(hide = true)]
+    Vrrp(vrrp::VrrpArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -38,6 +41,7 @@ fn main() -> anyhow::Result<()> {
             Command::Proxy(args) => proxy::cli(args).await,
             Command::Dns(args) => dns::cli(args).await,
             Command::Members(args) => members::cli(args).await,
+            Command::Vrrp(args) => vrrp::cli(args).await,
         }
     })
 }

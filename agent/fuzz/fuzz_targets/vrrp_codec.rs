@@ -1,5 +1,6 @@
-//! Fuzzes the VRRP codec: parsing never panics, and whatever parses re-encodes to the
-//! same bytes (the codec is exact: no field is ignored). Run with
+//! Fuzzes the VRRP codec: parsing never panics, and whatever parses re-encodes to bytes
+//! that parse to the same advert (reserved bits and v2 auth data with auth_type 0 are not
+//! kept, so the bytes themselves may differ). Run with
 //! `cd agent/fuzz && cargo +nightly fuzz run vrrp_codec`.
 #![no_main]
 
@@ -19,6 +20,6 @@ fuzz_target!(|data: &[u8]| {
     };
     if let Ok(advert) = parse(bytes, src, dst) {
         let again = encode(&advert, src, dst).expect("a parsed advert encodes");
-        assert_eq!(again, bytes, "parse/encode is exact");
+        assert_eq!(parse(&again, src, dst), Ok(advert), "round trip");
     }
 });

@@ -177,9 +177,8 @@ pub fn parse(bytes: &[u8], src: IpAddr, dst: IpAddr) -> Result<Advert, CodecErro
         return Err(CodecError::NoAddresses);
     }
     let alen = addr_len(v6);
-    let expected = HEADER_LEN
-        + usize::from(count) * alen
-        + if version == Version::V2 { AUTH_LEN } else { 0 };
+    let expected =
+        HEADER_LEN + usize::from(count) * alen + if version == Version::V2 { AUTH_LEN } else { 0 };
     if bytes.len() < expected {
         return Err(CodecError::Short {
             len: bytes.len(),
@@ -218,7 +217,10 @@ pub fn parse(bytes: &[u8], src: IpAddr, dst: IpAddr) -> Result<Advert, CodecErro
             };
             (u16::from(bytes[5]) * 100, auth)
         }
-        Version::V3 => (u16::from_be_bytes([bytes[4], bytes[5]]) & 0x0fff, Auth::None),
+        Version::V3 => (
+            u16::from_be_bytes([bytes[4], bytes[5]]) & 0x0fff,
+            Auth::None,
+        ),
     };
     if interval_cs == 0 {
         return Err(CodecError::ZeroInterval);
@@ -372,8 +374,7 @@ mod tests {
     #[test]
     fn parses_keepalived_v2_pass() {
         let mut pkt = vec![
-            0x21, 51, 100, 1, 1, 1, 0, 0, 192, 168, 1, 10, b's', b'e', b'c', b'r', b'e', b't', 0,
-            0,
+            0x21, 51, 100, 1, 1, 1, 0, 0, 192, 168, 1, 10, b's', b'e', b'c', b'r', b'e', b't', 0, 0,
         ];
         let sum = checksum(&[&pkt], usize::MAX);
         pkt[6..8].copy_from_slice(&sum.to_be_bytes());
