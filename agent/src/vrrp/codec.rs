@@ -272,7 +272,7 @@ pub fn encode(advert: &Advert, src: IpAddr, dst: IpAddr) -> Result<Vec<u8>, Enco
     match advert.version {
         Version::V2 => {
             let secs = advert.interval_cs / 100;
-            if advert.interval_cs % 100 != 0 || secs == 0 || secs > 255 {
+            if !advert.interval_cs.is_multiple_of(100) || secs == 0 || secs > 255 {
                 return Err(EncodeError::Interval(advert.interval_cs));
             }
             out.push(match advert.auth {

@@ -56,6 +56,8 @@ impl VrrpSocket {
         let v6 = src.is_ipv6();
         let recv = raw(v6, iface)?;
         let send = raw(v6, iface)?;
+        // Bursts (many routers, or junk) must not overflow the queue between two reads.
+        recv.set_recv_buffer_size(1 << 20)?;
         // Nobody reads the send socket; keep what piles up in it small.
         send.set_recv_buffer_size(1)?;
         match src {
