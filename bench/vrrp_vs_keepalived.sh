@@ -3,9 +3,11 @@
 #
 # Topology: two namespaces on a bridge (a third namespace). Node A holds the VIP
 # (priority 250), node B is the backup (priority 200); VRRPv3 multicast, same advert
-# interval for both implementations. A "dies": every process in its namespace gets
-# SIGKILL (no priority-0 advert, so B must wait Master_Down = 3 * interval + skew) and
-# we time until the VIP is on B's eth0 (polling `ip addr`, a few ms per poll).
+# interval for both implementations. A "dies": its link is cut on the bridge side, then
+# every process in its namespace is stopped and killed (so no priority-0 advert escapes:
+# keepalived's VRRP child would otherwise catch its parent's death and send one), and B
+# must wait Master_Down = 3 * interval + skew. We time from the cut until the VIP is on
+# B's eth0 (polling `ip addr`, a few ms per poll).
 # Rounds alternate keelson / keepalived; we print every run and the medians.
 #
 # Usage (root): bench/vrrp_vs_keepalived.sh [runs=5] [intervals_ms="1000 100"]
@@ -27,9 +29,10 @@ WORK=$(mktemp -d)
 [ -x "$AGENT" ] || { echo "build first: cargo build -p keelson-agent ($AGENT)" >&2; exit 1; }
 command -v keepalived >/dev/null || { echo "keepalived not installed" >&2; exit 1; }
 
-kill_ns() { # every process in namespace $1
+kill_ns() { # every process in namespace $1: stop all first, so none reacts to another's death
     local pids
     pids=$(ip netns pids "$1" 2>/dev/null || true)
+    [ -z "$pids" ] || kill -STOP $pids 2>/dev/null || true
     [ -z "$pids" ] || kill -9 $pids 2>/dev/null || true
 }
 cleanup() {
@@ -64,7 +67,7 @@ holds() { ip -n "$1" -o addr show dev eth0 | grep -q " $VIP/"; }
 now_ms() { echo $(($(date +%s%N) / 1000000)); }
 
 start_keelson() { # ns role ip interval_ms
-    cat >"$WORK/cluster.json" <<EOF
+    cat >"$WORK/cluster-$1.json" <<EOF
 {"version":1,"name":"kvr","baseDomain":"example.com","machineNetworks":["10.69.0.0/24"],
  "apiVips":[],"ingressVips":[],
  "vrrp":{"instances":[{"name":"api","vip":"$VIP","vrid":69,"version":"3","advertIntervalMs":$4,
@@ -77,7 +80,7 @@ start_keelson() { # ns role ip interval_ms
  "members":{"transport":"mdns","renewIntervalSecs":2,"expirySecs":6}}
 EOF
     echo "{\"name\":\"$1\",\"role\":\"$2\",\"interface\":\"eth0\",\"addresses\":[\"$3/24\"]}" >"$WORK/node-$1.json"
-    ip netns exec "$1" "$AGENT" vrrp --cluster "$WORK/cluster.json" --node "$WORK/node-$1.json" \
+    ip netns exec "$1" "$AGENT" vrrp --cluster "$WORK/cluster-$1.json" --node "$WORK/node-$1.json" \
         >/dev/null 2>"$WORK/log-$1" &
 }
 
@@ -123,6 +126,7 @@ one_run() { # impl interval_ms -> prints failover ms
     # Let B hear a few adverts from A (so it runs on A's Master_Down timer).
     sleep "$(awk "BEGIN{print 5*$iv/1000}")"
     t0=$(now_ms)
+    ip -n $BR link set ${P}10 down
     kill_ns $A
     until holds $B; do :; done
     t1=$(now_ms)

@@ -292,3 +292,67 @@ fn malformed_packets_are_dropped_counted_and_harmless() {
         "{st}"
     );
 }
+
+fn neighbour(seg: &Segment, i: usize, addr: &str) -> Option<String> {
+    let out = Command::new("ip")
+        .args(["-n", &seg.nodes[i], "neigh", "show", addr, "dev", "eth0"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    let mut words = text.split_whitespace();
+    words.find(|w| *w == "lladdr")?;
+    words.next().map(str::to_string)
+}
+
+fn wait_neighbour(seg: &Segment, i: usize, addr: &str, mac: &str, limit: Duration) {
+    let t = Instant::now();
+    while neighbour(seg, i, addr).as_deref() != Some(mac) {
+        assert!(
+            t.elapsed() < limit,
+            "{addr}: node {i} never learned {mac} (has {:?})",
+            neighbour(seg, i, addr)
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn gratuitous_arp_and_unsolicited_na_reach_the_segment_and_repeat() {
+    if skip() {
+        return;
+    }
+    let seg = Segment::new("kvr-g", 2, 67);
+    // Let node 1 create neighbour entries from unsolicited announcements.
+    for k in ["net.ipv4.conf.eth0.arp_accept=1", "net.ipv6.conf.eth0.accept_untracked_na=1"] {
+        sh(&["ip", "netns", "exec", &seg.nodes[1], "sysctl", "-qw", k]);
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let vip4 = seg.vip4(100);
+    let vip6 = "fd43::100".to_string();
+    let mut i4 = instance("api", &vip4, 50);
+    let mut i6 = instance("api-v6", &vip6, 51);
+    i4["garpRefreshSecs"] = 1.into();
+    i6["garpRefreshSecs"] = 1.into();
+    let cluster = cluster_json(serde_json::json!([i4, i6]));
+    let out = Command::new("ip")
+        .args(["-n", &seg.nodes[0], "-o", "link", "show", "eth0"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    let mut words = text.split_whitespace();
+    words.find(|w| *w == "link/ether").unwrap();
+    let mac0 = words.next().unwrap().to_string();
+
+    let agent = start_agent(&seg, dir.path(), &cluster, 0, "master");
+    seg.wait_sole_holder(0, &vip4, Duration::from_secs(5));
+    seg.wait_sole_holder(0, &vip6, Duration::from_secs(5));
+    wait_neighbour(&seg, 1, &vip4, &mac0, Duration::from_secs(2));
+    wait_neighbour(&seg, 1, &vip6, &mac0, Duration::from_secs(2));
+    // Forget them: the 1 s refresh teaches them again.
+    sh(&["ip", "-n", &seg.nodes[1], "neigh", "flush", "dev", "eth0"]);
+    assert_eq!(neighbour(&seg, 1, &vip4), None);
+    wait_neighbour(&seg, 1, &vip4, &mac0, Duration::from_millis(2500));
+    wait_neighbour(&seg, 1, &vip6, &mac0, Duration::from_millis(2500));
+    let n = agent.instance("api")["counters"]["announcements"].as_u64().unwrap();
+    assert!(n >= 2, "initial announcement plus at least one refresh: {n}");
+}

@@ -16,11 +16,12 @@ enum Mode {
     V3Multicast,
     V2Pass,
     V3Unicast,
+    V6Multicast,
 }
 
 fn keepalived_conf(seg: &Segment, mode: Mode, vip: &str, vrid: u8, prio: u8) -> String {
     let (version, advert, auth, unicast) = match mode {
-        Mode::V3Multicast => (3, "0.1", String::new(), String::new()),
+        Mode::V3Multicast | Mode::V6Multicast => (3, "0.1", String::new(), String::new()),
         Mode::V3Unicast => (
             3,
             "0.1",
@@ -43,7 +44,8 @@ fn keepalived_conf(seg: &Segment, mode: Mode, vip: &str, vrid: u8, prio: u8) -> 
         "global_defs {{\n    router_id kvr-ka\n    vrrp_garp_master_delay 0\n}}\n\
          vrrp_instance api {{\n    state BACKUP\n    interface eth0\n    version {version}\n    \
          virtual_router_id {vrid}\n    priority {prio}\n    advert_int {advert}\n    \
-         {auth}\n    {unicast}\n    virtual_ipaddress {{\n        {vip}/32 dev eth0\n    }}\n}}\n"
+         {auth}\n    {unicast}\n    virtual_ipaddress {{\n        {vip}/{plen} dev eth0\n    }}\n}}\n",
+        plen = if vip.contains(':') { 128 } else { 32 }
     )
 }
 
@@ -54,7 +56,7 @@ fn ip(cidr: &str) -> &str {
 fn keelson_instance(seg: &Segment, mode: Mode, vip: &str, vrid: u8) -> serde_json::Value {
     let mut inst = instance("api", vip, vrid);
     match mode {
-        Mode::V3Multicast => {}
+        Mode::V3Multicast | Mode::V6Multicast => {}
         Mode::V2Pass => {
             inst["version"] = "2".into();
             inst["advertIntervalMs"] = 1000.into();
@@ -73,7 +75,10 @@ fn keelson_instance(seg: &Segment, mode: Mode, vip: &str, vrid: u8) -> serde_jso
 fn scenario(prefix: &str, subnet: u8, mode: Mode) {
     let seg = Segment::new(prefix, 3, subnet);
     let dir = tempfile::tempdir().unwrap();
-    let vip = seg.vip4(100);
+    let vip = match mode {
+        Mode::V6Multicast => format!("fd{subnet:02x}::100"),
+        _ => seg.vip4(100),
+    };
     let vrid = 40 + subnet % 50;
     let interval_ms = match mode {
         Mode::V2Pass => 1000,
@@ -93,7 +98,12 @@ fn scenario(prefix: &str, subnet: u8, mode: Mode) {
     seg.assert_stable(2, &vip, Duration::from_millis(3 * interval_ms));
     let st = a0.instance("api");
     assert_eq!(st["state"], "backup", "{st}");
-    assert_eq!(st["master"], ip(&seg.v4(2)), "{st}");
+    let master = st["master"].as_str().unwrap_or_default().to_string();
+    match mode {
+        // keepalived advertises from its link-local address, as RFC 5798 wants.
+        Mode::V6Multicast => assert!(master.starts_with("fe80:"), "{st}"),
+        _ => assert_eq!(master, ip(&seg.v4(2)), "{st}"),
+    }
     assert_eq!(st["masterPriority"], 100, "{st}");
 
     // 2. keepalived stops (priority 0): keelson node 0 (70) takes over.
@@ -162,4 +172,12 @@ fn keepalived_interop_v3_unicast() {
         return;
     }
     scenario("kvr-ku", 66, Mode::V3Unicast);
+}
+
+#[test]
+fn keepalived_interop_v6_multicast() {
+    if skip() || !have_keepalived() {
+        return;
+    }
+    scenario("kvr-k6", 68, Mode::V6Multicast);
 }

@@ -13,7 +13,6 @@ pub mod socket;
 pub mod vip;
 
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
@@ -23,7 +22,7 @@ use crate::context::AgentContext;
 
 /// The instances this node takes part in, resolved against its identity: those whose
 /// priorities name this node's role and whose VIP family the node has an address in.
-pub fn specs(ctx: &AgentContext) -> anyhow::Result<Vec<instance::Spec>> {
+pub async fn specs(ctx: &AgentContext) -> anyhow::Result<Vec<instance::Spec>> {
     let node = &ctx.node;
     let mut out = Vec::new();
     for cfg in &ctx.cluster.vrrp.instances {
@@ -45,6 +44,7 @@ pub fn specs(ctx: &AgentContext) -> anyhow::Result<Vec<instance::Spec>> {
         let primary = if v6 && cfg.transport == keelson_ignition::cluster::VrrpTransport::Multicast
         {
             let ll = wait_link_local(&node.interface)
+                .await
                 .with_context(|| format!("vrrp {}: link-local address", cfg.name))?;
             own.push(ll.into());
             ll.into()
@@ -62,13 +62,13 @@ pub fn specs(ctx: &AgentContext) -> anyhow::Result<Vec<instance::Spec>> {
     Ok(out)
 }
 
-fn wait_link_local(iface: &str) -> anyhow::Result<std::net::Ipv6Addr> {
+async fn wait_link_local(iface: &str) -> anyhow::Result<std::net::Ipv6Addr> {
     // DAD takes about a second after the link comes up.
     for _ in 0..50 {
         if let Some(ll) = vip::link_local(iface) {
             return Ok(ll);
         }
-        std::thread::sleep(Duration::from_millis(100));
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
     anyhow::bail!("{iface} has no usable IPv6 link-local address")
 }
@@ -76,7 +76,7 @@ fn wait_link_local(iface: &str) -> anyhow::Result<std::net::Ipv6Addr> {
 /// Runs every VRRP instance of this node until `stop` is cancelled; then each master sends
 /// priority 0 and every VIP is removed.
 pub async fn run(ctx: AgentContext, stop: CancellationToken) -> anyhow::Result<()> {
-    let specs = specs(&ctx)?;
+    let specs = specs(&ctx).await?;
     let status = instance::StatusMap::default();
     let mut tasks = tokio::task::JoinSet::new();
     for spec in specs {
@@ -162,9 +162,8 @@ pub async fn cli(args: VrrpArgs) -> anyhow::Result<()> {
             stop.cancel();
         })
     };
-    let res = run(ctx.clone(), stop).await;
+    let res = run(ctx, stop).await;
     signals.abort();
     printer.abort();
-    let _ = Arc::clone(&ctx.bus);
     res
 }
