@@ -1,7 +1,7 @@
 //! `keelson-agent`: PID 1 in the appliance image, or a service on RHCOS.
 
 use clap::{Parser, Subcommand};
-use keelson_agent::{dns, members, metadata, proxy, run, status};
+use keelson_agent::{dns, members, metadata, proxy, run, status, vrrp};
 
 #[derive(Debug, Parser)]
 #[command(name = "keelson-agent", version, about = "keelson node agent")]
@@ -25,6 +25,9 @@ enum Command {
     /// Run member discovery alone, printing the member list (tests, debugging).
     #[command(hide = true)]
     Members(members::MembersArgs),
+    /// Run VRRP and its health checks alone, printing the VRRP status (tests, debugging).
+    #[command(hide = true)]
+    Vrrp(vrrp::VrrpArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -48,6 +51,7 @@ fn main() -> anyhow::Result<()> {
             Command::Proxy(args) => proxy::cli(args).await,
             Command::Dns(args) => dns::cli(args).await,
             Command::Members(args) => members::cli(args).await,
+            Command::Vrrp(args) => vrrp::cli(args).await,
         }
     })
 }

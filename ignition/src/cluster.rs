@@ -228,7 +228,12 @@ pub struct HealthCheckConfig {
 
 /// The kinds of health check.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "type", rename_all = "camelCase", deny_unknown_fields)]
+#[serde(
+    tag = "type",
+    rename_all = "camelCase",
+    rename_all_fields = "camelCase",
+    deny_unknown_fields
+)]
 pub enum HealthCheckKind {
     /// A TCP connect to `address` succeeds.
     Tcp {
@@ -522,6 +527,23 @@ mod tests {
         // "ab": sum1 = 97 % 15 = 7, sum2 = 7; then sum1 = (7+98)%15 = 0, sum2 = 7.
         assert_eq!(fletcher8("ab"), 0x70);
         assert_eq!(fletcher8(""), 0);
+    }
+
+    #[test]
+    fn health_check_fields_are_camel_case() {
+        let k: HealthCheckKind = serde_json::from_str(
+            r#"{"type":"http","url":"https://127.0.0.1:6443/readyz","expectStatus":200}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            k,
+            HealthCheckKind::Http {
+                url: "https://127.0.0.1:6443/readyz".into(),
+                expect_status: 200
+            }
+        );
+        let k: HealthCheckKind = serde_json::from_str(r#"{"type":"proxyHealthyBackend"}"#).unwrap();
+        assert_eq!(k, HealthCheckKind::ProxyHealthyBackend);
     }
 
     #[test]

@@ -1,9 +1,190 @@
-//! Health checks whose results move VRRP priorities (DESIGN §4.3).
+//! Health checks whose results move VRRP priorities (DESIGN §4.3), like keepalived's
+//! `track_script` but in-process: TCP connect, HTTP(S) GET expecting a status (HTTPS
+//! without certificate verification), "the local proxy has a healthy backend" and "the
+//! local Ignition server runs" (both read from the bus).
+//!
+//! Each check has an interval, rise and fall; it starts failing (a node does not claim
+//! weight it has not shown) and its state is published on a watch channel from which the
+//! VRRP instance sums the weights of passing checks.
 
-/// Runs this subsystem until `stop` is cancelled.
-pub async fn run(
-    _ctx: crate::context::AgentContext,
-    _stop: tokio_util::sync::CancellationToken,
-) -> anyhow::Result<()> {
-    anyhow::bail!("health is not implemented yet")
+use std::sync::Arc;
+use std::time::Duration;
+
+use keelson_ignition::cluster::{HealthCheckConfig, HealthCheckKind};
+use serde::Serialize;
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+use crate::context::Bus;
+
+mod http;
+
+/// Rise/fall hysteresis of one check (pure).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RiseFall {
+    rise: u32,
+    fall: u32,
+    passing: bool,
+    streak: u32,
+}
+
+impl RiseFall {
+    /// A failing check that needs `rise` successes to pass and then `fall` failures to fail.
+    pub fn new(rise: u32, fall: u32) -> Self {
+        Self {
+            rise: rise.max(1),
+            fall: fall.max(1),
+            passing: false,
+            streak: 0,
+        }
+    }
+
+    /// Whether the check passes now.
+    pub fn passing(&self) -> bool {
+        self.passing
+    }
+
+    /// Records one probe result; returns whether the passing state changed.
+    pub fn record(&mut self, ok: bool) -> bool {
+        if ok == self.passing {
+            self.streak = 0;
+            return false;
+        }
+        self.streak += 1;
+        let need = if self.passing { self.fall } else { self.rise };
+        if self.streak >= need {
+            self.passing = ok;
+            self.streak = 0;
+            true
+        } else {
+            false
+        }
+    }
+}
+
+/// The state of one check, as published.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CheckState {
+    /// Check name.
+    pub name: String,
+    /// Whether it passes.
+    pub passing: bool,
+    /// Its weight.
+    pub weight: i32,
+}
+
+/// Sum of the weights of passing checks.
+pub fn weight(states: &[CheckState]) -> i32 {
+    states.iter().filter(|s| s.passing).map(|s| s.weight).sum()
+}
+
+/// Runs one probe; `true` when healthy. Never panics, never waits past `timeout`.
+pub async fn probe(kind: &HealthCheckKind, bus: &Bus, timeout: Duration) -> bool {
+    match kind {
+        HealthCheckKind::Tcp { address } => {
+            matches!(
+                tokio::time::timeout(timeout, tokio::net::TcpStream::connect(address)).await,
+                Ok(Ok(_))
+            )
+        }
+        HealthCheckKind::Http { url, expect_status } => {
+            match tokio::time::timeout(timeout, http::get_status(url)).await {
+                Ok(Ok(status)) => status == *expect_status,
+                Ok(Err(e)) => {
+                    tracing::debug!("health GET {url}: {e}");
+                    false
+                }
+                Err(_) => false,
+            }
+        }
+        HealthCheckKind::ProxyHealthyBackend => *bus.proxy_healthy.borrow(),
+        HealthCheckKind::IgnitionServer => *bus.ignition_running.borrow(),
+    }
+}
+
+/// Starts one task per check; returns the channel carrying all their states (in config
+/// order). Tasks end when `stop` is cancelled.
+pub fn spawn(
+    checks: &[HealthCheckConfig],
+    bus: Arc<Bus>,
+    stop: CancellationToken,
+) -> watch::Receiver<Vec<CheckState>> {
+    let initial: Vec<CheckState> = checks
+        .iter()
+        .map(|c| CheckState {
+            name: c.name.clone(),
+            passing: false,
+            weight: c.weight,
+        })
+        .collect();
+    let (tx, rx) = watch::channel(initial);
+    let tx = Arc::new(tx);
+    for (i, check) in checks.iter().cloned().enumerate() {
+        let tx = tx.clone();
+        let bus = bus.clone();
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            let interval = Duration::from_millis(u64::from(check.interval_ms.max(1)));
+            // A probe may take up to the interval, at least 1 s (TLS in a loaded box), at
+            // most 5 s.
+            let timeout = interval.clamp(Duration::from_secs(1), Duration::from_secs(5));
+            let mut rf = RiseFall::new(check.rise, check.fall);
+            let mut tick = tokio::time::interval(interval);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tokio::select! {
+                    _ = stop.cancelled() => return,
+                    _ = tick.tick() => {}
+                }
+                let ok = tokio::select! {
+                    _ = stop.cancelled() => return,
+                    ok = probe(&check.check, &bus, timeout) => ok,
+                };
+                if rf.record(ok) {
+                    tracing::info!(
+                        "health check {}: {}",
+                        check.name,
+                        if rf.passing() { "passing" } else { "failing" }
+                    );
+                    tx.send_modify(|v| v[i].passing = rf.passing());
+                }
+            }
+        });
+    }
+    rx
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rise_and_fall() {
+        let mut rf = RiseFall::new(2, 3);
+        assert!(!rf.passing());
+        assert!(!rf.record(true));
+        assert!(!rf.record(false), "a failure resets the rise streak");
+        assert!(!rf.record(true));
+        assert!(rf.record(true));
+        assert!(rf.passing());
+        assert!(!rf.record(false));
+        assert!(!rf.record(false));
+        assert!(!rf.record(true), "a success resets the fall streak");
+        assert!(!rf.record(false));
+        assert!(!rf.record(false));
+        assert!(rf.record(false));
+        assert!(!rf.passing());
+    }
+
+    #[test]
+    fn weights_of_passing_checks_add() {
+        let s = |passing, weight| CheckState {
+            name: "c".into(),
+            passing,
+            weight,
+        };
+        assert_eq!(weight(&[s(true, 50), s(false, 20), s(true, -5)]), 45);
+        assert_eq!(weight(&[]), 0);
+    }
 }

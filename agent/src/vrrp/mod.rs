@@ -1,9 +1,169 @@
-//! VRRP (RFC 5798 v3, RFC 3768 v2): codecs, state machine, sockets, GARP / unsolicited NA.
+//! VRRP (RFC 5798 v3, RFC 3768 v2) keepalived-compatible virtual IPs (DESIGN §4.3).
+//!
+//! - [`codec`]: advertisement parse/encode (pure).
+//! - [`fsm`]: the RFC state machine with a caller-supplied clock (pure).
+//! - [`socket`], [`vip`], [`announce`]: raw sockets, netlink, GARP / unsolicited NA.
+//! - [`instance`]: one virtual router wiring them together, with health weights.
 
-/// Runs this subsystem until `stop` is cancelled.
-pub async fn run(
-    _ctx: crate::context::AgentContext,
-    _stop: tokio_util::sync::CancellationToken,
-) -> anyhow::Result<()> {
-    anyhow::bail!("vrrp is not implemented yet")
+pub mod announce;
+pub mod codec;
+pub mod fsm;
+pub mod instance;
+pub mod socket;
+pub mod vip;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use tokio_util::sync::CancellationToken;
+
+use crate::context::AgentContext;
+
+/// The instances this node takes part in, resolved against its identity: those whose
+/// priorities name this node's role and whose VIP family the node has an address in.
+pub async fn specs(ctx: &AgentContext) -> anyhow::Result<Vec<instance::Spec>> {
+    let node = &ctx.node;
+    let mut out = Vec::new();
+    for cfg in &ctx.cluster.vrrp.instances {
+        let Some(base) = cfg.priorities.for_role(node.role) else {
+            continue;
+        };
+        let v6 = cfg.vip.is_ipv6();
+        let Some(addr) = node.address(v6) else {
+            tracing::warn!(
+                "vrrp {}: node has no {} address on {}; skipping",
+                cfg.name,
+                if v6 { "IPv6" } else { "IPv4" },
+                node.interface
+            );
+            continue;
+        };
+        let mut own: Vec<std::net::IpAddr> = node.addresses.iter().map(|n| n.addr()).collect();
+        // RFC 5798 §5.1.2.1: IPv6 multicast adverts come from the link-local address.
+        let primary = if v6 && cfg.transport == keelson_ignition::cluster::VrrpTransport::Multicast
+        {
+            let ll = wait_link_local(&node.interface)
+                .await
+                .with_context(|| format!("vrrp {}: link-local address", cfg.name))?;
+            own.push(ll.into());
+            ll.into()
+        } else {
+            addr
+        };
+        out.push(instance::Spec {
+            config: cfg.clone(),
+            base,
+            iface: node.interface.clone(),
+            primary,
+            own,
+        });
+    }
+    Ok(out)
+}
+
+async fn wait_link_local(iface: &str) -> anyhow::Result<std::net::Ipv6Addr> {
+    // DAD takes about a second after the link comes up.
+    for _ in 0..50 {
+        if let Some(ll) = vip::link_local(iface) {
+            return Ok(ll);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    anyhow::bail!("{iface} has no usable IPv6 link-local address")
+}
+
+/// Runs every VRRP instance of this node until `stop` is cancelled; then each master sends
+/// priority 0 and every VIP is removed.
+pub async fn run(ctx: AgentContext, stop: CancellationToken) -> anyhow::Result<()> {
+    let specs = specs(&ctx).await?;
+    let status = instance::StatusMap::default();
+    let mut tasks = tokio::task::JoinSet::new();
+    for spec in specs {
+        let name = spec.config.name.clone();
+        let (ctx, status, stop) = (ctx.clone(), status.clone(), stop.clone());
+        tasks.spawn(async move {
+            instance::run(spec, ctx, status, stop)
+                .await
+                .with_context(|| format!("vrrp instance {name}"))
+        });
+    }
+    ctx.bus.mark_ready("vrrp");
+    let mut result = Ok(());
+    while let Some(res) = tasks.join_next().await {
+        match res {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                // One failing instance stops the others (they clean up), and the
+                // supervisor restarts us.
+                stop.cancel();
+                if result.is_ok() {
+                    result = Err(e);
+                }
+            }
+            Err(e) => {
+                stop.cancel();
+                if result.is_ok() {
+                    result = Err(anyhow::anyhow!("vrrp instance task: {e}"));
+                }
+            }
+        }
+    }
+    result
+}
+
+/// Arguments of the hidden `keelson-agent vrrp` subcommand.
+#[derive(Debug, clap::Args)]
+pub struct VrrpArgs {
+    /// cluster.json.
+    #[arg(long)]
+    pub cluster: PathBuf,
+    /// node.json.
+    #[arg(long)]
+    pub node: PathBuf,
+}
+
+/// Runs `keelson-agent vrrp`: VRRP and its health checks alone, printing the `vrrp`
+/// status as one JSON line on stdout whenever it changes (tests, debugging). SIGTERM or
+/// SIGINT stop it cleanly (priority 0, VIPs removed).
+pub async fn cli(args: VrrpArgs) -> anyhow::Result<()> {
+    let bytes = std::fs::read(&args.cluster)
+        .with_context(|| format!("reading {}", args.cluster.display()))?;
+    let cluster = keelson_ignition::ClusterConfig::from_json(&bytes)?;
+    let node = crate::node::NodeIdentity::load(&args.node)?;
+    let ctx = AgentContext::new(cluster, node);
+    let stop = CancellationToken::new();
+    let mut status = ctx.bus.status.subscribe();
+    let printer = tokio::spawn(async move {
+        while status.changed().await.is_ok() {
+            let line = status
+                .borrow_and_update()
+                .get("vrrp")
+                .map(|v| v.to_string());
+            if let Some(line) = line {
+                println!("{line}");
+            }
+        }
+    });
+    let signals = {
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            use tokio::signal::unix::{SignalKind, signal};
+            let (Ok(mut term), Ok(mut int)) = (
+                signal(SignalKind::terminate()),
+                signal(SignalKind::interrupt()),
+            ) else {
+                return;
+            };
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = int.recv() => {}
+            }
+            stop.cancel();
+        })
+    };
+    let res = run(ctx, stop).await;
+    signals.abort();
+    printer.abort();
+    res
 }

@@ -1,0 +1,498 @@
+//! The VRRP state machine of RFC 5798 §6.4 (which RFC 3768 §6.4 matches apart from units),
+//! pure: time is a [`Duration`] since any fixed origin that the caller passes in, and the
+//! machine answers with [`Action`]s for the I/O layer. No sockets, no clocks, no netlink.
+
+use std::net::IpAddr;
+use std::time::Duration;
+
+use super::codec::Advert;
+
+/// The three RFC states.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum State {
+    /// Not started, or stopped.
+    Initialize,
+    /// Listening to a master.
+    Backup,
+    /// Holding the VIP and advertising.
+    Master,
+}
+
+/// What the I/O layer must do, in order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Action {
+    /// Send an advertisement with this priority (0 when leaving).
+    SendAdvert {
+        /// Priority to put in the packet.
+        priority: u8,
+    },
+    /// Add the VIP to the interface.
+    AddVip,
+    /// Remove the VIP from the interface.
+    RemoveVip,
+    /// Send gratuitous ARP (IPv4) / unsolicited neighbour advertisement (IPv6) for the VIP.
+    Announce,
+}
+
+/// Fixed parameters of one virtual router.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Params {
+    /// Our own advertisement interval, centiseconds.
+    pub interval_cs: u16,
+    /// Whether a higher-priority backup preempts a lower-priority master.
+    pub preempt: bool,
+    /// Our primary address (source of our adverts; tie-breaks equal priorities).
+    pub primary: IpAddr,
+}
+
+/// One virtual router's state machine.
+#[derive(Debug, Clone)]
+pub struct Machine {
+    params: Params,
+    state: State,
+    priority: u8,
+    /// Master_Adver_Interval: the interval learned from the current master.
+    master_interval_cs: u16,
+    master_down_at: Option<Duration>,
+    adver_at: Option<Duration>,
+    /// Address and priority of the master we last heard (ourselves when master).
+    master: Option<(IpAddr, u8)>,
+    transitions: u64,
+}
+
+fn cs(c: u64) -> Duration {
+    Duration::from_millis(c * 10)
+}
+
+impl Machine {
+    /// A machine in Initialize with effective `priority` (1..=255).
+    pub fn new(params: Params, priority: u8) -> Self {
+        Self {
+            master_interval_cs: params.interval_cs,
+            params,
+            state: State::Initialize,
+            priority: priority.max(1),
+            master_down_at: None,
+            adver_at: None,
+            master: None,
+            transitions: 0,
+        }
+    }
+
+    /// Current state.
+    pub fn state(&self) -> State {
+        self.state
+    }
+
+    /// Current effective priority.
+    pub fn priority(&self) -> u8 {
+        self.priority
+    }
+
+    /// The master we last heard from (or ourselves), with its priority.
+    pub fn master(&self) -> Option<(IpAddr, u8)> {
+        self.master
+    }
+
+    /// How many times the state changed.
+    pub fn transitions(&self) -> u64 {
+        self.transitions
+    }
+
+    /// Skew_Time = ((256 - Priority) * Master_Adver_Interval) / 256 (RFC 5798 §6.1).
+    pub fn skew(&self) -> Duration {
+        Duration::from_micros(
+            (256 - u64::from(self.priority)) * u64::from(self.master_interval_cs) * 10_000 / 256,
+        )
+    }
+
+    /// Master_Down_Interval = 3 * Master_Adver_Interval + Skew_Time.
+    pub fn master_down_interval(&self) -> Duration {
+        cs(3 * u64::from(self.master_interval_cs)) + self.skew()
+    }
+
+    /// When [`Machine::on_timer`] must be called next, if ever.
+    pub fn next_deadline(&self) -> Option<Duration> {
+        match self.state {
+            State::Initialize => None,
+            State::Backup => self.master_down_at,
+            State::Master => self.adver_at,
+        }
+    }
+
+    fn become_master(&mut self, now: Duration) -> Vec<Action> {
+        self.state = State::Master;
+        self.transitions += 1;
+        self.master_down_at = None;
+        self.adver_at = Some(now + cs(self.params.interval_cs.into()));
+        self.master = Some((self.params.primary, self.priority));
+        vec![
+            Action::SendAdvert {
+                priority: self.priority,
+            },
+            Action::AddVip,
+            Action::Announce,
+        ]
+    }
+
+    fn become_backup(&mut self, now: Duration) {
+        self.state = State::Backup;
+        self.transitions += 1;
+        self.adver_at = None;
+        self.master_down_at = Some(now + self.master_down_interval());
+    }
+
+    /// Startup event (RFC 5798 §6.4.1): the address owner (255) goes master at once,
+    /// everyone else waits a Master_Down_Interval in Backup.
+    pub fn startup(&mut self, now: Duration) -> Vec<Action> {
+        if self.state != State::Initialize {
+            return Vec::new();
+        }
+        if self.priority == 255 {
+            self.become_master(now)
+        } else {
+            self.master_interval_cs = self.params.interval_cs;
+            self.become_backup(now);
+            Vec::new()
+        }
+    }
+
+    /// Shutdown event: a master sends priority 0 and drops the VIP; everyone goes back to
+    /// Initialize.
+    pub fn shutdown(&mut self) -> Vec<Action> {
+        let out = match self.state {
+            State::Master => vec![Action::SendAdvert { priority: 0 }, Action::RemoveVip],
+            _ => Vec::new(),
+        };
+        if self.state != State::Initialize {
+            self.transitions += 1;
+        }
+        self.state = State::Initialize;
+        self.master_down_at = None;
+        self.adver_at = None;
+        self.master = None;
+        out
+    }
+
+    /// Timer expiry: call at or after [`Machine::next_deadline`]; earlier calls do nothing.
+    pub fn on_timer(&mut self, now: Duration) -> Vec<Action> {
+        match self.state {
+            State::Backup if self.master_down_at.is_some_and(|t| now >= t) => {
+                self.become_master(now)
+            }
+            State::Master if self.adver_at.is_some_and(|t| now >= t) => {
+                self.adver_at = Some(now + cs(self.params.interval_cs.into()));
+                vec![Action::SendAdvert {
+                    priority: self.priority,
+                }]
+            }
+            _ => Vec::new(),
+        }
+    }
+
+    /// A valid advertisement for our VRID from `src` (already checked by the I/O layer:
+    /// TTL, checksum, auth, addresses). Adverts from our own address are ignored.
+    pub fn on_advert(&mut self, now: Duration, src: IpAddr, advert: &Advert) -> Vec<Action> {
+        if src == self.params.primary {
+            return Vec::new();
+        }
+        match self.state {
+            State::Initialize => Vec::new(),
+            State::Backup => {
+                if advert.priority == 0 {
+                    // The master is leaving: take over after Skew_Time only.
+                    self.master_down_at = Some(now + self.skew());
+                } else if !self.params.preempt || advert.priority >= self.priority {
+                    self.master_interval_cs = advert.interval_cs;
+                    self.master_down_at = Some(now + self.master_down_interval());
+                    self.master = Some((src, advert.priority));
+                }
+                // else: a lower-priority master and we preempt: let Master_Down expire.
+                Vec::new()
+            }
+            State::Master => {
+                if advert.priority == 0 {
+                    // Another master is leaving; assert ourselves at once.
+                    self.adver_at = Some(now + cs(self.params.interval_cs.into()));
+                    vec![Action::SendAdvert {
+                        priority: self.priority,
+                    }]
+                } else if advert.priority > self.priority
+                    || (advert.priority == self.priority && src > self.params.primary)
+                {
+                    self.master_interval_cs = advert.interval_cs;
+                    self.master = Some((src, advert.priority));
+                    self.become_backup(now);
+                    vec![Action::RemoveVip]
+                } else {
+                    Vec::new()
+                }
+            }
+        }
+    }
+
+    /// Changes the effective priority (health weights moved). The owner priority 255 is
+    /// never reached by weights: callers clamp to 1..=254 unless the base is 255. As in the
+    /// RFC, a backup that now outranks the master takes over when Master_Down expires (it
+    /// stops refreshing the timer from the lower-priority adverts), and a master simply
+    /// advertises the new priority, at once so that backups react without waiting.
+    pub fn set_priority(&mut self, now: Duration, priority: u8) -> Vec<Action> {
+        let priority = priority.max(1);
+        if priority == self.priority {
+            return Vec::new();
+        }
+        self.priority = priority;
+        match self.state {
+            State::Master => {
+                self.master = Some((self.params.primary, priority));
+                self.adver_at = Some(now + cs(self.params.interval_cs.into()));
+                vec![Action::SendAdvert { priority }]
+            }
+            _ => Vec::new(),
+        }
+    }
+}
+
+/// Effective priority: base plus the weights of passing checks, kept in 1..=254 (255 is
+/// reserved for the address owner, which only a base of 255 gives).
+pub fn effective_priority(base: u8, weights: i32) -> u8 {
+    if base == 255 {
+        return 255;
+    }
+    (i32::from(base) + weights).clamp(1, 254) as u8
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::codec::{Auth, Version};
+    use super::*;
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().unwrap()
+    }
+
+    fn ms(m: u64) -> Duration {
+        Duration::from_millis(m)
+    }
+
+    fn machine(prio: u8, preempt: bool, primary: &str) -> Machine {
+        Machine::new(
+            Params {
+                interval_cs: 100,
+                preempt,
+                primary: ip(primary),
+            },
+            prio,
+        )
+    }
+
+    fn adv(prio: u8) -> Advert {
+        Advert {
+            version: Version::V3,
+            vrid: 1,
+            priority: prio,
+            interval_cs: 100,
+            addresses: vec![ip("10.0.0.5")],
+            auth: Auth::None,
+        }
+    }
+
+    #[test]
+    fn skew_and_master_down_follow_rfc() {
+        let m = machine(100, true, "10.0.0.1");
+        // (256-100)*1s/256 = 609.375 ms; 3 s + that.
+        assert_eq!(m.skew(), Duration::from_micros(609_375));
+        assert_eq!(m.master_down_interval(), Duration::from_micros(3_609_375));
+        let m = machine(254, true, "10.0.0.1");
+        assert_eq!(m.skew(), Duration::from_micros(7_812));
+    }
+
+    #[test]
+    fn lone_backup_becomes_master_after_master_down() {
+        let mut m = machine(100, true, "10.0.0.1");
+        assert!(m.startup(ms(0)).is_empty());
+        assert_eq!(m.state(), State::Backup);
+        assert_eq!(m.next_deadline(), Some(Duration::from_micros(3_609_375)));
+        assert!(m.on_timer(ms(3600)).is_empty(), "early timer does nothing");
+        assert_eq!(
+            m.on_timer(ms(3610)),
+            vec![
+                Action::SendAdvert { priority: 100 },
+                Action::AddVip,
+                Action::Announce
+            ]
+        );
+        assert_eq!(m.state(), State::Master);
+        assert_eq!(m.next_deadline(), Some(ms(4610)));
+        assert_eq!(
+            m.on_timer(ms(4610)),
+            vec![Action::SendAdvert { priority: 100 }]
+        );
+        assert_eq!(m.next_deadline(), Some(ms(5610)));
+    }
+
+    #[test]
+    fn owner_goes_master_at_once() {
+        let mut m = machine(255, true, "10.0.0.1");
+        assert_eq!(m.startup(ms(0))[0], Action::SendAdvert { priority: 255 });
+        assert_eq!(m.state(), State::Master);
+    }
+
+    #[test]
+    fn backup_stays_while_master_advertises() {
+        let mut m = machine(100, true, "10.0.0.1");
+        m.startup(ms(0));
+        for t in (500..20_000).step_by(1000) {
+            assert!(m.on_timer(ms(t)).is_empty());
+            m.on_advert(ms(t), ip("10.0.0.2"), &adv(150));
+        }
+        assert_eq!(m.state(), State::Backup);
+        assert_eq!(m.master(), Some((ip("10.0.0.2"), 150)));
+    }
+
+    #[test]
+    fn priority_zero_makes_backup_take_over_after_skew() {
+        let mut m = machine(100, true, "10.0.0.1");
+        m.startup(ms(0));
+        m.on_advert(ms(1000), ip("10.0.0.2"), &adv(150));
+        m.on_advert(ms(1500), ip("10.0.0.2"), &adv(0));
+        assert_eq!(
+            m.next_deadline(),
+            Some(ms(1500) + Duration::from_micros(609_375))
+        );
+        assert!(m.on_timer(ms(2110)).contains(&Action::AddVip));
+    }
+
+    #[test]
+    fn preemption_on_and_off() {
+        // Backup with higher priority ignores a lower master and takes over on Master_Down.
+        let mut m = machine(200, true, "10.0.0.1");
+        m.startup(ms(0));
+        let mut t = 0;
+        while m.state() == State::Backup && t < 10_000 {
+            t += 100;
+            if t % 1000 == 0 {
+                m.on_advert(ms(t), ip("10.0.0.2"), &adv(100));
+            }
+            m.on_timer(ms(t));
+        }
+        assert_eq!(m.state(), State::Master);
+        // 3 * 1 s + (56/256) s = 3.22 s after start: the lower adverts did not reset it.
+        assert_eq!(t, 3300);
+
+        // Without preemption the lower master keeps it.
+        let mut m = machine(200, false, "10.0.0.1");
+        m.startup(ms(0));
+        for t in (100..20_000).step_by(100) {
+            if t % 1000 == 0 {
+                m.on_advert(ms(t), ip("10.0.0.2"), &adv(100));
+            }
+            m.on_timer(ms(t));
+        }
+        assert_eq!(m.state(), State::Backup);
+    }
+
+    #[test]
+    fn master_yields_to_higher_and_to_equal_with_higher_address() {
+        let mut m = machine(100, true, "10.0.0.5");
+        m.startup(ms(0));
+        m.on_timer(ms(4000));
+        assert_eq!(m.state(), State::Master);
+        // Lower priority: ignored.
+        assert!(m.on_advert(ms(4100), ip("10.0.0.9"), &adv(50)).is_empty());
+        // Equal priority, lower address: we win.
+        assert!(m.on_advert(ms(4200), ip("10.0.0.4"), &adv(100)).is_empty());
+        assert_eq!(m.state(), State::Master);
+        // Equal priority, higher address: we yield.
+        assert_eq!(
+            m.on_advert(ms(4300), ip("10.0.0.6"), &adv(100)),
+            vec![Action::RemoveVip]
+        );
+        assert_eq!(m.state(), State::Backup);
+        assert_eq!(m.transitions(), 3);
+    }
+
+    #[test]
+    fn master_answers_priority_zero_at_once() {
+        let mut m = machine(100, true, "10.0.0.5");
+        m.startup(ms(0));
+        m.on_timer(ms(4000));
+        assert_eq!(
+            m.on_advert(ms(4100), ip("10.0.0.9"), &adv(0)),
+            vec![Action::SendAdvert { priority: 100 }]
+        );
+        assert_eq!(m.next_deadline(), Some(ms(5100)));
+    }
+
+    #[test]
+    fn own_adverts_are_ignored() {
+        let mut m = machine(100, true, "10.0.0.5");
+        m.startup(ms(0));
+        m.on_timer(ms(4000));
+        assert!(m.on_advert(ms(4100), ip("10.0.0.5"), &adv(200)).is_empty());
+        assert_eq!(m.state(), State::Master);
+    }
+
+    #[test]
+    fn shutdown_sends_priority_zero_and_removes_vip() {
+        let mut m = machine(100, true, "10.0.0.5");
+        m.startup(ms(0));
+        m.on_timer(ms(4000));
+        assert_eq!(
+            m.shutdown(),
+            vec![Action::SendAdvert { priority: 0 }, Action::RemoveVip]
+        );
+        assert_eq!(m.state(), State::Initialize);
+        assert_eq!(m.next_deadline(), None);
+        let mut b = machine(100, true, "10.0.0.5");
+        b.startup(ms(0));
+        assert!(b.shutdown().is_empty());
+    }
+
+    #[test]
+    fn learns_master_interval_for_master_down() {
+        let mut m = machine(100, true, "10.0.0.1");
+        m.startup(ms(0));
+        let mut a = adv(150);
+        a.interval_cs = 10;
+        m.on_advert(ms(50), ip("10.0.0.2"), &a);
+        // 3 * 100 ms + (156 * 100 ms / 256) = 300 + 60.9375 ms.
+        assert_eq!(
+            m.next_deadline(),
+            Some(ms(50) + Duration::from_micros(360_937))
+        );
+    }
+
+    #[test]
+    fn priority_change_on_master_is_advertised_and_moves_the_vip() {
+        let mut a = machine(150, true, "10.0.0.1");
+        let mut b = machine(100, true, "10.0.0.2");
+        a.startup(ms(0));
+        b.startup(ms(0));
+        a.on_timer(ms(3500));
+        assert_eq!(a.state(), State::Master);
+        b.on_advert(ms(3500), ip("10.0.0.1"), &adv(150));
+        // a's check fails: 150 - 60 = 90 < 100.
+        let out = a.set_priority(ms(3600), effective_priority(150, -60));
+        assert_eq!(out, vec![Action::SendAdvert { priority: 90 }]);
+        b.on_advert(ms(3600), ip("10.0.0.1"), &adv(90));
+        // b ignores the lower adverts and takes over at its Master_Down.
+        let deadline = b.next_deadline().unwrap();
+        assert_eq!(deadline, ms(3500) + b.master_down_interval());
+        assert!(b.on_timer(deadline).contains(&Action::AddVip));
+        // a sees b's higher advert and steps down.
+        assert_eq!(
+            a.on_advert(deadline, ip("10.0.0.2"), &adv(100)),
+            vec![Action::RemoveVip]
+        );
+    }
+
+    #[test]
+    fn effective_priority_clamps() {
+        assert_eq!(effective_priority(40, 50), 90);
+        assert_eq!(effective_priority(40, -100), 1);
+        assert_eq!(effective_priority(200, 100), 254);
+        assert_eq!(effective_priority(255, -100), 255);
+    }
+}

@@ -1,0 +1,209 @@
+//! The VIP on the interface, through rtnetlink: add (label `<iface>:vip`, /32 or /128,
+//! IPv6 without DAD so it is usable at once), remove, and find/remove stale copies.
+
+use std::net::IpAddr;
+
+use futures::TryStreamExt;
+use netlink_packet_route::address::{AddressAttribute, AddressFlags, AddressMessage};
+use rtnetlink::Handle;
+
+/// Errors changing addresses.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum VipError {
+    /// The interface does not exist.
+    #[error("interface {0}: not found")]
+    NoInterface(String),
+    /// Netlink failed.
+    #[error("netlink {op} {vip} on {iface}: {source}")]
+    Netlink {
+        /// What we tried.
+        op: &'static str,
+        /// The VIP.
+        vip: IpAddr,
+        /// The interface.
+        iface: String,
+        /// The netlink error.
+        source: rtnetlink::Error,
+    },
+    /// Opening the netlink socket failed.
+    #[error("netlink socket: {0}")]
+    Socket(#[from] std::io::Error),
+}
+
+/// Adds and removes one VIP on one interface.
+#[derive(Debug, Clone)]
+pub struct VipManager {
+    handle: Handle,
+    iface: String,
+    index: u32,
+    vip: IpAddr,
+}
+
+/// The label of VIP addresses: IPv4 labels must start with the interface name.
+pub fn label(iface: &str) -> String {
+    // IFNAMSIZ is 16 including the NUL; the kernel rejects longer labels.
+    let mut l = format!("{iface}:vip");
+    l.truncate(15);
+    l
+}
+
+impl VipManager {
+    /// Opens a netlink connection (its task runs on the current runtime) for `vip` on
+    /// interface `iface`.
+    pub async fn new(iface: &str, vip: IpAddr) -> Result<Self, VipError> {
+        let (conn, handle, _) = rtnetlink::new_connection()?;
+        tokio::spawn(conn);
+        let index = if_index(iface).ok_or_else(|| VipError::NoInterface(iface.into()))?;
+        Ok(Self {
+            handle,
+            iface: iface.into(),
+            index,
+            vip,
+        })
+    }
+
+    /// The interface index.
+    pub fn index(&self) -> u32 {
+        self.index
+    }
+
+    fn err(&self, op: &'static str) -> impl FnOnce(rtnetlink::Error) -> VipError + '_ {
+        move |source| VipError::Netlink {
+            op,
+            vip: self.vip,
+            iface: self.iface.clone(),
+            source,
+        }
+    }
+
+    /// Adds the VIP; an already present VIP is fine.
+    pub async fn add(&self) -> Result<(), VipError> {
+        let prefix = if self.vip.is_ipv6() { 128 } else { 32 };
+        let mut req = self.handle.address().add(self.index, self.vip, prefix);
+        let msg = req.message_mut();
+        if self.vip.is_ipv4() {
+            msg.attributes
+                .push(AddressAttribute::Label(label(&self.iface)));
+        } else {
+            msg.attributes
+                .push(AddressAttribute::Flags(AddressFlags::Nodad));
+        }
+        match req.replace().execute().await {
+            Ok(()) => Ok(()),
+            Err(e) => Err(self.err("add")(e)),
+        }
+    }
+
+    /// The VIP's address messages currently on the interface.
+    async fn present(&self) -> Result<Vec<AddressMessage>, VipError> {
+        let msgs: Vec<AddressMessage> = self
+            .handle
+            .address()
+            .get()
+            .set_link_index_filter(self.index)
+            .set_address_filter(self.vip)
+            .execute()
+            .try_collect()
+            .await
+            .map_err(self.err("list"))?;
+        Ok(msgs)
+    }
+
+    /// Whether the VIP is on the interface.
+    pub async fn is_present(&self) -> Result<bool, VipError> {
+        Ok(!self.present().await?.is_empty())
+    }
+
+    /// Removes every copy of the VIP from the interface (whatever its prefix or label:
+    /// also the stale ones a crashed agent or an earlier keepalived left). Returns how many.
+    pub async fn remove(&self) -> Result<usize, VipError> {
+        let msgs = self.present().await?;
+        let n = msgs.len();
+        for m in msgs {
+            if let Err(e) = self.handle.address().del(m).execute().await {
+                // Gone in between (another remover) is fine.
+                if !matches!(&e, rtnetlink::Error::NetlinkError(m) if m.raw_code() == -libc::EADDRNOTAVAIL)
+                {
+                    return Err(self.err("remove")(e));
+                }
+            }
+        }
+        Ok(n)
+    }
+}
+
+/// Interface index by name.
+pub fn if_index(iface: &str) -> Option<u32> {
+    nix::net::if_::if_nametoindex(iface).ok()
+}
+
+/// The interface's MAC address (for gratuitous ARP and the NA's link-layer option).
+pub fn mac(iface: &str) -> std::io::Result<[u8; 6]> {
+    let text = std::fs::read_to_string(format!("/sys/class/net/{iface}/address"))?;
+    let mut mac = [0u8; 6];
+    let parts: Vec<&str> = text.trim().split(':').collect();
+    if parts.len() != 6 {
+        return Err(std::io::Error::other(format!(
+            "{iface}: MAC {text:?} is not 6 bytes"
+        )));
+    }
+    for (m, p) in mac.iter_mut().zip(parts) {
+        *m = u8::from_str_radix(p, 16).map_err(std::io::Error::other)?;
+    }
+    Ok(mac)
+}
+
+/// The interface's first IPv6 link-local address (the source of VRRPv3 IPv6 adverts,
+/// RFC 5798 §5.1.2.1) that is usable, i.e. not tentative.
+pub fn link_local(iface: &str) -> Option<std::net::Ipv6Addr> {
+    let addrs = nix::ifaddrs::getifaddrs().ok()?;
+    for a in addrs {
+        if a.interface_name != iface {
+            continue;
+        }
+        if let Some(sin6) = a.address.as_ref().and_then(|s| s.as_sockaddr_in6()) {
+            let ip = sin6.ip();
+            if (ip.segments()[0] & 0xffc0) == 0xfe80 && !tentative(iface, ip) {
+                return Some(ip);
+            }
+        }
+    }
+    None
+}
+
+/// Whether `ip` on `iface` is still tentative (DAD running): the kernel will not send from
+/// it. Read from /proc/net/if_inet6 (flags column, IFA_F_TENTATIVE = 0x40).
+fn tentative(iface: &str, ip: std::net::Ipv6Addr) -> bool {
+    let hex: String = ip.octets().iter().map(|b| format!("{b:02x}")).collect();
+    std::fs::read_to_string("/proc/net/if_inet6")
+        .map(|t| {
+            t.lines().any(|l| {
+                let f: Vec<&str> = l.split_whitespace().collect();
+                f.len() == 6
+                    && f[0] == hex
+                    && f[5] == iface
+                    && u32::from_str_radix(f[4], 16).is_ok_and(|x| x & 0x40 != 0)
+            })
+        })
+        .unwrap_or(false)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn label_starts_with_interface_and_fits() {
+        assert_eq!(label("eth0"), "eth0:vip");
+        assert_eq!(label("enp0s31f6long"), "enp0s31f6long:v");
+        assert!(label("enp0s31f6long").len() <= 15);
+    }
+
+    #[test]
+    fn loopback_has_index_and_mac() {
+        assert!(if_index("lo").is_some());
+        assert_eq!(mac("lo").unwrap(), [0; 6]);
+        assert!(if_index("no-such-if0").is_none());
+    }
+}

@@ -1,0 +1,176 @@
+//! Health checks against real loopback servers: TCP connect, HTTP and HTTPS (self-signed,
+//! not verified) GET with the expected status, the bus-fed checks, and rise/fall through
+//! `health::spawn`.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU16, Ordering};
+use std::time::Duration;
+
+use keelson_agent::context::Bus;
+use keelson_agent::health::{self, CheckState};
+use keelson_ignition::cluster::{HealthCheckConfig, HealthCheckKind};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+const T: Duration = Duration::from_secs(2);
+
+/// A minimal HTTP/1.1 server answering every request with the status in `status`.
+async fn http_server(status: Arc<AtomicU16>, tls: Option<tokio_rustls::TlsAcceptor>) -> u16 {
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = l.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        loop {
+            let Ok((s, _)) = l.accept().await else { return };
+            let status = status.load(Ordering::SeqCst);
+            let tls = tls.clone();
+            tokio::spawn(async move {
+                let reply = format!(
+                    "HTTP/1.1 {status} X\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
+                );
+                let mut buf = [0u8; 1024];
+                match tls {
+                    Some(acc) => {
+                        let Ok(mut s) = acc.accept(s).await else {
+                            return;
+                        };
+                        let _ = s.read(&mut buf).await;
+                        let _ = s.write_all(reply.as_bytes()).await;
+                        let _ = s.shutdown().await;
+                    }
+                    None => {
+                        let mut s = s;
+                        let _ = s.read(&mut buf).await;
+                        let _ = s.write_all(reply.as_bytes()).await;
+                    }
+                }
+            });
+        }
+    });
+    port
+}
+
+fn acceptor() -> tokio_rustls::TlsAcceptor {
+    let cert = rcgen::generate_simple_self_signed(vec!["localhost".into()]).unwrap();
+    let key = rustls_pki_types::PrivateKeyDer::Pkcs8(cert.signing_key.serialize_der().into());
+    let config = rustls::ServerConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_no_client_auth()
+    .with_single_cert(vec![cert.cert.der().clone()], key)
+    .unwrap();
+    tokio_rustls::TlsAcceptor::from(Arc::new(config))
+}
+
+#[tokio::test]
+async fn tcp_connect_passes_and_fails() {
+    let bus = Bus::default();
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = l.local_addr().unwrap();
+    assert!(health::probe(&HealthCheckKind::Tcp { address }, &bus, T).await);
+    drop(l);
+    assert!(!health::probe(&HealthCheckKind::Tcp { address }, &bus, T).await);
+}
+
+#[tokio::test]
+async fn http_and_https_expect_the_status() {
+    let bus = Bus::default();
+    let status = Arc::new(AtomicU16::new(200));
+    for (scheme, tls) in [("http", None), ("https", Some(acceptor()))] {
+        status.store(200, Ordering::SeqCst);
+        let port = http_server(status.clone(), tls).await;
+        let kind = |expect_status| HealthCheckKind::Http {
+            url: format!("{scheme}://127.0.0.1:{port}/readyz"),
+            expect_status,
+        };
+        assert!(health::probe(&kind(200), &bus, T).await, "{scheme} 200");
+        assert!(
+            !health::probe(&kind(204), &bus, T).await,
+            "{scheme} wrong status"
+        );
+        status.store(503, Ordering::SeqCst);
+        assert!(!health::probe(&kind(200), &bus, T).await, "{scheme} 503");
+    }
+    // Nobody listening, and a malformed URL: failing, not panicking.
+    let free = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = free.local_addr().unwrap().port();
+    drop(free);
+    for url in [
+        format!("http://127.0.0.1:{port}/"),
+        "ftp://127.0.0.1/".into(),
+        "http://name.example/".into(),
+        "::".into(),
+    ] {
+        let kind = HealthCheckKind::Http {
+            url,
+            expect_status: 200,
+        };
+        assert!(!health::probe(&kind, &bus, T).await);
+    }
+}
+
+#[tokio::test]
+async fn bus_checks_follow_the_bus() {
+    let bus = Bus::default();
+    assert!(!health::probe(&HealthCheckKind::ProxyHealthyBackend, &bus, T).await);
+    assert!(!health::probe(&HealthCheckKind::IgnitionServer, &bus, T).await);
+    bus.proxy_healthy.send_replace(true);
+    assert!(health::probe(&HealthCheckKind::ProxyHealthyBackend, &bus, T).await);
+    assert!(!health::probe(&HealthCheckKind::IgnitionServer, &bus, T).await);
+    bus.ignition_running.send_replace(true);
+    assert!(health::probe(&HealthCheckKind::IgnitionServer, &bus, T).await);
+}
+
+async fn wait_weight(rx: &mut tokio::sync::watch::Receiver<Vec<CheckState>>, want: i32) {
+    tokio::time::timeout(Duration::from_secs(5), async {
+        loop {
+            if health::weight(&rx.borrow_and_update()) == want {
+                return;
+            }
+            rx.changed().await.unwrap();
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("weight never became {want}: {:?}", rx.borrow()));
+}
+
+#[tokio::test]
+async fn spawned_checks_rise_and_fall_into_the_weight() {
+    let bus = Arc::new(Bus::default());
+    let status = Arc::new(AtomicU16::new(200));
+    let port = http_server(status.clone(), None).await;
+    let checks = vec![
+        HealthCheckConfig {
+            name: "api".into(),
+            check: HealthCheckKind::Http {
+                url: format!("http://127.0.0.1:{port}/"),
+                expect_status: 200,
+            },
+            interval_ms: 20,
+            rise: 3,
+            fall: 2,
+            weight: 50,
+        },
+        HealthCheckConfig {
+            name: "proxy".into(),
+            check: HealthCheckKind::ProxyHealthyBackend,
+            interval_ms: 20,
+            rise: 1,
+            fall: 1,
+            weight: 7,
+        },
+    ];
+    let stop = CancellationToken::new();
+    let mut rx = health::spawn(&checks, bus.clone(), stop.clone());
+    assert_eq!(health::weight(&rx.borrow()), 0, "checks start failing");
+    wait_weight(&mut rx, 50).await;
+    bus.proxy_healthy.send_replace(true);
+    wait_weight(&mut rx, 57).await;
+    status.store(500, Ordering::SeqCst);
+    wait_weight(&mut rx, 7).await;
+    status.store(200, Ordering::SeqCst);
+    wait_weight(&mut rx, 57).await;
+    stop.cancel();
+}

@@ -1,0 +1,358 @@
+//! VRRP with real packets between `keelson-agent vrrp` processes in network namespaces on
+//! a bridge: election, failover within the Master_Down bound, preemption, priority 0 on
+//! stop, stale VIP removal, IPv6, health-weighted priorities, malformed packets.
+//!
+//! Needs root (namespaces); skipped otherwise unless CI=true.
+
+mod vrrp_common;
+
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use vrrp_common::*;
+
+/// Waits until, among `alive` nodes, exactly `i` holds `vip`; returns the time taken.
+fn wait_holder_among(
+    seg: &Segment,
+    i: usize,
+    alive: &[usize],
+    vip: &str,
+    limit: Duration,
+) -> Duration {
+    let t = Instant::now();
+    loop {
+        let h: Vec<usize> = alive
+            .iter()
+            .copied()
+            .filter(|&n| seg.holds(n, vip))
+            .collect();
+        if h == [i] {
+            return t.elapsed();
+        }
+        assert!(
+            t.elapsed() < limit,
+            "{vip}: expected node {i} among {alive:?} within {limit:?}, holders {h:?}"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+#[test]
+fn three_nodes_elect_fail_over_and_preempt_v4_and_v6() {
+    if skip() {
+        return;
+    }
+    let seg = Segment::new("kvr-e", 3, 61);
+    let dir = tempfile::tempdir().unwrap();
+    let vip4 = seg.vip4(100);
+    let vip6 = "fd3d::100".to_string();
+    let cluster = cluster_json(serde_json::json!([
+        instance("api", &vip4, 10),
+        instance("api-v6", &vip6, 11),
+    ]));
+    let roles = ["bootstrap", "master", "worker"];
+    let mut agents: Vec<Option<Agent>> = (0..3)
+        .map(|i| Some(start_agent(&seg, dir.path(), &cluster, i, roles[i])))
+        .collect();
+
+    // Highest priority (bootstrap, 70) wins both families; nobody else holds them.
+    seg.wait_sole_holder(0, &vip4, Duration::from_secs(5));
+    seg.wait_sole_holder(0, &vip6, Duration::from_secs(5));
+    seg.assert_stable(0, &vip4, Duration::from_millis(800));
+    let st = agents[0].as_ref().unwrap().instance("api");
+    assert_eq!(st["state"], "master", "{st}");
+    assert_eq!(st["priority"], 70);
+    let st1 = agents[1].as_ref().unwrap().instance("api");
+    assert_eq!(st1["state"], "backup", "{st1}");
+    assert_eq!(st1["master"], "10.61.0.10", "{st1}");
+    assert!(st1["counters"]["advertsIn"].as_u64().unwrap() > 3, "{st1}");
+
+    // Node death: SIGKILL and cut its link. Node 1 (40) takes over within Master_Down
+    // (3 * 100 ms + skew 84 ms = 384 ms) plus scheduling slack.
+    let t = Instant::now();
+    agents[0].as_mut().unwrap().proc.kill9();
+    seg.set_link(0, false);
+    let bound = master_down(100, 40) + Duration::from_millis(700);
+    wait_holder_among(&seg, 1, &[1, 2], &vip4, bound);
+    let took4 = t.elapsed();
+    wait_holder_among(&seg, 1, &[1, 2], &vip6, bound);
+    eprintln!(
+        "failover after kill: IPv4 {took4:?}, IPv6 {:?}",
+        t.elapsed()
+    );
+    assert!(
+        seg.holds(0, &vip4),
+        "the killed node's stale VIP is still there"
+    );
+
+    // Back up: the new agent removes the stale VIP, then preempts (70 > 40).
+    seg.set_link(0, true);
+    agents[0] = Some(start_agent(&seg, dir.path(), &cluster, 0, "bootstrap"));
+    seg.wait_sole_holder(0, &vip4, Duration::from_secs(5));
+    seg.wait_sole_holder(0, &vip6, Duration::from_secs(5));
+    seg.assert_stable(0, &vip4, Duration::from_millis(500));
+
+    // Graceful stop: priority 0, VIP removed, node 1 takes over after its skew time only.
+    let t = Instant::now();
+    agents[0].take().unwrap().proc.term();
+    let took = seg.wait_sole_holder(1, &vip4, Duration::from_secs(2));
+    eprintln!(
+        "failover after SIGTERM (priority 0): {took:?} (stop included {:?})",
+        t.elapsed()
+    );
+    assert!(
+        took < master_down(100, 40),
+        "priority 0 should beat Master_Down: {took:?}"
+    );
+    seg.wait_sole_holder(1, &vip6, Duration::from_secs(2));
+    let st1 = agents[1].as_ref().unwrap().instance("api");
+    assert!(
+        st1["counters"]["transitions"].as_u64().unwrap() >= 3,
+        "{st1}"
+    );
+}
+
+fn http_server(seg: &Segment, i: usize, port: u16) -> Proc {
+    let child = Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            &seg.nodes[i],
+            "python3",
+            "-m",
+            "http.server",
+        ])
+        .args([&port.to_string(), "--bind", "127.0.0.1"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    Proc(child)
+}
+
+#[test]
+fn failing_health_check_moves_the_vip_and_restoring_moves_it_back() {
+    if skip() {
+        return;
+    }
+    let seg = Segment::new("kvr-h", 3, 62);
+    let dir = tempfile::tempdir().unwrap();
+    let vip = seg.vip4(100);
+    let mut inst = instance("api", &vip, 20);
+    inst["checks"] = serde_json::json!([{
+        "name": "api", "check": {"type": "http", "url": "http://127.0.0.1:18080/", "expectStatus": 200},
+        "intervalMs": 100, "rise": 2, "fall": 2, "weight": 50
+    }]);
+    let cluster = cluster_json(serde_json::json!([inst]));
+    // Node 0: 70 + 50 = 120, node 1: 40 + 50 = 90, node 2: 20 (no server).
+    let mut server0 = Some(http_server(&seg, 0, 18080));
+    let _server1 = http_server(&seg, 1, 18080);
+    let roles = ["bootstrap", "master", "worker"];
+    let agents: Vec<Agent> = (0..3)
+        .map(|i| start_agent(&seg, dir.path(), &cluster, i, roles[i]))
+        .collect();
+    seg.wait_sole_holder(0, &vip, Duration::from_secs(6));
+    // Wait for the check to rise on node 0 before taking it away.
+    let t = Instant::now();
+    while agents[0].instance("api")["priority"] != 120 {
+        assert!(
+            t.elapsed() < Duration::from_secs(5),
+            "{}",
+            agents[0].instance("api")
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    seg.assert_stable(0, &vip, Duration::from_millis(500));
+
+    // Fail node 0's check: 70 < 90, node 1 preempts within fall (2 x 100 ms) +
+    // Master_Down (300 + 64 ms) + slack.
+    let t = Instant::now();
+    server0.take();
+    let took = seg.wait_sole_holder(1, &vip, Duration::from_millis(2000));
+    eprintln!("health failover: {took:?}");
+    let st0 = agents[0].instance("api");
+    assert_eq!(st0["priority"], 70, "{st0}");
+    assert_eq!(st0["checks"][0]["passing"], false, "{st0}");
+    assert!(
+        t.elapsed() > Duration::from_millis(150),
+        "fall needs two failed probes"
+    );
+
+    // Restore: 120 > 90, node 0 preempts back.
+    let _server0 = http_server(&seg, 0, 18080);
+    seg.wait_sole_holder(0, &vip, Duration::from_secs(3));
+    seg.assert_stable(0, &vip, Duration::from_millis(500));
+    assert_eq!(agents[1].instance("api")["state"], "backup");
+}
+
+const INJECTOR: &str = r#"
+import os, random, socket, struct, sys, time
+src, vip = sys.argv[1], sys.argv[2]
+GROUP = '224.0.0.18'
+def csum(b):
+    if len(b) % 2: b += b'\0'
+    s = sum(struct.unpack('!%dH' % (len(b) // 2), b))
+    while s >> 16: s = (s & 0xffff) + (s >> 16)
+    return (~s) & 0xffff
+def adv(vrid=30, prio=200, addrs=(vip,), ver=3, typ=1, cnt=None, extra=b'', bad=False, v2=False):
+    head = bytes([(ver << 4) | typ, vrid, prio, len(addrs) if cnt is None else cnt])
+    head += bytes([0, 1]) if v2 else struct.pack('!H', 10)
+    body = head + b'\0\0' + b''.join(socket.inet_aton(a) for a in addrs) + (b'\0' * 8 if v2 else b'') + extra
+    ph = b'' if v2 else socket.inet_aton(src) + socket.inet_aton(GROUP) + struct.pack('!BBH', 0, 112, len(body))
+    c = csum(ph + body) ^ (1 if bad else 0)
+    return body[:6] + struct.pack('!H', c) + body[8:]
+s = socket.socket(socket.AF_INET, socket.SOCK_RAW, 112)
+s.setsockopt(socket.SOL_SOCKET, socket.SO_BINDTODEVICE, b'eth0')
+s.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_IF, socket.inet_aton(src))
+s.bind((src, 0))
+def send(p, ttl=255, n=3):
+    s.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_TTL, ttl)
+    for _ in range(n):
+        s.sendto(p, (GROUP, 0))
+        time.sleep(0.001)
+send(adv(ver=4))
+send(adv(typ=2))
+send(adv(bad=True))
+send(adv()[:5])
+send(adv(extra=b'\0'))
+send(adv(vrid=99))
+send(adv(addrs=(vip, vip)))
+send(adv(addrs=('10.63.0.99',)))
+send(adv(v2=True))
+send(adv(), ttl=1)
+random.seed(5798)
+for _ in range(300):
+    send(os.urandom(random.randint(0, 120)), n=1)
+"#;
+
+#[test]
+fn malformed_packets_are_dropped_counted_and_harmless() {
+    if skip() {
+        return;
+    }
+    let seg = Segment::new("kvr-m", 2, 63);
+    let dir = tempfile::tempdir().unwrap();
+    let vip = seg.vip4(100);
+    let cluster = cluster_json(serde_json::json!([instance("api", &vip, 30)]));
+    let agent = start_agent(&seg, dir.path(), &cluster, 0, "master");
+    seg.wait_sole_holder(0, &vip, Duration::from_secs(5));
+    let out = Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            &seg.nodes[1],
+            "python3",
+            "-c",
+            INJECTOR,
+            "10.63.0.11",
+            &vip,
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    let before = agent.instance("api");
+    // Every bad packet above claims priority 200 > 40: had one been accepted, node 0
+    // would have stepped down.
+    seg.assert_stable(0, &vip, Duration::from_millis(500));
+    let st = agent.instance("api");
+    assert_eq!(st["state"], "master", "{st}");
+    let drops = &before["counters"]["drops"];
+    for (reason, at_least) in [
+        ("version", 6),
+        ("type", 3),
+        ("checksum", 3),
+        ("length", 6),
+        ("vrid", 3),
+        ("address_count", 3),
+        ("address", 3),
+        ("ttl", 3),
+    ] {
+        assert!(
+            drops[reason].as_u64().unwrap_or(0) >= at_least,
+            "drops.{reason} < {at_least}: {drops}"
+        );
+    }
+    let total: u64 = drops
+        .as_object()
+        .unwrap()
+        .values()
+        .map(|v| v.as_u64().unwrap())
+        .sum();
+    assert!(total >= 330, "random packets counted too: {total} {drops}");
+    assert_eq!(before["counters"]["advertsIn"], 0, "{before}");
+    // Still advertising.
+    assert!(
+        st["counters"]["advertsOut"].as_u64().unwrap()
+            > before["counters"]["advertsOut"].as_u64().unwrap(),
+        "{st}"
+    );
+}
+
+fn neighbour(seg: &Segment, i: usize, addr: &str) -> Option<String> {
+    let out = Command::new("ip")
+        .args(["-n", &seg.nodes[i], "neigh", "show", addr, "dev", "eth0"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    let mut words = text.split_whitespace();
+    words.find(|w| *w == "lladdr")?;
+    words.next().map(str::to_string)
+}
+
+fn wait_neighbour(seg: &Segment, i: usize, addr: &str, mac: &str, limit: Duration) {
+    let t = Instant::now();
+    while neighbour(seg, i, addr).as_deref() != Some(mac) {
+        assert!(
+            t.elapsed() < limit,
+            "{addr}: node {i} never learned {mac} (has {:?})",
+            neighbour(seg, i, addr)
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn gratuitous_arp_and_unsolicited_na_reach_the_segment_and_repeat() {
+    if skip() {
+        return;
+    }
+    let seg = Segment::new("kvr-g", 2, 67);
+    // Let node 1 create neighbour entries from unsolicited announcements.
+    for k in ["net.ipv4.conf.eth0.arp_accept=1", "net.ipv6.conf.eth0.accept_untracked_na=1"] {
+        sh(&["ip", "netns", "exec", &seg.nodes[1], "sysctl", "-qw", k]);
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let vip4 = seg.vip4(100);
+    let vip6 = "fd43::100".to_string();
+    let mut i4 = instance("api", &vip4, 50);
+    let mut i6 = instance("api-v6", &vip6, 51);
+    i4["garpRefreshSecs"] = 1.into();
+    i6["garpRefreshSecs"] = 1.into();
+    let cluster = cluster_json(serde_json::json!([i4, i6]));
+    let out = Command::new("ip")
+        .args(["-n", &seg.nodes[0], "-o", "link", "show", "eth0"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    let mut words = text.split_whitespace();
+    words.find(|w| *w == "link/ether").unwrap();
+    let mac0 = words.next().unwrap().to_string();
+
+    let agent = start_agent(&seg, dir.path(), &cluster, 0, "master");
+    seg.wait_sole_holder(0, &vip4, Duration::from_secs(5));
+    seg.wait_sole_holder(0, &vip6, Duration::from_secs(5));
+    wait_neighbour(&seg, 1, &vip4, &mac0, Duration::from_secs(2));
+    wait_neighbour(&seg, 1, &vip6, &mac0, Duration::from_secs(2));
+    // Forget them: the 1 s refresh teaches them again.
+    sh(&["ip", "-n", &seg.nodes[1], "neigh", "flush", "dev", "eth0"]);
+    assert_eq!(neighbour(&seg, 1, &vip4), None);
+    wait_neighbour(&seg, 1, &vip4, &mac0, Duration::from_millis(2500));
+    wait_neighbour(&seg, 1, &vip6, &mac0, Duration::from_millis(2500));
+    let n = agent.instance("api")["counters"]["announcements"].as_u64().unwrap();
+    assert!(n >= 2, "initial announcement plus at least one refresh: {n}");
+}
