@@ -36,14 +36,17 @@ pub const SERVICES: &[(&str, ServiceFn)] = &[
     ("members", |c, s| boxed(crate::members::run(c, s))),
     ("ignition", |c, s| boxed(crate::ignition_server::run(c, s))),
     ("dns", |c, s| boxed(crate::dns::run(c, s))),
+    ("vrrp", |c, s| boxed(crate::vrrp::run(c, s))),
+    ("proxy", |c, s| boxed(crate::proxy::run(c, s))),
 ];
 
-/// Which services a role runs (DESIGN §3). VRRP and the API proxy join this table when their
-/// modules land; until then a node runs and reports only what it really serves.
+/// Which services a role runs (DESIGN §3): the control plane (bootstrap and masters) serves
+/// Ignition and balances the API; every node announces itself, answers DNS and takes part
+/// in the VRRP instances its role has a priority in (workers: ingress).
 pub fn services_for(role: Role) -> Vec<&'static str> {
     match role {
-        Role::Bootstrap | Role::Master => vec!["members", "ignition", "dns"],
-        Role::Worker => vec!["members", "dns"],
+        Role::Bootstrap | Role::Master => vec!["members", "ignition", "dns", "vrrp", "proxy"],
+        Role::Worker => vec!["members", "dns", "vrrp"],
     }
 }
 

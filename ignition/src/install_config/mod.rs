@@ -423,7 +423,19 @@ impl InstallConfig {
                     master: if self.workers == 0 { Some(20) } else { None },
                     worker: Some(20),
                 },
-                checks: vec![],
+                // As OpenShift's keepalived: the node whose router answers its readiness
+                // probe (the router's stats port) gets the ingress VIP.
+                checks: vec![HealthCheckConfig {
+                    name: "ingress-router".into(),
+                    check: HealthCheckKind::Http {
+                        url: "http://127.0.0.1:1936/healthz/ready".into(),
+                        expect_status: 200,
+                    },
+                    interval_ms: 1000,
+                    rise: 1,
+                    fall: 3,
+                    weight: 50,
+                }],
             });
         }
         ClusterConfig {
