@@ -45,29 +45,11 @@ free_port() {
   done
 }
 
-# --- a build directory: cluster.json, TLS, and a realistic master config (~6 KB) ---------
+# --- a build directory from the example install-config (keelson build --no-image) ---------
 DIR=$WORK/out
-mkdir -p "$DIR/tls" "$DIR/assets"
-cat >"$DIR/cluster.json" <<'EOF'
-{
-  "version": 1, "name": "ocp4", "baseDomain": "osd2019.local",
-  "machineNetworks": ["10.0.0.0/16"], "apiVips": ["10.0.0.5"], "ingressVips": ["10.0.0.7"],
-  "vrrp": {"instances": []},
-  "api": {"frontendPort": 9445, "vipPort": 6443, "backendPort": 6443, "monitorPort": 50936,
-          "check": "tcp", "checkIntervalMs": 1000, "fall": 3, "rise": 2,
-          "connectTimeoutMs": 1000, "idleTimeoutSecs": 3600, "maxConnections": 1000},
-  "dns": {"port": 53, "ttl": 30, "manageResolvConf": false},
-  "ignition": {"tlsPort": 22623, "plainPort": 22624, "allowedNetworks": [], "spec": "3.2.0"},
-  "members": {"transport": "mdns", "renewIntervalSecs": 10, "expirySecs": 30}
-}
-EOF
-openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 1 \
-  -subj /CN=localhost -keyout "$DIR/tls/server.key" -out "$DIR/tls/server.crt" 2>/dev/null
-# A config of the size keelson serves: a few files as data: URLs (deterministic bytes).
-blob=$(head -c 4096 /dev/zero | tr '\0' 'k' | base64 -w0)
-printf '{"ignition":{"version":"3.2.0"},"passwd":{"users":[{"name":"core","sshAuthorizedKeys":["ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIbench"]}]},"storage":{"files":[{"path":"/etc/keelson/cluster.json","mode":420,"contents":{"source":"data:;base64,%s"}}]},"systemd":{"units":[{"name":"keelson-agent.service","enabled":true}]}}\n' \
-  "$blob" >"$DIR/master-full.json"
-SIZE=$(stat -c %s "$DIR/master-full.json")
+printf '\x7fELF bench agent\n' >"$WORK/agent"
+"$KEELSON" build --config examples/install-config.yaml --out "$DIR" --no-image \
+  --agent "$WORK/agent" --quiet
 
 # --- servers -----------------------------------------------------------------------------
 KS_PLAIN=$(free_port); KS_TLS=$(free_port); NGX=$(free_port)
@@ -76,7 +58,9 @@ taskset -c "$SERVER_CPU" "$KEELSON" serve --dir "$DIR" \
 PIDS+=($!)
 
 mkdir -p "$WORK/nginx/config" "$WORK/nginx/logs"
-cp "$DIR/master-full.json" "$WORK/nginx/config/master"
+"$KEELSON" render --config examples/install-config.yaml --role master --dir "$DIR" \
+  --agent "$WORK/agent" | head -c -1 >"$WORK/nginx/config/master"
+SIZE=$(stat -c %s "$WORK/nginx/config/master")
 cat >"$WORK/nginx.conf" <<EOF
 worker_processes 1;
 daemon off;
@@ -117,7 +101,6 @@ curl -sf -H "Accept: $ACCEPT" "http://127.0.0.1:$KS_PLAIN/config/master" >"$WORK
   { cat "$WORK/keelson.log" >&2; exit 1; }
 curl -sf "http://127.0.0.1:$NGX/config/master" >"$WORK/ngx.json" || { cat "$WORK/nginx.log" >&2; exit 1; }
 cmp -s "$WORK/ks.json" "$WORK/ngx.json" || { echo "keelson and nginx serve different bytes" >&2; exit 1; }
-cmp -s "$WORK/ks.json" "$DIR/master-full.json" || { echo "served bytes differ from the file" >&2; exit 1; }
 
 run_wrk() { # url -> requests/s
   taskset -c "$WRK_CPU" wrk -t1 -c"$CONNS" -d"${SECS}s" -H "Accept: $ACCEPT" "$1" |

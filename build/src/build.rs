@@ -44,6 +44,14 @@ pub struct BuildArgs {
     /// Its lib/modules/<version> directory.
     #[arg(long, requires = "kernel")]
     pub modules: Option<PathBuf>,
+    /// A JSON merge patch (RFC 7396) applied to the generated cluster.json
+    /// (docs/cluster-json.md).
+    #[arg(long, value_name = "PATCH.json")]
+    pub cluster_patch: Option<PathBuf>,
+    /// A file served as `/assets/<file name>` (repeatable): the executable of a cluster.json
+    /// service whose `asset` names it.
+    #[arg(long = "asset", value_name = "FILE")]
+    pub assets: Vec<PathBuf>,
     /// Print only errors.
     #[arg(long)]
     pub quiet: bool,
@@ -73,6 +81,12 @@ pub struct RenderArgs {
     /// The pointer config instead of the full one.
     #[arg(long)]
     pub pointer: bool,
+    /// The build's cluster.json merge patch (as for build).
+    #[arg(long, value_name = "PATCH.json")]
+    pub cluster_patch: Option<PathBuf>,
+    /// The build's assets (as for build).
+    #[arg(long = "asset", value_name = "FILE")]
+    pub assets: Vec<PathBuf>,
 }
 
 /// `keelson validate` / `keelson vrids`.
@@ -87,6 +101,111 @@ pub struct ConfigArgs {
 pub fn load_install_config(path: &Path) -> anyhow::Result<InstallConfig> {
     let text = std::fs::read_to_string(path).with_context(|| format!("{}", path.display()))?;
     InstallConfig::parse(&text).with_context(|| format!("{}", path.display()))
+}
+
+/// An operator file served under `/assets/` (`--asset`).
+#[derive(Debug)]
+pub struct Asset {
+    /// Its name under `/assets/` (the file name).
+    pub name: String,
+    /// Where it was read from.
+    pub path: PathBuf,
+    /// Its contents.
+    pub bytes: Vec<u8>,
+}
+
+/// Where the appliance image carries the build's assets, so an appliance bootstrap can
+/// run and serve them (DESIGN §2: the bootstrap cannot fetch from itself).
+pub const IMAGE_ASSETS_DIR: &str = "/etc/keelson/assets";
+
+/// Reads the `--asset` files; names must be plain, distinct, and not the agent's.
+pub fn load_assets(paths: &[PathBuf]) -> anyhow::Result<Vec<Asset>> {
+    let mut out: Vec<Asset> = Vec::new();
+    for path in paths {
+        let name = path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .filter(|n| keelson_ignition::cluster::is_asset_name(n) && *n != AGENT_ASSET)
+            .with_context(|| {
+                format!(
+                    "--asset {}: expected a file name of [A-Za-z0-9._-] other than {AGENT_ASSET}",
+                    path.display()
+                )
+            })?;
+        if out.iter().any(|a| a.name == name) {
+            anyhow::bail!("--asset {}: a second asset named {name}", path.display());
+        }
+        let bytes = std::fs::read(path).with_context(|| format!("--asset {}", path.display()))?;
+        out.push(Asset {
+            name: name.to_owned(),
+            path: path.clone(),
+            bytes,
+        });
+    }
+    out.sort_by(|a, b| a.name.cmp(&b.name));
+    Ok(out)
+}
+
+/// The cluster.json a build writes: the install-config's defaults, the Ignition spec of the
+/// build, then the operator's merge patch, in which a service's `"asset": "NAME"` is
+/// shorthand for the asset of that name with its sha512 filled in; checked.
+pub fn cluster_config(
+    ic: &InstallConfig,
+    spec: SpecVersion,
+    patch: Option<&Path>,
+    assets: &[Asset],
+) -> anyhow::Result<ClusterConfig> {
+    let mut cluster = ic.cluster_config();
+    cluster.ignition.spec = spec.as_str().into();
+    if let Some(path) = patch {
+        let text = std::fs::read(path).with_context(|| path.display().to_string())?;
+        let mut value: serde_json::Value = serde_json::from_slice(&text)
+            .with_context(|| format!("{}: not JSON", path.display()))?;
+        fill_asset_hashes(&mut value, assets).with_context(|| path.display().to_string())?;
+        cluster = cluster
+            .with_merge_patch(&value)
+            .with_context(|| format!("applying {}", path.display()))?;
+    }
+    cluster.check()?;
+    for (i, svc) in cluster.services.iter().enumerate() {
+        if let Some(asset) = &svc.asset {
+            let Some(file) = assets.iter().find(|a| a.name == asset.name) else {
+                anyhow::bail!(
+                    "cluster.json services[{i}].asset: expected --asset .../{} on the command line",
+                    asset.name
+                );
+            };
+            if hex::encode(Sha512::digest(&file.bytes)) != asset.sha512 {
+                anyhow::bail!(
+                    "cluster.json services[{i}].asset.sha512: expected the sha512 of --asset {}",
+                    asset.name
+                );
+            }
+        }
+    }
+    Ok(cluster)
+}
+
+/// Replaces `services[i].asset: "NAME"` in a patch by `{name, sha512}` of that asset.
+fn fill_asset_hashes(patch: &mut serde_json::Value, assets: &[Asset]) -> anyhow::Result<()> {
+    let Some(services) = patch.get_mut("services").and_then(|s| s.as_array_mut()) else {
+        return Ok(());
+    };
+    for (i, svc) in services.iter_mut().enumerate() {
+        let Some(asset) = svc.get_mut("asset") else {
+            continue;
+        };
+        if let Some(name) = asset.as_str().map(str::to_owned) {
+            let file = assets.iter().find(|a| a.name == name).with_context(|| {
+                format!("services[{i}].asset: expected --asset .../{name} on the command line")
+            })?;
+            *asset = serde_json::json!({
+                "name": name,
+                "sha512": hex::encode(Sha512::digest(&file.bytes)),
+            });
+        }
+    }
+    Ok(())
 }
 
 fn source_date_epoch() -> Option<u64> {
@@ -143,7 +262,9 @@ pub fn vrids(args: ConfigArgs) -> anyhow::Result<()> {
 
 /// Runs `keelson render`.
 pub fn render_cmd(args: RenderArgs) -> anyhow::Result<()> {
-    let cluster = load_install_config(&args.config)?.cluster_config();
+    let ic = load_install_config(&args.config)?;
+    let assets = load_assets(&args.assets)?;
+    let cluster = cluster_config(&ic, args.spec, args.cluster_patch.as_deref(), &assets)?;
     let tls = args.dir.join("tls");
     let pki = pki::load_or_create(&tls, &cluster, source_date_epoch())?;
     if !tls.join(pki::files::CA_CERT).exists() {
@@ -178,6 +299,7 @@ pub fn write_outputs(
     agent: &[u8],
     spec: SpecVersion,
     agent_url: Option<String>,
+    extra_assets: &[Asset],
 ) -> anyhow::Result<Vec<String>> {
     let assets = assets_for(pki, agent, agent_url);
     let bootstrap = render::render_full(cluster, Role::Bootstrap, spec, &assets)?;
@@ -199,7 +321,7 @@ pub fn write_outputs(
     write("cluster.json", &cluster.to_json())?;
     write(&format!("assets/{AGENT_ASSET}"), agent)?;
     pki.write(&dir.join("tls"))?;
-    Ok(vec![
+    let mut names: Vec<String> = vec![
         "bootstrap.ign".into(),
         "master.ign".into(),
         "worker.ign".into(),
@@ -207,7 +329,13 @@ pub fn write_outputs(
         format!("assets/{AGENT_ASSET}"),
         "tls/ca.crt".into(),
         "tls/server.crt".into(),
-    ])
+    ];
+    for asset in extra_assets {
+        let name = format!("assets/{}", asset.name);
+        write(&name, &asset.bytes)?;
+        names.push(name);
+    }
+    Ok(names)
 }
 
 /// `SHA256SUMS` text for `names` under `dir` (sorted, `sha256sum` format).
@@ -236,8 +364,8 @@ pub fn build(args: BuildArgs) -> anyhow::Result<()> {
     for note in &ic.notes {
         say(&format!("note: {note}"));
     }
-    let cluster = ic.cluster_config();
-    cluster.check()?;
+    let assets = load_assets(&args.assets)?;
+    let cluster = cluster_config(&ic, args.spec, args.cluster_patch.as_deref(), &assets)?;
     let agent_path = crate::image::find_agent(args.agent.as_deref())?;
     let agent = std::fs::read(&agent_path).with_context(|| agent_path.display().to_string())?;
 
@@ -259,12 +387,17 @@ pub fn build(args: BuildArgs) -> anyhow::Result<()> {
         &agent,
         args.spec,
         args.agent_url.clone(),
+        &assets,
     )?;
     if !args.no_image {
         say("building the appliance image (kernel, initramfs, disk, qcow2)");
         let opts = keelson_image::ImageOptions {
             kernel: args.kernel.clone(),
             modules: args.modules.clone(),
+            extra_files: assets
+                .iter()
+                .map(|a| (format!("{IMAGE_ASSETS_DIR}/{}", a.name), a.path.clone()))
+                .collect(),
             ..keelson_image::ImageOptions::new(staging.path(), &agent_path)
         };
         let manifest = keelson_image::build(&opts)?;

@@ -265,3 +265,79 @@ fn vrids_and_validate_print_what_they_derived() {
         "{out}"
     );
 }
+
+#[test]
+fn cluster_patch_reaches_cluster_json_and_the_rendered_configs() {
+    let work = tempfile::tempdir().unwrap();
+    let agent = fake_agent(work.path());
+    let patch = work.path().join("patch.json");
+    std::fs::write(
+        &patch,
+        r#"{"api": {"frontendPort": 7443}, "dns": {"upstreams": ["192.0.2.53:53"]}}"#,
+    )
+    .unwrap();
+    let patch = patch.display().to_string();
+    let out = work.path().join("out").display().to_string();
+    ok(&keelson(&[
+        "build",
+        "--config",
+        EXAMPLE,
+        "--out",
+        &out,
+        "--agent",
+        &agent,
+        "--no-image",
+        "--quiet",
+        "--spec",
+        "3.1.0",
+        "--cluster-patch",
+        &patch,
+    ]));
+    let written = std::fs::read(work.path().join("out/cluster.json")).unwrap();
+    let cluster = keelson_ignition::ClusterConfig::from_json(&written).unwrap();
+    assert_eq!(cluster.api.frontend_port, 7443);
+    assert_eq!(cluster.dns.upstreams.len(), 1);
+    assert_eq!(cluster.ignition.spec, "3.1.0");
+    // `render` with the same patch carries the same cluster.json as the build's.
+    let rendered = ok(&keelson(&[
+        "render",
+        "--config",
+        EXAMPLE,
+        "--role",
+        "bootstrap",
+        "--spec",
+        "3.1.0",
+        "--dir",
+        &out,
+        "--agent",
+        &agent,
+        "--cluster-patch",
+        &patch,
+    ]));
+    let bootstrap = std::fs::read_to_string(work.path().join("out/bootstrap.ign")).unwrap();
+    assert_eq!(rendered.trim_end(), bootstrap.trim_end());
+
+    // A misspelt field in the patch: exit 2, the field named, nothing written.
+    let bad = work.path().join("bad.json");
+    std::fs::write(&bad, r#"{"api": {"frontendPrt": 7443}}"#).unwrap();
+    let out2 = work.path().join("out2");
+    let result = keelson(&[
+        "build",
+        "--config",
+        EXAMPLE,
+        "--out",
+        &out2.display().to_string(),
+        "--agent",
+        &agent,
+        "--no-image",
+        "--cluster-patch",
+        &bad.display().to_string(),
+    ]);
+    assert_eq!(result.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&result.stderr);
+    assert!(
+        err.contains("frontendPrt") && err.contains("bad.json"),
+        "{err}"
+    );
+    assert!(!out2.exists() || std::fs::read_dir(&out2).unwrap().next().is_none());
+}

@@ -382,6 +382,39 @@ pub struct ServiceSpec {
     /// Roles it runs on; empty means every role.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub roles: Vec<Role>,
+    /// The executable is an asset of the build (`keelson build --asset`): masters and
+    /// workers it runs on get it at `path` from the Ignition server's `/assets/<name>`,
+    /// sha512-verified, as they get the agent. The bootstrap must already have it (the
+    /// appliance image, or the operator's own means on RHCOS).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub asset: Option<ServiceAsset>,
+}
+
+impl ServiceSpec {
+    /// Whether the service runs on a node of `role`.
+    pub fn runs_on(&self, role: Role) -> bool {
+        self.roles.is_empty() || self.roles.contains(&role)
+    }
+}
+
+/// A service's executable served by the Ignition servers under `/assets/<name>`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ServiceAsset {
+    /// File name under `/assets/` (and under `out/assets/` of the build).
+    pub name: String,
+    /// Lowercase hex sha512 of the file (written by `keelson build`).
+    pub sha512: String,
+}
+
+/// Whether `name` may name an asset: a plain file name, no path, not hidden.
+pub fn is_asset_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 128
+        && !name.starts_with('.')
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
 }
 
 impl ClusterConfig {
@@ -397,6 +430,26 @@ impl ClusterConfig {
         let mut out = serde_json::to_vec_pretty(self).expect("cluster config serialises");
         out.push(b'\n');
         out
+    }
+
+    /// Applies a JSON merge patch (RFC 7396) and checks the result like a parsed document,
+    /// so a misspelt field in the patch is an error naming it.
+    pub fn with_merge_patch(&self, patch: &serde_json::Value) -> Result<Self, ClusterConfigError> {
+        if !patch.is_object() {
+            return Err(ClusterConfigError::Invalid {
+                field: "patch".into(),
+                expected: "a JSON object (RFC 7396 merge patch)".into(),
+                got: match patch {
+                    serde_json::Value::Array(_) => "an array".into(),
+                    other => other.to_string(),
+                },
+            });
+        }
+        let mut doc = serde_json::to_value(self)?;
+        json_patch::merge(&mut doc, patch);
+        let patched: ClusterConfig = serde_json::from_value(doc)?;
+        patched.check()?;
+        Ok(patched)
     }
 
     /// The cluster's DNS zone, `<name>.<baseDomain>`.
@@ -485,6 +538,34 @@ impl ClusterConfig {
                     &svc.path,
                 ));
             }
+            if self.services[..i].iter().any(|s| s.name == svc.name) {
+                return Err(invalid(
+                    format!("services[{i}].name"),
+                    "a name no other service has",
+                    &svc.name,
+                ));
+            }
+            if let Some(asset) = &svc.asset {
+                if !is_asset_name(&asset.name) || asset.name == "keelson-agent" {
+                    return Err(invalid(
+                        format!("services[{i}].asset.name"),
+                        "a plain file name ([A-Za-z0-9._-], not keelson-agent)",
+                        &asset.name,
+                    ));
+                }
+                if asset.sha512.len() != 128
+                    || !asset
+                        .sha512
+                        .bytes()
+                        .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+                {
+                    return Err(invalid(
+                        format!("services[{i}].asset.sha512"),
+                        "128 lowercase hex digits",
+                        &asset.sha512,
+                    ));
+                }
+            }
         }
         Ok(())
     }
@@ -527,6 +608,56 @@ mod tests {
         // "ab": sum1 = 97 % 15 = 7, sum2 = 7; then sum1 = (7+98)%15 = 0, sum2 = 7.
         assert_eq!(fletcher8("ab"), 0x70);
         assert_eq!(fletcher8(""), 0);
+    }
+
+    fn example() -> ClusterConfig {
+        let text = std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../examples/install-config.yaml"
+        ))
+        .unwrap();
+        crate::install_config::InstallConfig::parse(&text)
+            .unwrap()
+            .cluster_config()
+    }
+
+    #[test]
+    fn merge_patch_changes_only_what_it_names() {
+        let base = example();
+        let patch = serde_json::json!({
+            "api": {"frontendPort": 7443},
+            "dns": {"upstreams": ["192.0.2.53:53"]},
+            "sshAuthorizedKeys": null
+        });
+        let patched = base.with_merge_patch(&patch).unwrap();
+        assert_eq!(patched.api.frontend_port, 7443);
+        assert_eq!(
+            patched.dns.upstreams,
+            vec!["192.0.2.53:53".parse().unwrap()]
+        );
+        assert!(patched.ssh_authorized_keys.is_empty());
+        assert_eq!(patched.vrrp, base.vrrp);
+        assert_eq!(patched.api.backend_port, base.api.backend_port);
+    }
+
+    #[test]
+    fn merge_patch_errors_name_the_field() {
+        let base = example();
+        let e = base
+            .with_merge_patch(&serde_json::json!({"api": {"frontendPrt": 1}}))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("frontendPrt"), "{e}");
+        let e = base
+            .with_merge_patch(&serde_json::json!({"version": 2}))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("version: expected 1, got 2"), "{e}");
+        let e = base
+            .with_merge_patch(&serde_json::json!([1]))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("merge patch"), "{e}");
     }
 
     #[test]

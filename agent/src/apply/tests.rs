@@ -232,3 +232,48 @@ async fn pointer_config_is_fetched_with_the_ca_retried_on_500_and_verified() {
     .to_string();
     assert!(err.contains("TLS"), "{err}");
 }
+
+#[tokio::test]
+async fn remote_files_are_fetched_once_and_reused_when_the_hash_matches() {
+    let binary = b"\x7fELF a service binary".repeat(100);
+    let (url, ca_pem, count) = https_server(binary.clone(), 0).await;
+    let url = url.replace("/config/master", "/assets/svc");
+    let config = |hash: String| {
+        serde_json::to_vec(&serde_json::json!({
+            "ignition": {"version": "3.2.0",
+                "security": {"tls": {"certificateAuthorities": [{"source": b64(ca_pem.as_bytes())}]}}},
+            "storage": {"files": [{"path": "/usr/local/bin/svc", "mode": 493,
+                "contents": {"source": url, "verification": {"hash": hash}}}]}
+        }))
+        .unwrap()
+    };
+    let root = tempfile::tempdir().unwrap();
+    let target = root.path().join("usr/local/bin/svc");
+    apply_user_data(&config(sha512(&binary)), root.path())
+        .await
+        .unwrap();
+    assert_eq!(std::fs::read(&target).unwrap(), binary);
+    assert_eq!(count.load(Ordering::SeqCst), 1);
+    // A second boot: the file is there with the right hash, so nothing is downloaded.
+    apply_user_data(&config(sha512(&binary)), root.path())
+        .await
+        .unwrap();
+    assert_eq!(count.load(Ordering::SeqCst), 1, "reused, not fetched again");
+    // A stale local copy does not count: it is fetched and then fails verification.
+    std::fs::write(&target, b"stale").unwrap();
+    let err = apply_user_data_with(
+        &config(sha512(b"what the server does not have")),
+        root.path(),
+        &ApplyOptions {
+            fetch_timeout: Some(Duration::from_secs(5)),
+        },
+    )
+    .await
+    .unwrap_err()
+    .to_string();
+    assert_eq!(count.load(Ordering::SeqCst), 2);
+    assert!(
+        err.contains("storage.files[0].contents.verification.hash"),
+        "{err}"
+    );
+}

@@ -98,7 +98,7 @@ impl IgnitionService {
         self
     }
 
-    fn assets(&self) -> anyhow::Result<Assets> {
+    fn assets(&self, cluster: &keelson_ignition::ClusterConfig) -> anyhow::Result<Assets> {
         let mut assets = Assets::from_dir(&self.paths.assets_dir)?;
         if let Some(name) = &self.paths.self_asset
             && assets.get(name).is_none()
@@ -108,12 +108,29 @@ impl IgnitionService {
                 std::fs::read(&exe).with_context(|| format!("reading {}", exe.display()))?;
             assets.insert(name, Bytes::from(bytes))?;
         }
+        // A node that runs a service serves its executable too, as it serves the agent:
+        // after the bootstrap is gone the masters hand it to the nodes that join later.
+        for svc in &cluster.services {
+            let Some(asset) = &svc.asset else { continue };
+            if assets.get(&asset.name).is_some() {
+                continue;
+            }
+            match std::fs::read(&svc.path) {
+                Ok(bytes) => assets.insert(&asset.name, Bytes::from(bytes))?,
+                Err(e) => tracing::debug!(
+                    asset = asset.name,
+                    path = svc.path,
+                    error = %e,
+                    "not serving this asset: not on this node"
+                ),
+            }
+        }
         Ok(assets)
     }
 
     async fn bind(self, ctx: &AgentContext) -> anyhow::Result<BoundServer> {
         let tls = tls_config_from_files(&self.paths.cert, &self.paths.key)?;
-        let assets = self.assets()?;
+        let assets = self.assets(&ctx.cluster)?;
         let settings = &ctx.cluster.ignition;
         let server = |ip: IpAddr| {
             let opts = ServerOptions {

@@ -4,6 +4,7 @@
 //! button stop everything in order and power off. PID 1 never exits: every failure is logged
 //! on the console and retried.
 
+pub mod assets;
 pub mod modules;
 pub mod power;
 pub mod reaper;
@@ -206,6 +207,13 @@ async fn boot() -> anyhow::Result<()> {
         node.role.as_str(),
         node.interface
     ));
+    let assets = assets::install_from_image(&cluster, node.role, Path::new("/"));
+    for path in &assets.installed {
+        log(&format!("installed {} from the image", path.display()));
+    }
+    for line in &assets.missing {
+        log(line);
+    }
     let ctx = AgentContext::new(cluster, node);
     ctx.bus.dns_upstreams.send_replace(dns_rx.borrow().clone());
     {

@@ -437,9 +437,9 @@ async fn health_supervisor(sh: Arc<Shared>, stop: CancellationToken) {
             keep
         });
         for b in current.iter() {
-            if !tasks.contains_key(&b.addr) {
+            if let std::collections::hash_map::Entry::Vacant(slot) = tasks.entry(b.addr) {
                 let t = stop.child_token();
-                tasks.insert(b.addr, t.clone());
+                slot.insert(t.clone());
                 tokio::spawn(check_loop(sh.clone(), checker.clone(), b.clone(), t));
             }
         }

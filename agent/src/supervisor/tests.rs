@@ -115,6 +115,7 @@ async fn processes_restart_by_policy_and_are_killed_on_stop() {
         env: [("OUT".to_owned(), counter.display().to_string())].into(),
         restart,
         roles: vec![],
+        asset: None,
     };
     // Fails every time: restarted with backoff.
     assert!(sup.process(spec(

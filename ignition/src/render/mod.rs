@@ -145,8 +145,13 @@ pub fn config_url(cluster: &ClusterConfig, role: Role) -> Result<String, RenderE
 
 /// The URL of the agent binary on the Ignition server behind the API VIP.
 pub fn agent_asset_url(cluster: &ClusterConfig) -> Result<String, RenderError> {
+    asset_url(cluster, "keelson-agent")
+}
+
+/// The URL of asset `name` on the Ignition server behind the API VIP.
+pub fn asset_url(cluster: &ClusterConfig, name: &str) -> Result<String, RenderError> {
     let url = config_url(cluster, Role::Master)?;
-    Ok(url.replace("/config/master", "/assets/keelson-agent"))
+    Ok(url.replace("/config/master", &format!("/assets/{name}")))
 }
 
 /// The full model for `role`.
@@ -201,6 +206,24 @@ pub fn full_model(cluster: &ClusterConfig, role: Role, assets: &NodeAssets) -> M
             enabled: true,
             contents: unit::agent_unit(),
         });
+    }
+    // Operator services' executables, fetched like the agent. Not for the bootstrap: the
+    // server they come from is the one the bootstrap itself is about to start.
+    if role != Role::Bootstrap {
+        for svc in cluster.services.iter().filter(|s| s.runs_on(role)) {
+            if let Some(asset) = &svc.asset
+                && let Ok(url) = asset_url(cluster, &asset.name)
+            {
+                files.push(FileSpec {
+                    path: svc.path.clone(),
+                    mode: 0o755,
+                    contents: Contents::Remote {
+                        url,
+                        sha512: asset.sha512.clone(),
+                    },
+                });
+            }
+        }
     }
     Model {
         files,

@@ -29,8 +29,27 @@ fn schema(spec: SpecVersion) -> jsonschema::Validator {
     jsonschema::validator_for(&schema).unwrap()
 }
 
+/// The example cluster with an operator service whose binary is a build asset.
+fn cluster_with_service() -> ClusterConfig {
+    let mut c = cluster();
+    c.services.push(crate::cluster::ServiceSpec {
+        name: "kube-apiserver".into(),
+        path: "/usr/local/bin/kube-standin".into(),
+        args: vec!["--listen".into(), "0.0.0.0:6443".into()],
+        env: Default::default(),
+        restart: Default::default(),
+        roles: vec![Role::Bootstrap, Role::Master],
+        asset: Some(crate::cluster::ServiceAsset {
+            name: "kube-standin".into(),
+            sha512: "cd".repeat(64),
+        }),
+    });
+    c.check().unwrap();
+    c
+}
+
 fn every_config() -> Vec<(String, SpecVersion, Vec<u8>)> {
-    let c = cluster();
+    let c = cluster_with_service();
     let mut out = Vec::new();
     for spec in SpecVersion::ALL {
         for role in [Role::Bootstrap, Role::Master, Role::Worker] {
@@ -170,6 +189,36 @@ fn full_configs_carry_what_each_role_needs() {
         .find(|f| f["path"] == paths::ROLE)
         .unwrap();
     assert_eq!(role["contents"]["source"], "data:,master%0A");
+}
+
+#[test]
+fn service_assets_go_to_the_roles_that_run_them_but_not_the_bootstrap() {
+    let c = cluster_with_service();
+    let standin = |role: Role| -> Option<serde_json::Value> {
+        let bytes = render_full(&c, role, SpecVersion::V3_2, &assets(None)).unwrap();
+        let doc: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
+        doc["storage"]["files"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|f| f["path"] == "/usr/local/bin/kube-standin")
+            .cloned()
+    };
+    let m = standin(Role::Master).expect("masters get the service's executable");
+    assert_eq!(
+        m["contents"]["source"],
+        "https://10.0.0.5:22623/assets/kube-standin"
+    );
+    assert_eq!(
+        m["contents"]["verification"]["hash"],
+        format!("sha512-{}", "cd".repeat(64))
+    );
+    assert_eq!(m["mode"], 0o755);
+    assert!(standin(Role::Worker).is_none(), "not a worker service");
+    assert!(
+        standin(Role::Bootstrap).is_none(),
+        "the bootstrap cannot fetch from itself"
+    );
 }
 
 #[test]
