@@ -380,6 +380,15 @@ pub fn build(args: BuildArgs) -> anyhow::Result<()> {
         args.spec,
         cluster.zone()
     ));
+    match &args.agent_url {
+        Some(url) => say(&format!(
+            "bootstrap.ign fetches the agent from {url} (RHCOS bootstrap; sha512-verified)"
+        )),
+        None => say(
+            "bootstrap.ign is for the keelson appliance image, which already holds the agent \
+             (--agent-url URL for an RHCOS bootstrap)",
+        ),
+    }
     let mut names = write_outputs(
         staging.path(),
         &cluster,

@@ -341,3 +341,40 @@ fn cluster_patch_reaches_cluster_json_and_the_rendered_configs() {
     );
     assert!(!out2.exists() || std::fs::read_dir(&out2).unwrap().next().is_none());
 }
+
+#[test]
+fn build_says_which_bootstrap_its_config_is_for() {
+    let work = tempfile::tempdir().unwrap();
+    let agent = fake_agent(work.path());
+    let run = |out: &str, url: Option<&str>| {
+        let mut args = vec![
+            "build",
+            "--config",
+            EXAMPLE,
+            "--out",
+            out,
+            "--agent",
+            &agent,
+            "--no-image",
+        ];
+        if let Some(url) = url {
+            args.extend(["--agent-url", url]);
+        }
+        let result = keelson(&args);
+        ok(&result);
+        String::from_utf8_lossy(&result.stderr).into_owned()
+    };
+    let appliance = run(&work.path().join("a").display().to_string(), None);
+    assert!(
+        appliance.contains("for the keelson appliance image"),
+        "{appliance}"
+    );
+    let rhcos = run(
+        &work.path().join("b").display().to_string(),
+        Some("https://objects.example/keelson-agent"),
+    );
+    assert!(
+        rhcos.contains("fetches the agent from https://objects.example/keelson-agent"),
+        "{rhcos}"
+    );
+}

@@ -4,5 +4,7 @@
 pub mod cluster;
 pub mod configdrive;
 pub mod netns;
+pub mod probe;
+pub mod scenarios;
 pub mod segment;
 pub mod vm;

@@ -1,25 +1,299 @@
-//! `qemu-cluster`: boots a whole keelson cluster under QEMU and checks it from outside.
+//! `qemu-cluster`: boots a whole keelson cluster under QEMU and checks it from outside
+//! (`make qemu-cluster`, docs/qemu-cluster.md).
+//!
+//! Environment: `KEELSON_BIN` (the `keelson` program), `KEELSON_AGENT_BIN` (the static agent),
+//! `KEELSON_STANDIN_BIN` (the static stand-in API server), `QEMU_CLUSTER_WORK` (working
+//! directory, default `target/qemu-cluster`), `ACCEL` (`tcg` by default).
 
-use anyhow::Result;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use keelson_qemu_tests::cluster::Cluster;
+use keelson_qemu_tests::scenarios;
 use keelson_qemu_tests::segment::{Segment, TapBridge};
 
-fn main() -> Result<()> {
+fn main() {
     let mut args = std::env::args().skip(1);
-    match args.next().as_deref() {
+    let result = match args.next().as_deref() {
         // Debug aid: bridge a segment into an existing namespace until killed.
-        Some("bridge") => {
-            let group: std::net::Ipv4Addr = args.next().unwrap_or_default().parse()?;
-            let port: u16 = args.next().unwrap_or_default().parse()?;
-            let netns = args.next().unwrap_or_default();
-            let _bridge = TapBridge::start(Segment { group, port }, &netns, "kqtap0")?;
-            eprintln!("bridging {group}:{port} into {netns}/kqtap0");
-            loop {
-                std::thread::sleep(std::time::Duration::from_secs(3600));
-            }
-        }
-        _ => {
-            println!("qemu-cluster: not yet (issue 9)");
-            Ok(())
+        Some("bridge") => bridge(args.collect()),
+        None => run(),
+        Some(other) => Err(anyhow::anyhow!(
+            "unknown argument {other:?}; usage: qemu-cluster [bridge GROUP PORT NETNS]"
+        )),
+    };
+    if let Err(e) = result {
+        eprintln!("qemu-cluster: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+fn bridge(args: Vec<String>) -> Result<()> {
+    let [group, port, netns] = args.as_slice() else {
+        bail!("usage: qemu-cluster bridge GROUP PORT NETNS");
+    };
+    let segment = Segment {
+        group: group.parse()?,
+        port: port.parse()?,
+    };
+    let _bridge = TapBridge::start(segment, netns, "kqtap0")?;
+    eprintln!("bridging {group}:{port} into {netns}/kqtap0");
+    loop {
+        std::thread::sleep(Duration::from_secs(3600));
+    }
+}
+
+fn workspace() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("qemu-tests sits in the workspace")
+        .to_path_buf()
+}
+
+fn env_path(var: &str, default: &str) -> PathBuf {
+    std::env::var_os(var)
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace().join(default))
+}
+
+/// The operator services of the test cluster: the stand-in kube-apiserver on the control
+/// plane and, with `--plain` on :1936, the ingress router's readiness endpoint on workers.
+/// Both are the `kube-standin` build asset. The API stand-in binds the node's own address,
+/// not the wildcard, so the agent's proxy can bind VIP:6443 on the VIP holder (on RHCOS,
+/// where kube-apiserver holds *:6443, see docs/proxy.md).
+const CLUSTER_PATCH: &str = r#"{
+  "services": [
+    {"name": "kube-apiserver", "path": "/usr/local/bin/kube-standin",
+     "args": ["--listen", "${KEELSON_NODE_ADDRESS}:6443"], "roles": ["bootstrap", "master"],
+     "asset": "kube-standin"},
+    {"name": "router", "path": "/usr/local/bin/kube-standin",
+     "args": ["--plain", "--listen", "0.0.0.0:1936"], "roles": ["worker"],
+     "asset": "kube-standin"}
+  ]
+}
+"#;
+
+/// `keelson build` of the example cluster with the stand-ins; returns the output directory.
+fn build(work: &Path) -> Result<PathBuf> {
+    let keelson = env_path("KEELSON_BIN", "target/debug/keelson");
+    let agent = env_path(
+        "KEELSON_AGENT_BIN",
+        "target/x86_64-unknown-linux-gnu/release/keelson-agent",
+    );
+    let standin = env_path(
+        "KEELSON_STANDIN_BIN",
+        "target/x86_64-unknown-linux-gnu/release/kube-standin",
+    );
+    for (what, path) in [
+        ("keelson", &keelson),
+        ("agent", &agent),
+        ("stand-in", &standin),
+    ] {
+        if !path.exists() {
+            bail!("no {what} at {} (run `make agent build`)", path.display());
         }
     }
+    // The stand-in is served as /assets/kube-standin: the asset takes the file's name.
+    let assets = work.join("assets");
+    std::fs::create_dir_all(&assets)?;
+    let asset = assets.join("kube-standin");
+    std::fs::copy(&standin, &asset).context("copying the stand-in")?;
+    let patch = work.join("cluster-patch.json");
+    std::fs::write(&patch, CLUSTER_PATCH)?;
+    let out = work.join("out");
+    let _ = std::fs::remove_dir_all(&out);
+    let status = Command::new(&keelson)
+        .arg("build")
+        .arg("--config")
+        .arg(workspace().join("examples/install-config.yaml"))
+        .arg("--out")
+        .arg(&out)
+        .arg("--agent")
+        .arg(&agent)
+        .arg("--asset")
+        .arg(&asset)
+        .arg("--cluster-patch")
+        .arg(&patch)
+        .arg("--quiet")
+        .status()
+        .with_context(|| format!("running {}", keelson.display()))?;
+    if !status.success() {
+        bail!("keelson build failed ({status})");
+    }
+    Ok(out)
+}
+
+/// One row of the closing table.
+struct Row {
+    scenario: &'static str,
+    ok: bool,
+    time: Duration,
+    detail: String,
+}
+
+struct Report {
+    rows: Vec<Row>,
+}
+
+impl Report {
+    /// Runs one scenario; on failure prints the consoles of `involved` and returns false.
+    fn run<T>(
+        &mut self,
+        cluster: &mut Cluster,
+        scenario: &'static str,
+        involved: &[&str],
+        f: impl FnOnce(&mut Cluster) -> Result<T>,
+        detail: impl FnOnce(&T) -> String,
+    ) -> Option<T> {
+        eprintln!("qemu-cluster: {scenario} ...");
+        let start = Instant::now();
+        let result = f(cluster);
+        let time = start.elapsed();
+        match result {
+            Ok(v) => {
+                let d = detail(&v);
+                eprintln!(
+                    "qemu-cluster: {scenario}: ok in {:.1} s: {d}",
+                    time.as_secs_f64()
+                );
+                self.rows.push(Row {
+                    scenario,
+                    ok: true,
+                    time,
+                    detail: d,
+                });
+                Some(v)
+            }
+            Err(e) => {
+                eprintln!("qemu-cluster: {scenario}: FAILED: {e:#}");
+                eprintln!("{}", cluster.consoles(involved, 40));
+                self.rows.push(Row {
+                    scenario,
+                    ok: false,
+                    time,
+                    detail: format!("{e:#}").lines().next().unwrap_or("").to_owned(),
+                });
+                None
+            }
+        }
+    }
+
+    fn print(&self, skipped: &[&str]) {
+        println!();
+        println!("{:<10} {:<7} {:>8}  detail", "scenario", "result", "time");
+        for r in &self.rows {
+            println!(
+                "{:<10} {:<7} {:>6.1} s  {}",
+                r.scenario,
+                if r.ok { "ok" } else { "FAILED" },
+                r.time.as_secs_f64(),
+                r.detail
+            );
+        }
+        for s in skipped {
+            println!(
+                "{s:<10} {:<7} {:>8}  (an earlier scenario failed)",
+                "skipped", "-"
+            );
+        }
+    }
+}
+
+fn run() -> Result<()> {
+    let start = Instant::now();
+    let work = env_path("QEMU_CLUSTER_WORK", "target/qemu-cluster");
+    std::fs::create_dir_all(&work)?;
+    eprintln!(
+        "qemu-cluster: building the cluster's payloads and image in {}",
+        work.display()
+    );
+    let out = build(&work)?;
+    let image = out.join("keelson.qcow2");
+    let mut cluster = Cluster::new(&work, &out, &image)?;
+    let mut report = Report { rows: Vec::new() };
+    let all = [
+        "bootstrap",
+        "master-0",
+        "master-1",
+        "master-2",
+        "worker-0",
+        "worker-1",
+    ];
+    let control = ["bootstrap", "master-0", "master-1", "master-2"];
+    let order = [
+        "1 boot",
+        "2 dns",
+        "3 api",
+        "4 pivot",
+        "5 failover",
+        "6 rejoin",
+    ];
+
+    let passed = (|| {
+        report.run(&mut cluster, order[0], &all, scenarios::boot, |d| d.clone())?;
+        let control_names: Vec<String> = control.iter().map(|s| s.to_string()).collect();
+        report.run(
+            &mut cluster,
+            order[1],
+            &control,
+            |c| scenarios::dns(c, &control_names),
+            |d| d.clone(),
+        )?;
+        report.run(
+            &mut cluster,
+            order[2],
+            &control,
+            |c| scenarios::api_spread(c),
+            |d| d.clone(),
+        )?;
+        report.run(&mut cluster, order[3], &all, scenarios::pivot, |d| {
+            d.clone()
+        })?;
+        // DNS from the workers, now that they have booted.
+        let everyone: Vec<String> = all[1..].iter().map(|s| s.to_string()).collect();
+        report.run(
+            &mut cluster,
+            "4b dns",
+            &all[1..],
+            |c| scenarios::dns(c, &everyone),
+            |d| d.clone(),
+        )?;
+        let (dead, _) = report.run(
+            &mut cluster,
+            order[4],
+            &all[1..],
+            scenarios::failover,
+            |(_, d)| d.clone(),
+        )?;
+        report.run(
+            &mut cluster,
+            order[5],
+            &all[1..4],
+            |c| scenarios::rejoin(c, &dead),
+            |d| d.clone(),
+        )?;
+        Some(())
+    })()
+    .is_some();
+
+    let skipped: Vec<&str> = order
+        .iter()
+        .copied()
+        .filter(|o| !report.rows.iter().any(|r| r.scenario == *o))
+        .collect();
+    report.print(&skipped);
+    println!(
+        "\nqemu-cluster: {} in {:.0} s (accel {}), consoles in {}",
+        if passed { "PASSED" } else { "FAILED" },
+        start.elapsed().as_secs_f64(),
+        keelson_qemu_tests::vm::accel(),
+        work.display()
+    );
+    drop(cluster);
+    if !passed {
+        bail!("a scenario failed");
+    }
+    Ok(())
 }

@@ -5,11 +5,12 @@ use std::process::{Command, Output};
 
 use anyhow::{Context, Result, bail};
 
-/// A network namespace, deleted on drop.
+/// A network namespace, deleted on drop when this handle created it.
 #[derive(Debug)]
 pub struct Netns {
     /// Its name (`ip netns`).
     pub name: String,
+    owned: bool,
 }
 
 impl Netns {
@@ -17,9 +18,20 @@ impl Netns {
     pub fn create(name: &str) -> Result<Self> {
         let _ = Command::new("ip").args(["netns", "del", name]).output();
         run(Command::new("ip").args(["netns", "add", name]))?;
-        let ns = Netns { name: name.into() };
+        let ns = Netns {
+            name: name.into(),
+            owned: true,
+        };
         ns.ip(&["link", "set", "lo", "up"])?;
         Ok(ns)
+    }
+
+    /// A handle on a namespace someone else created (not deleted on drop).
+    pub fn existing(name: &str) -> Self {
+        Netns {
+            name: name.into(),
+            owned: false,
+        }
     }
 
     /// `ip -n <ns> ARGS`.
@@ -51,6 +63,9 @@ impl Netns {
 
 impl Drop for Netns {
     fn drop(&mut self) {
+        if !self.owned {
+            return;
+        }
         let _ = Command::new("ip")
             .args(["netns", "del", &self.name])
             .output();

@@ -364,6 +364,10 @@ async fn write_config(
     if let Some(units) = config.pointer("/systemd/units").and_then(Value::as_array) {
         for unit in units {
             let name = unit.get("name").and_then(Value::as_str).unwrap_or("?");
+            if name == keelson_ignition::unit::AGENT_UNIT_NAME {
+                // The RHCOS unit that starts the agent: here the agent is already PID 1.
+                continue;
+            }
             applied.refused.push(format!(
                 "systemd.units {name}: the appliance has no systemd (the agent is PID 1); \
                  declare extra processes as cluster.json services"

@@ -456,7 +456,15 @@ async fn check_loop(
     b: Arc<Backend>,
     stop: CancellationToken,
 ) {
+    // Checks start every interval (haproxy's `inter`), however long the last one took: a
+    // dead backend whose checks time out is still down after `fall` intervals.
+    let mut tick = tokio::time::interval(sh.cfg.check_interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
+        tokio::select! {
+            () = stop.cancelled() => return,
+            _ = tick.tick() => {}
+        }
         let r = tokio::select! {
             () = stop.cancelled() => return,
             r = checker.check(b.addr) => r.map_err(|e| e.to_string()),
@@ -467,10 +475,6 @@ async fn check_loop(
                 Err(e) => tracing::warn!(backend = %b.addr, error = %e, up, "backend down"),
             }
             sh.pool.refresh_healthy();
-        }
-        tokio::select! {
-            () = stop.cancelled() => return,
-            () = tokio::time::sleep(sh.cfg.check_interval) => {}
         }
     }
 }

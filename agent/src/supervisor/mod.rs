@@ -208,17 +208,37 @@ impl Supervisor {
     }
 }
 
+/// What an operator process learns about its node: as environment variables, and as
+/// `${NAME}` in its arguments (one cluster.json entry serves every node, yet a process can
+/// bind its own node's address: the VIP and the wildcard stay free for the agent).
+pub fn node_vars(node: &crate::node::NodeIdentity) -> Vec<(&'static str, String)> {
+    let addr = |v6| node.address(v6).map(|a| a.to_string()).unwrap_or_default();
+    vec![
+        ("KEELSON_NODE_NAME", node.name.clone()),
+        ("KEELSON_NODE_ROLE", node.role.as_str().to_owned()),
+        ("KEELSON_NODE_ADDRESS", addr(false)),
+        ("KEELSON_NODE_ADDRESS6", addr(true)),
+    ]
+}
+
+/// `arg` with every `${NAME}` of `vars` replaced; other text (and unknown `${...}`) kept.
+pub fn expand(arg: &str, vars: &[(&'static str, String)]) -> String {
+    vars.iter().fold(arg.to_owned(), |a, (k, v)| {
+        a.replace(&format!("${{{k}}}"), v)
+    })
+}
+
 /// Runs the process once. `Ok(None)` when stopped by `stop` (SIGTERM, then SIGKILL after 5 s).
 async fn run_process(
     spec: &ServiceSpec,
     ctx: &AgentContext,
     stop: &CancellationToken,
 ) -> std::io::Result<Option<std::process::ExitStatus>> {
+    let vars = node_vars(&ctx.node);
     let mut child = tokio::process::Command::new(&spec.path)
-        .args(&spec.args)
+        .args(spec.args.iter().map(|a| expand(a, &vars)))
         .envs(&spec.env)
-        .env("KEELSON_NODE_NAME", &ctx.node.name)
-        .env("KEELSON_NODE_ROLE", ctx.node.role.as_str())
+        .envs(vars.iter().map(|(k, v)| (*k, v)))
         .stdin(std::process::Stdio::null())
         .kill_on_drop(true)
         .spawn()?;

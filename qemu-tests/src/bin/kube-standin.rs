@@ -1,13 +1,14 @@
-//! `kube-standin`: plays kube-apiserver on the QEMU cluster's masters (DESIGN §5).
+//! `kube-standin`: plays kube-apiserver on the QEMU cluster's masters (DESIGN §5), and with
+//! `--plain` the ingress router's readiness endpoint on the workers.
 //!
-//! A tiny HTTPS server with a self-signed certificate: `GET /readyz` and `/healthz` answer
-//! `ok`, `GET /version` answers JSON naming the node, so the harness can see requests through
-//! the API VIP spread over the masters. Shipped in the test image and started by the agent's
-//! supervisor as an operator service (`cluster.json` `services`). Blocking, a thread per
-//! connection: it serves a test, not a cluster.
+//! A tiny HTTPS server with a self-signed certificate (plain HTTP with `--plain`):
+//! `GET /readyz`, `/healthz` and `/healthz/ready` answer `ok`, `GET /version` answers JSON
+//! naming the node, so the harness can see which node answered through a VIP. Shipped in the
+//! test image and started by the agent's supervisor as an operator service (`cluster.json`
+//! `services`). Blocking, a thread per connection: it serves a test, not a cluster.
 
-use std::io::{BufRead, BufReader, Write};
-use std::net::{TcpListener, TcpStream};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpListener;
 use std::sync::Arc;
 
 use anyhow::{Context, Result};
@@ -17,12 +18,16 @@ fn main() -> Result<()> {
     let mut name = std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|s| s.trim().to_owned())
         .unwrap_or_default();
+    let mut plain = false;
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
         match arg.as_str() {
             "--listen" => listen = args.next().context("--listen needs ADDR:PORT")?,
             "--name" => name = args.next().context("--name needs a node name")?,
-            other => anyhow::bail!("unknown argument {other:?} (expected --listen, --name)"),
+            "--plain" => plain = true,
+            other => {
+                anyhow::bail!("unknown argument {other:?} (expected --listen, --name, --plain)")
+            }
         }
     }
     if let Ok(env_name) = std::env::var("KEELSON_NODE_NAME") {
@@ -40,23 +45,29 @@ fn main() -> Result<()> {
     )?;
     let config = Arc::new(config);
     let listener = TcpListener::bind(&listen).with_context(|| format!("binding {listen}"))?;
-    eprintln!("kube-standin: serving https://{listen} as {name}");
+    let scheme = if plain { "http" } else { "https" };
+    eprintln!("kube-standin: serving {scheme}://{listen} as {name}");
     for stream in listener.incoming() {
-        let Ok(stream) = stream else { continue };
+        let Ok(mut tcp) = stream else { continue };
         let config = config.clone();
         let name = name.clone();
-        std::thread::spawn(move || {
-            let _ = serve(stream, config, &name);
+        std::thread::spawn(move || -> Result<()> {
+            tcp.set_read_timeout(Some(std::time::Duration::from_secs(10)))?;
+            if plain {
+                return serve(&mut tcp, &name, |_| {});
+            }
+            let mut conn = rustls::ServerConnection::new(config)?;
+            let mut tls = rustls::Stream::new(&mut conn, &mut tcp);
+            serve(&mut tls, &name, |tls| tls.conn.send_close_notify())
         });
     }
     Ok(())
 }
 
-fn serve(mut tcp: TcpStream, config: Arc<rustls::ServerConfig>, name: &str) -> Result<()> {
-    tcp.set_read_timeout(Some(std::time::Duration::from_secs(10)))?;
-    let mut conn = rustls::ServerConnection::new(config)?;
-    let mut tls = rustls::Stream::new(&mut conn, &mut tcp);
-    let mut reader = BufReader::new(&mut tls);
+/// Answers requests on one connection until the client closes or asks to;
+/// `close_notify` ends the transport's session before the last flush.
+fn serve<S: Read + Write>(stream: &mut S, name: &str, close_notify: impl Fn(&mut S)) -> Result<()> {
+    let mut reader = BufReader::new(stream);
     loop {
         let mut request_line = String::new();
         if reader.read_line(&mut request_line)? == 0 {
@@ -74,7 +85,7 @@ fn serve(mut tcp: TcpStream, config: Arc<rustls::ServerConfig>, name: &str) -> R
         }
         let path = request_line.split_whitespace().nth(1).unwrap_or("/");
         let (status, body) = match path {
-            "/readyz" | "/healthz" | "/livez" => ("200 OK", "ok".to_owned()),
+            "/readyz" | "/healthz" | "/livez" | "/healthz/ready" => ("200 OK", "ok".to_owned()),
             "/version" => (
                 "200 OK",
                 format!(r#"{{"gitVersion":"v0.0.0-keelson-standin","node":"{name}"}}"#),
@@ -89,7 +100,7 @@ fn serve(mut tcp: TcpStream, config: Arc<rustls::ServerConfig>, name: &str) -> R
         reader.get_mut().write_all(response.as_bytes())?;
         reader.get_mut().flush()?;
         if close {
-            reader.get_mut().conn.send_close_notify();
+            close_notify(reader.get_mut());
             let _ = reader.get_mut().flush();
             return Ok(());
         }

@@ -1,0 +1,213 @@
+//! What the host-side participant does on the segment: `curl` and `dig` inside the harness's
+//! namespace, and a client loop that records when requests through a VIP failed.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use crate::netns::Netns;
+
+/// `curl -sk` of `url` from the namespace with an overall `timeout`: the body on a 2xx.
+pub fn curl(ns: &Netns, url: &str, timeout: Duration) -> Option<String> {
+    curl_with(ns, url, timeout, &[])
+}
+
+/// [`curl`] with extra arguments (headers...).
+pub fn curl_with(ns: &Netns, url: &str, timeout: Duration, extra: &[&str]) -> Option<String> {
+    let out = ns
+        .command("curl")
+        .args(["-sk", "--fail", "--max-time"])
+        .arg(format!("{:.1}", timeout.as_secs_f64()))
+        .args(extra)
+        .arg(url)
+        .output()
+        .ok()?;
+    out.status
+        .success()
+        .then(|| String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// The HTTP status of `url` (0 when no answer), without `--fail`.
+pub fn http_status(ns: &Netns, url: &str, timeout: Duration, extra: &[&str]) -> u16 {
+    ns.command("curl")
+        .args(["-sk", "-o", "/dev/null", "-w", "%{http_code}", "--max-time"])
+        .arg(format!("{:.1}", timeout.as_secs_f64()))
+        .args(extra)
+        .arg(url)
+        .output()
+        .ok()
+        .and_then(|o| String::from_utf8_lossy(&o.stdout).trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// One DNS answer as `dig` shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DigAnswer {
+    /// `NOERROR`, `NXDOMAIN`, ... (empty when no answer came).
+    pub status: String,
+    /// The answer section's record data, sorted.
+    pub records: Vec<String>,
+}
+
+/// `dig @server name type` from the namespace (UDP, one try, 2 s).
+pub fn dig(ns: &Netns, server: &str, name: &str, rtype: &str) -> DigAnswer {
+    let out = ns
+        .command("dig")
+        .args(["+time=2", "+tries=1", "+noall", "+comments", "+answer"])
+        .arg(format!("@{server}"))
+        .args([name, rtype])
+        .output();
+    let text = out
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        .unwrap_or_default();
+    let status = text
+        .split("status: ")
+        .nth(1)
+        .and_then(|s| s.split(',').next())
+        .unwrap_or("")
+        .to_owned();
+    let mut records: Vec<String> = text
+        .lines()
+        .filter(|l| !l.starts_with(';') && !l.trim().is_empty())
+        .filter_map(|l| l.split_whitespace().nth(4).map(str::to_owned))
+        .collect();
+    records.sort();
+    DigAnswer { status, records }
+}
+
+/// Requests through a VIP every `period`, recording when each answered or failed.
+#[derive(Debug)]
+pub struct ClientLoop {
+    stop: Arc<AtomicBool>,
+    samples: Arc<Mutex<Vec<(Instant, bool)>>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl ClientLoop {
+    /// Starts GETting `url` from the namespace `ns` every `period` with a `timeout` each.
+    pub fn start(ns: &str, url: &str, period: Duration, timeout: Duration) -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let samples = Arc::new(Mutex::new(Vec::new()));
+        let thread = {
+            let (stop, samples) = (stop.clone(), samples.clone());
+            let ns = Netns::existing(ns);
+            let url = url.to_owned();
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    let sent = Instant::now();
+                    let ok = curl(&ns, &url, timeout).is_some();
+                    samples
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .push((sent, ok));
+                    if let Some(rest) = period.checked_sub(sent.elapsed()) {
+                        std::thread::sleep(rest);
+                    }
+                }
+            })
+        };
+        ClientLoop {
+            stop,
+            samples,
+            thread: Some(thread),
+        }
+    }
+
+    /// The samples so far: (when the request was sent, whether it answered).
+    pub fn samples(&self) -> Vec<(Instant, bool)> {
+        self.samples
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Waits until a request sent after `after` answered; returns when it was sent.
+    pub fn wait_success_after(&self, after: Instant, timeout: Duration) -> Option<Instant> {
+        let deadline = Instant::now() + timeout;
+        while Instant::now() < deadline {
+            if let Some((t, _)) = self.samples().into_iter().find(|(t, ok)| *ok && *t > after) {
+                return Some(t);
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        None
+    }
+
+    /// Stops the loop and returns every sample.
+    pub fn finish(mut self) -> Vec<(Instant, bool)> {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        self.samples()
+    }
+}
+
+impl Drop for ClientLoop {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+}
+
+/// Where the failures of a client loop lie relative to an event at `event`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Outage {
+    /// Failed requests sent before the event (should be none).
+    pub failures_before: usize,
+    /// Failed requests sent after it.
+    pub failures_after: usize,
+    /// From the event to the last failed request sent after it.
+    pub last_failure: Option<Duration>,
+    /// From the event to the first request after it that answered, if one did.
+    pub first_success: Option<Duration>,
+    /// Requests sent after the event.
+    pub requests_after: usize,
+}
+
+/// Summarises `samples` around `event`.
+pub fn outage(samples: &[(Instant, bool)], event: Instant) -> Outage {
+    let after: Vec<&(Instant, bool)> = samples.iter().filter(|(t, _)| *t >= event).collect();
+    Outage {
+        failures_before: samples.iter().filter(|(t, ok)| *t < event && !ok).count(),
+        failures_after: after.iter().filter(|(_, ok)| !ok).count(),
+        last_failure: after
+            .iter()
+            .filter(|(_, ok)| !ok)
+            .map(|(t, _)| t.duration_since(event))
+            .max(),
+        first_success: after
+            .iter()
+            .find(|(_, ok)| *ok)
+            .map(|(t, _)| t.duration_since(event)),
+        requests_after: after.len(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn outage_splits_failures_around_the_event() {
+        let t0 = Instant::now();
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        let samples = vec![
+            (at(0), true),
+            (at(100), true),
+            (at(200), false),
+            (at(300), false),
+            (at(400), true),
+            (at(500), false),
+            (at(600), true),
+        ];
+        let o = outage(&samples, at(150));
+        assert_eq!(o.failures_before, 0);
+        assert_eq!(o.failures_after, 3);
+        assert_eq!(o.last_failure, Some(Duration::from_millis(350)));
+        assert_eq!(o.first_success, Some(Duration::from_millis(250)));
+        assert_eq!(o.requests_after, 5);
+        let o = outage(&samples, at(250));
+        assert_eq!(o.failures_before, 1);
+    }
+}

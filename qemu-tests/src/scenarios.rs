@@ -1,0 +1,386 @@
+//! The scenarios of `make qemu-cluster` (issue 9), in order; each later one builds on the
+//! state the earlier ones left. Each returns a one-line detail with what it measured, or an
+//! error; the runner prints a table and, for a failure, the consoles of the nodes involved.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail, ensure};
+
+use crate::cluster::{API_VIP, Cluster, INGRESS_VIP};
+use crate::probe::{self, ClientLoop};
+
+/// The cluster zone of `examples/install-config.yaml`.
+pub const ZONE: &str = "ocp4.osd2019.local";
+/// How long a node may take from QEMU start to its ready line under TCG with six VMs on a
+/// small host.
+pub const BOOT_TIMEOUT: Duration = Duration::from_secs(300);
+const ACCEPT_32: &str = "Accept: application/vnd.coreos.ignition+json;version=3.2.0, */*;q=0.1";
+
+fn names(c: &Cluster, role: &str) -> Vec<String> {
+    c.plan
+        .iter()
+        .filter(|n| n.role == role)
+        .map(|n| n.name.clone())
+        .collect()
+}
+
+fn secs(d: Duration) -> String {
+    format!("{:.1} s", d.as_secs_f64())
+}
+
+/// 1. Boot: every node of the control plane reports ready, the bootstrap holds the API VIP,
+///    masters fetched their configs from it over :22623, workers are told 500 meanwhile.
+pub fn boot(c: &mut Cluster) -> Result<String> {
+    let start = Instant::now();
+    for node in c.plan.clone() {
+        c.boot(&node.name)?;
+    }
+    let bootstrap = c.wait_ready(&["bootstrap".to_owned()], BOOT_TIMEOUT)?;
+    let holder = c.wait_holder(API_VIP, Duration::from_secs(60), |h| h == "bootstrap")?;
+    let vip_at = start.elapsed();
+    let masters = names(c, "master");
+    c.wait_ready(&masters, BOOT_TIMEOUT.saturating_sub(start.elapsed()))?;
+    let masters_at = start.elapsed();
+    for m in &masters {
+        let console = c.vms[m].console_text();
+        let url = format!("https://{API_VIP}:22623/config/master");
+        ensure!(
+            console.contains(&format!("fetched config {url}")),
+            "{m} did not log fetching {url}"
+        );
+    }
+    // Workers keep asking; the bootstrap answers 500 for the worker pool.
+    let status = probe::http_status(
+        &c.netns,
+        &format!("https://{API_VIP}:22623/config/worker"),
+        Duration::from_secs(5),
+        &["-H", ACCEPT_32],
+    );
+    ensure!(
+        status == 500,
+        "the bootstrap answered {status} for /config/worker, expected 500"
+    );
+    let mut told = Vec::new();
+    for w in names(c, "worker") {
+        let vm = c.vms.get_mut(&w).context("worker not running")?;
+        vm.wait_for_console("config/worker", Duration::from_secs(60))?;
+        ensure!(
+            !vm.console_text().contains("keelson-agent ready:"),
+            "{w} is ready although only the bootstrap serves configs"
+        );
+        told.push(w);
+    }
+    Ok(format!(
+        "{holder} ready in {} and holds {API_VIP} at {}; 3 masters ready at {} (configs from :22623); {} retrying on 500",
+        secs(bootstrap),
+        secs(vip_at),
+        secs(masters_at),
+        told.join(", ")
+    ))
+}
+
+/// 2. DNS from `nodes`: api/api-int -> API VIP, *.apps -> ingress VIP, node names -> node
+///    addresses, AAAA of api NOERROR without answer, other names forwarded (NXDOMAIN or
+///    SERVFAIL without upstreams, never a made-up answer).
+pub fn dns(c: &Cluster, nodes: &[String]) -> Result<String> {
+    let start = Instant::now();
+    let deadline = start + Duration::from_secs(90);
+    let mut checked = 0;
+    for node in nodes {
+        let server = c.node(node)?.address.to_string();
+        // Names of other nodes come from members: give discovery time to converge.
+        let mut expect: BTreeMap<String, (String, Vec<String>)> = BTreeMap::new();
+        for name in ["api", "api-int"] {
+            expect.insert(
+                format!("{name}.{ZONE}"),
+                ("A".into(), vec![API_VIP.to_owned()]),
+            );
+        }
+        expect.insert(
+            format!("console-openshift-console.apps.{ZONE}"),
+            ("A".into(), vec![INGRESS_VIP.to_owned()]),
+        );
+        for other in nodes {
+            let addr = c.node(other)?.address.to_string();
+            expect.insert(format!("{other}.{ZONE}"), ("A".into(), vec![addr.clone()]));
+        }
+        for (name, (rtype, want)) in &expect {
+            loop {
+                let got = probe::dig(&c.netns, &server, name, rtype);
+                if got.status == "NOERROR" && &got.records == want {
+                    break;
+                }
+                if Instant::now() > deadline {
+                    bail!("dig @{server} {name} {rtype}: {got:?}, expected NOERROR {want:?}");
+                }
+                std::thread::sleep(Duration::from_millis(500));
+            }
+            checked += 1;
+        }
+        let aaaa = probe::dig(&c.netns, &server, &format!("api.{ZONE}"), "AAAA");
+        ensure!(
+            aaaa.status == "NOERROR" && aaaa.records.is_empty(),
+            "dig @{server} api.{ZONE} AAAA: {aaaa:?}, expected NOERROR with no answer"
+        );
+        let missing = probe::dig(&c.netns, &server, &format!("nosuchnode.{ZONE}"), "A");
+        ensure!(
+            missing.status == "NXDOMAIN",
+            "dig @{server} nosuchnode.{ZONE}: {missing:?}, expected NXDOMAIN"
+        );
+        checked += 2;
+    }
+    Ok(format!(
+        "{checked} answers from {} nodes ({})",
+        nodes.len(),
+        nodes.join(", ")
+    ))
+}
+
+/// The node that answered `/version` through the API VIP (the stand-in names itself).
+fn api_node(c: &Cluster) -> Option<String> {
+    let body = probe::curl(
+        &c.netns,
+        &format!("https://{API_VIP}:6443/version"),
+        Duration::from_secs(3),
+    )?;
+    let v: serde_json::Value = serde_json::from_str(&body).ok()?;
+    v["node"].as_str().map(str::to_owned)
+}
+
+/// 3. API through the VIP: `https://<apiVIP>:6443` answers and requests are spread over the
+///    three masters (their proxies learn the masters from members and check them first).
+pub fn api_spread(c: &Cluster) -> Result<String> {
+    let start = Instant::now();
+    let masters: BTreeSet<String> = names(c, "master").into_iter().collect();
+    let mut seen: BTreeMap<String, usize> = BTreeMap::new();
+    let mut requests = 0;
+    while start.elapsed() < Duration::from_secs(120) {
+        if let Some(node) = api_node(c) {
+            *seen.entry(node).or_default() += 1;
+        }
+        requests += 1;
+        if masters
+            .iter()
+            .all(|m| seen.get(m).copied().unwrap_or(0) >= 2)
+        {
+            let ready = probe::curl(
+                &c.netns,
+                &format!("https://{API_VIP}:6443/readyz"),
+                Duration::from_secs(3),
+            );
+            ensure!(
+                ready.as_deref() == Some("ok"),
+                "/readyz through the VIP: {ready:?}"
+            );
+            return Ok(format!(
+                "{requests} requests through {API_VIP}:6443 answered by {seen:?}"
+            ));
+        }
+    }
+    bail!(
+        "after {requests} requests through the VIP only {seen:?} answered, expected all of {masters:?}"
+    )
+}
+
+/// 4. Pivot: the bootstrap powers off, the API VIP moves to a master, the Ignition server
+///    answers through the VIP (now for workers too), and the workers finish their first boot.
+pub fn pivot(c: &mut Cluster) -> Result<String> {
+    let start = Instant::now();
+    c.vms
+        .get_mut("bootstrap")
+        .context("bootstrap not running")?
+        .power_off(Duration::from_secs(60))?;
+    let off = start.elapsed();
+    let holder = c.wait_holder(API_VIP, Duration::from_secs(60), |h| {
+        h.starts_with("master-")
+    })?;
+    let moved = start.elapsed();
+    let master_cfg = probe::curl_with(
+        &c.netns,
+        &format!("https://{API_VIP}:22623/config/master"),
+        Duration::from_secs(5),
+        &["-H", ACCEPT_32],
+    )
+    .context("/config/master through the VIP after the pivot")?;
+    let doc: serde_json::Value = serde_json::from_str(&master_cfg)?;
+    ensure!(
+        doc["ignition"]["version"] == "3.2.0",
+        "served config: {}",
+        &master_cfg[..master_cfg.len().min(200)]
+    );
+    let workers = names(c, "worker");
+    c.wait_ready(&workers, BOOT_TIMEOUT)?;
+    let workers_at = start.elapsed();
+    for w in &workers {
+        let url = format!("https://{API_VIP}:22623/config/worker");
+        ensure!(
+            c.vms[w]
+                .console_text()
+                .contains(&format!("fetched config {url}")),
+            "{w} did not log fetching {url}"
+        );
+    }
+    Ok(format!(
+        "bootstrap off in {}; {API_VIP} on {holder} at {}; :22623 answers through the VIP; workers ready at {}",
+        secs(off),
+        secs(moved),
+        secs(workers_at)
+    ))
+}
+
+/// Kills the holder of `vip` while a client loop requests `url` every 100 ms; returns the
+/// holder, the new holder and the outage seen by the client.
+fn kill_holder(
+    c: &mut Cluster,
+    vip: &str,
+    url: &str,
+    same_role: &str,
+    settle: Duration,
+) -> Result<(String, String, probe::Outage)> {
+    let holder = c.wait_holder(vip, Duration::from_secs(30), |h| h.starts_with(same_role))?;
+    let client = ClientLoop::start(
+        &c.netns.name,
+        url,
+        Duration::from_millis(100),
+        Duration::from_secs(1),
+    );
+    // A steady state first: 3 s of answers in a row (after the pivot the proxies may still
+    // be taking the bootstrap out of their backends).
+    let steady = Duration::from_secs(3);
+    let warm = Instant::now();
+    let since = loop {
+        let samples = client.samples();
+        let since = samples
+            .iter()
+            .rev()
+            .take_while(|(_, ok)| *ok)
+            .last()
+            .map(|(t, _)| *t);
+        if let Some(since) = since
+            && samples
+                .last()
+                .is_some_and(|(t, _)| t.duration_since(since) >= steady)
+        {
+            break since;
+        }
+        if warm.elapsed() > Duration::from_secs(60) {
+            bail!("{url} did not answer steadily for {steady:?} within 60 s before the kill");
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    let killed_at = Instant::now();
+    c.vms
+        .get_mut(&holder)
+        .context("holder not running")?
+        .kill()?;
+    client
+        .wait_success_after(killed_at, Duration::from_secs(60))
+        .with_context(|| format!("{url} never answered again after {holder} died"))?;
+    std::thread::sleep(settle);
+    let samples: Vec<_> = client
+        .finish()
+        .into_iter()
+        .filter(|(t, _)| *t >= since)
+        .collect();
+    let outage = probe::outage(&samples, killed_at);
+    let new_holder = c.wait_holder(vip, Duration::from_secs(10), |h| h != holder)?;
+    ensure!(
+        outage.failures_before == 0,
+        "{} requests failed before {holder} was killed",
+        outage.failures_before
+    );
+    Ok((holder, new_holder, outage))
+}
+
+/// 5. Failover: the API VIP's holder dies (`quit`, no goodbye); a client loop through the VIP
+///    fails only in a window after the kill. Then the same for the ingress VIP on the workers.
+///
+/// Returns the killed master and what was measured.
+pub fn failover(c: &mut Cluster) -> Result<(String, String)> {
+    // The API: the new holder's proxy still has the dead master as a backend until its
+    // checks fail (3 x 5 s), and a connect to it times out; count that window too.
+    let (api_dead, api_new, api) = kill_holder(
+        c,
+        API_VIP,
+        &format!("https://{API_VIP}:6443/readyz"),
+        "master-",
+        Duration::from_secs(25),
+    )?;
+    let api_back = api.first_success.context("API never answered")?;
+    let api_last = api.last_failure.unwrap_or_default();
+    ensure!(
+        api_back <= Duration::from_secs(10),
+        "the API VIP answered again only after {}",
+        secs(api_back)
+    );
+    ensure!(
+        api_last <= Duration::from_secs(25),
+        "requests through the API VIP still failed {} after the kill",
+        secs(api_last)
+    );
+    // Ingress: the router stand-in on the workers, straight to the VIP holder.
+    let (ing_dead, ing_new, ing) = kill_holder(
+        c,
+        INGRESS_VIP,
+        &format!("http://{INGRESS_VIP}:1936/healthz/ready"),
+        "worker-",
+        Duration::from_secs(5),
+    )?;
+    let ing_back = ing.first_success.context("ingress never answered")?;
+    let ing_last = ing.last_failure.unwrap_or_default();
+    ensure!(
+        ing_back <= Duration::from_secs(10) && ing_last <= ing_back + Duration::from_secs(1),
+        "ingress VIP: back after {}, last failure at {}",
+        secs(ing_back),
+        secs(ing_last)
+    );
+    Ok((
+        api_dead.clone(),
+        format!(
+            "API: {api_dead} killed, {API_VIP} answered again after {} (now {api_new}), {} of {} requests failed, the last {} after the kill; \
+             ingress: {ing_dead} killed, {INGRESS_VIP} answered again after {} (now {ing_new}), {} of {} requests failed",
+            secs(api_back),
+            api.failures_after,
+            api.requests_after,
+            secs(api_last),
+            secs(ing_back),
+            ing.failures_after,
+            ing.requests_after
+        ),
+    ))
+}
+
+/// 6. Rejoin: the killed master boots again, the others' DNS learns it again (members), and
+///    the API proxy sends it requests again.
+pub fn rejoin(c: &mut Cluster, master: &str) -> Result<String> {
+    let start = Instant::now();
+    c.boot(master)?;
+    c.wait_ready(&[master.to_owned()], BOOT_TIMEOUT)?;
+    let ready = start.elapsed();
+    let other = names(c, "master")
+        .into_iter()
+        .find(|m| m != master && c.vms.contains_key(m))
+        .context("no other master running")?;
+    let server = c.node(&other)?.address.to_string();
+    let want = vec![c.node(master)?.address.to_string()];
+    let name = format!("{master}.{ZONE}");
+    let mut dns_at = None;
+    let mut api_at = None;
+    while start.elapsed() < Duration::from_secs(180) && (dns_at.is_none() || api_at.is_none()) {
+        if dns_at.is_none() && probe::dig(&c.netns, &server, &name, "A").records == want {
+            dns_at = Some(start.elapsed());
+        }
+        if api_at.is_none() && api_node(c).as_deref() == Some(master) {
+            api_at = Some(start.elapsed());
+        }
+    }
+    let dns_at = dns_at.with_context(|| format!("{other}'s DNS never answered {name}"))?;
+    let api_at = api_at.with_context(|| format!("the API VIP never sent a request to {master}"))?;
+    Ok(format!(
+        "{master} ready in {}; in {other}'s DNS at {}; serving through the API VIP at {}",
+        secs(ready),
+        secs(dns_at),
+        secs(api_at)
+    ))
+}
