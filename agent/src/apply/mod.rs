@@ -119,10 +119,31 @@ fn certificate_authorities(config: &Value) -> Result<Vec<Vec<u8>>, ApplyError> {
                         field: field.clone(),
                         message: "expected a data: URL".into(),
                     })?;
-            cas.push(dataurl::decode(source).map_err(|e| ApplyError::Invalid {
-                field,
+            let raw = dataurl::decode(source).map_err(|e| ApplyError::Invalid {
+                field: field.clone(),
                 message: e.to_string(),
-            })?);
+            })?;
+            // Spec 3.1+ lets a CA say `compression` (keelson never writes one; others may).
+            let pem = match ca.get("compression").and_then(Value::as_str) {
+                None | Some("") => raw,
+                Some("gzip") => {
+                    let mut out = Vec::new();
+                    flate2::read::GzDecoder::new(&raw[..])
+                        .read_to_end(&mut out)
+                        .map_err(|e| ApplyError::Invalid {
+                            field: field.clone(),
+                            message: format!("gzip: {e}"),
+                        })?;
+                    out
+                }
+                Some(other) => {
+                    return Err(ApplyError::Invalid {
+                        field: field.replace(".source", ".compression"),
+                        message: format!("expected gzip, got {other:?}"),
+                    });
+                }
+            };
+            cas.push(pem);
         }
     }
     Ok(cas)

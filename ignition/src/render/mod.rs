@@ -282,21 +282,15 @@ pub fn check_user_data(what: &str, bytes: &[u8]) -> Result<(), RenderError> {
 }
 
 /// An inline resource: the shortest of a percent-encoded, a base64 and a gzip+base64 data
-/// URL; returns (url, compression).
+/// URL; returns (url, compression). Only for resources whose schema has `compression`.
 pub fn data_url(data: &[u8]) -> (String, Option<&'static str>) {
-    let b64 = |bytes: &[u8]| base64::engine::general_purpose::STANDARD.encode(bytes);
-    let plain = format!("data:,{}", percent_encode(data));
-    let base = format!("data:;base64,{}", b64(data));
+    let mut best = (plain_data_url(data), None);
     let mut gz = flate2::GzBuilder::new()
         .mtime(0)
         .operating_system(255)
         .write(Vec::new(), flate2::Compression::best());
     let gzipped = gz.write_all(data).and_then(|_| gz.finish()).ok();
-    let mut best = if plain.len() <= base.len() {
-        (plain, None)
-    } else {
-        (base, None)
-    };
+    let b64 = |bytes: &[u8]| base64::engine::general_purpose::STANDARD.encode(bytes);
     if let Some(g) = gzipped {
         let url = format!("data:;base64,{}", b64(&g));
         if url.len() < best.0.len() {
@@ -304,6 +298,22 @@ pub fn data_url(data: &[u8]) -> (String, Option<&'static str>) {
         }
     }
     best
+}
+
+/// The shorter of a percent-encoded and a base64 data URL: for resources that cannot say
+/// `compression` (certificate authorities in spec 2.2 and 3.0), and CAs everywhere, so
+/// every client reads them the same way.
+pub fn plain_data_url(data: &[u8]) -> String {
+    let plain = format!("data:,{}", percent_encode(data));
+    let base = format!(
+        "data:;base64,{}",
+        base64::engine::general_purpose::STANDARD.encode(data)
+    );
+    if plain.len() <= base.len() {
+        plain
+    } else {
+        base
+    }
 }
 
 /// RFC 3986 percent-encoding of everything but unreserved characters.
@@ -371,7 +381,7 @@ fn v3_document(model: &Model, spec: SpecVersion) -> serde_json::Value {
         let cas: Vec<_> = model
             .tls_cas
             .iter()
-            .map(|pem| json!({ "source": data_url(pem.as_bytes()).0 }))
+            .map(|pem| json!({ "source": plain_data_url(pem.as_bytes()) }))
             .collect();
         ignition["security"] = json!({ "tls": { "certificateAuthorities": cas } });
     }

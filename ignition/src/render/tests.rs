@@ -285,29 +285,68 @@ fn data_urls_pick_the_shortest_form() {
     assert!(url.len() < 200, "{}", url.len());
 }
 
+/// The bytes of a `data:` URL as this renderer writes them (no decompression).
+fn decode_data_url(url: &str) -> Vec<u8> {
+    let rest = url.strip_prefix("data:").unwrap();
+    let (meta, payload) = rest.split_once(',').unwrap();
+    if meta.ends_with(";base64") {
+        return base64::engine::general_purpose::STANDARD
+            .decode(payload)
+            .unwrap();
+    }
+    let mut out = Vec::new();
+    let bytes = payload.as_bytes();
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            out.push(
+                u8::from_str_radix(std::str::from_utf8(&bytes[i + 1..i + 3]).unwrap(), 16).unwrap(),
+            );
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    out
+}
+
+#[test]
+fn certificate_authorities_are_never_compressed() {
+    // A PEM that gzip shrinks a lot: were CAs compressed, this one would be. 2.2 and 3.0
+    // have no `compression` for CAs, and a gzip body without it is garbage to Ignition.
+    let pem = format!(
+        "-----BEGIN CERTIFICATE-----\n{}\n-----END CERTIFICATE-----\n",
+        "MIIB".repeat(150)
+    );
+    assert_eq!(data_url(pem.as_bytes()).1, Some("gzip"));
+    let c = cluster();
+    for spec in SpecVersion::ALL {
+        for role in [Role::Master, Role::Worker] {
+            let mut full_assets = assets(None);
+            full_assets.ca_pem = pem.clone();
+            for bytes in [
+                render_pointer(&c, role, spec, &pem).unwrap(),
+                render_full(&c, role, spec, &full_assets).unwrap(),
+            ] {
+                let doc: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
+                let ca = &doc["ignition"]["security"]["tls"]["certificateAuthorities"][0];
+                assert!(
+                    ca.get("compression").is_none_or(|v| v.is_null()),
+                    "{spec} {role}: {ca}"
+                );
+                let source = ca["source"].as_str().unwrap();
+                assert_eq!(decode_data_url(source), pem.as_bytes(), "{spec} {role}");
+            }
+        }
+    }
+}
+
 proptest::proptest! {
     #[test]
     fn data_url_round_trips(data in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..2000)) {
         let (url, compression) = data_url(&data);
-        let rest = url.strip_prefix("data:").unwrap();
-        let (meta, payload) = rest.split_once(',').unwrap();
-        let decoded = if meta.ends_with(";base64") {
-            base64::engine::general_purpose::STANDARD.decode(payload).unwrap()
-        } else {
-            let mut out = Vec::new();
-            let bytes = payload.as_bytes();
-            let mut i = 0;
-            while i < bytes.len() {
-                if bytes[i] == b'%' {
-                    out.push(u8::from_str_radix(std::str::from_utf8(&bytes[i + 1..i + 3]).unwrap(), 16).unwrap());
-                    i += 3;
-                } else {
-                    out.push(bytes[i]);
-                    i += 1;
-                }
-            }
-            out
-        };
+        let decoded = decode_data_url(&url);
         let plain = if compression == Some("gzip") {
             let mut out = Vec::new();
             std::io::Read::read_to_end(&mut flate2::read::GzDecoder::new(&decoded[..]), &mut out).unwrap();

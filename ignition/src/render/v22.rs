@@ -4,7 +4,7 @@
 
 use serde::Serialize;
 
-use super::{Contents, Model, RenderError, data_url, sha512_hash};
+use super::{Contents, Model, RenderError, data_url, plain_data_url, sha512_hash};
 
 /// A 2.2 config.
 #[derive(Debug, Serialize)]
@@ -158,7 +158,7 @@ pub fn write(model: &Model) -> Result<Vec<u8>, RenderError> {
                         .tls_cas
                         .iter()
                         .map(|pem| Resource {
-                            source: data_url(pem.as_bytes()).0,
+                            source: plain_data_url(pem.as_bytes()),
                             verification: None,
                         })
                         .collect(),
