@@ -10,8 +10,10 @@
 //! and the agent's `ignition_server` share.
 
 pub mod cluster;
+#[cfg(feature = "build")]
 pub mod install_config;
 pub mod negotiate;
+#[cfg(feature = "build")]
 pub mod pki;
 pub mod render;
 pub mod routes;
@@ -20,4 +22,16 @@ pub mod unit;
 pub mod version;
 
 pub use cluster::{ClusterConfig, Role};
+
+/// File names in a build's `tls/` directory, and on nodes under `/etc/keelson/tls/`.
+pub mod tls_files {
+    /// CA certificate.
+    pub const CA_CERT: &str = "ca.crt";
+    /// CA key (stays with the operator).
+    pub const CA_KEY: &str = "ca.key";
+    /// Server certificate.
+    pub const SERVER_CERT: &str = "server.crt";
+    /// Server key.
+    pub const SERVER_KEY: &str = "server.key";
+}
 pub use version::SpecVersion;

@@ -15,16 +15,7 @@ use rcgen::{
 use crate::cluster::ClusterConfig;
 
 /// File names inside `tls/`.
-pub mod files {
-    /// CA certificate.
-    pub const CA_CERT: &str = "ca.crt";
-    /// CA key (stays with the operator).
-    pub const CA_KEY: &str = "ca.key";
-    /// Server certificate.
-    pub const SERVER_CERT: &str = "server.crt";
-    /// Server key.
-    pub const SERVER_KEY: &str = "server.key";
-}
+pub use crate::tls_files as files;
 
 /// The PEM files.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -196,13 +196,24 @@ pub fn pivot(c: &mut Cluster) -> Result<String> {
         h.starts_with("master-")
     })?;
     let moved = start.elapsed();
-    let master_cfg = probe::curl_with(
-        &c.netns,
-        &format!("https://{API_VIP}:22623/config/master"),
-        Duration::from_secs(5),
-        &["-H", ACCEPT_32],
-    )
-    .context("/config/master through the VIP after the pivot")?;
+    // The new holder answers at once; a host whose ARP entry still names a node that held
+    // the VIP for a moment learns the right one from the winner's next announcement.
+    let served = Instant::now();
+    let master_cfg = loop {
+        if let Some(body) = probe::curl_with(
+            &c.netns,
+            &format!("https://{API_VIP}:22623/config/master"),
+            Duration::from_secs(3),
+            &["-H", ACCEPT_32],
+        ) {
+            break body;
+        }
+        if served.elapsed() > Duration::from_secs(20) {
+            bail!("/config/master through the VIP did not answer within 20 s of the pivot");
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    };
+    let served = served.elapsed();
     let doc: serde_json::Value = serde_json::from_str(&master_cfg)?;
     ensure!(
         doc["ignition"]["version"] == "3.2.0",
@@ -222,9 +233,10 @@ pub fn pivot(c: &mut Cluster) -> Result<String> {
         );
     }
     Ok(format!(
-        "bootstrap off in {}; {API_VIP} on {holder} at {}; :22623 answers through the VIP; workers ready at {}",
+        "bootstrap off in {}; {API_VIP} on {holder} at {}; :22623 answered through the VIP {} later; workers ready at {}",
         secs(off),
         secs(moved),
+        secs(served),
         secs(workers_at)
     ))
 }

@@ -226,7 +226,17 @@ impl Machine {
                     self.become_backup(now);
                     vec![Action::RemoveVip]
                 } else {
-                    Vec::new()
+                    // Another router thinks it is master (two took over at once, or one came
+                    // back from a partition) and has announced the VIP with its MAC: assert
+                    // ourselves and announce again so hosts fix their ARP caches, as
+                    // keepalived's `garp_lower_prio_repeat`. It yields on our advert.
+                    self.adver_at = Some(now + cs(self.params.interval_cs.into()));
+                    vec![
+                        Action::SendAdvert {
+                            priority: self.priority,
+                        },
+                        Action::Announce,
+                    ]
                 }
             }
         }
@@ -399,10 +409,12 @@ mod tests {
         m.startup(ms(0));
         m.on_timer(ms(4000));
         assert_eq!(m.state(), State::Master);
-        // Lower priority: ignored.
-        assert!(m.on_advert(ms(4100), ip("10.0.0.9"), &adv(50)).is_empty());
-        // Equal priority, lower address: we win.
-        assert!(m.on_advert(ms(4200), ip("10.0.0.4"), &adv(100)).is_empty());
+        // Lower priority: we stay master, advertise at once and announce the VIP again
+        // (the other one may have just announced it with its own MAC).
+        let reassert = vec![Action::SendAdvert { priority: 100 }, Action::Announce];
+        assert_eq!(m.on_advert(ms(4100), ip("10.0.0.9"), &adv(50)), reassert);
+        // Equal priority, lower address: we win the same way.
+        assert_eq!(m.on_advert(ms(4200), ip("10.0.0.4"), &adv(100)), reassert);
         assert_eq!(m.state(), State::Master);
         // Equal priority, higher address: we yield.
         assert_eq!(

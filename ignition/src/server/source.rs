@@ -93,9 +93,9 @@ impl RenderSource {
         Ok(Self::new(
             cluster,
             crate::render::NodeAssets {
-                ca_pem: read(crate::pki::files::CA_CERT)?,
-                server_cert_pem: read(crate::pki::files::SERVER_CERT)?,
-                server_key_pem: read(crate::pki::files::SERVER_KEY)?,
+                ca_pem: read(crate::tls_files::CA_CERT)?,
+                server_cert_pem: read(crate::tls_files::SERVER_CERT)?,
+                server_key_pem: read(crate::tls_files::SERVER_KEY)?,
                 agent_sha512: hex::encode(sha2::Sha512::digest(&agent_bytes)),
                 agent_url: None,
             },
