@@ -1,0 +1,35 @@
+//! The static agent as `make agent` builds it: statically linked and within DESIGN §6's
+//! size bar (<= 12 MiB stripped), so growth is noticed when it happens.
+
+/// DESIGN §6.
+const MAX_BYTES: u64 = 12 * 1024 * 1024;
+
+#[test]
+fn the_agent_is_static_stripped_and_small() {
+    let Some(agent) = std::env::var_os("KEELSON_AGENT_BIN").map(std::path::PathBuf::from) else {
+        assert!(
+            std::env::var("CI").is_err(),
+            "CI runs this through `make test`, which sets KEELSON_AGENT_BIN"
+        );
+        eprintln!("skipping: run through `make test` (needs KEELSON_AGENT_BIN)");
+        return;
+    };
+    let size = std::fs::metadata(&agent)
+        .unwrap_or_else(|e| panic!("{}: {e}", agent.display()))
+        .len();
+    assert!(
+        size <= MAX_BYTES,
+        "{} is {size} bytes, over the {MAX_BYTES}-byte bar",
+        agent.display()
+    );
+    let out = std::process::Command::new("file")
+        .arg(&agent)
+        .output()
+        .expect("running file(1)");
+    let what = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        what.contains("static") && !what.contains("dynamically linked"),
+        "{what}"
+    );
+    assert!(what.contains(", stripped"), "{what}");
+}
