@@ -44,7 +44,7 @@ bench: setup agent
 	@for b in bench/*.sh; do echo "== $$b"; bash $$b || exit 1; done
 
 fuzz:
-	@echo "fuzz targets: see fuzz/README.md"
+	@cat agent/fuzz/README.md
 
 clean:
 	cargo clean
