@@ -127,11 +127,13 @@ impl Machine {
         self.master_down_at = None;
         self.adver_at = Some(now + cs(self.params.interval_cs.into()));
         self.master = Some((self.params.primary, self.priority));
+        // The VIP first: clients waiting out a failover need the address, and the advert
+        // going out a netlink round-trip later changes nothing for the other routers.
         vec![
+            Action::AddVip,
             Action::SendAdvert {
                 priority: self.priority,
             },
-            Action::AddVip,
             Action::Announce,
         ]
     }
@@ -328,8 +330,8 @@ mod tests {
         assert_eq!(
             m.on_timer(ms(3610)),
             vec![
-                Action::SendAdvert { priority: 100 },
                 Action::AddVip,
+                Action::SendAdvert { priority: 100 },
                 Action::Announce
             ]
         );
@@ -345,7 +347,14 @@ mod tests {
     #[test]
     fn owner_goes_master_at_once() {
         let mut m = machine(255, true, "10.0.0.1");
-        assert_eq!(m.startup(ms(0))[0], Action::SendAdvert { priority: 255 });
+        assert_eq!(
+            m.startup(ms(0)),
+            vec![
+                Action::AddVip,
+                Action::SendAdvert { priority: 255 },
+                Action::Announce
+            ]
+        );
         assert_eq!(m.state(), State::Master);
     }
 

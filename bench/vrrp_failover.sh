@@ -10,14 +10,14 @@
 # B's eth0 (polling `ip addr`, a few ms per poll).
 # Rounds alternate keelson / keepalived; we print every run and the medians.
 #
-# Usage (root): bench/vrrp_vs_keepalived.sh [runs=5] [intervals_ms="1000 100"]
-#   KEELSON_AGENT=path/to/keelson-agent (default target/debug/keelson-agent)
+# Usage (root): bench/vrrp_failover.sh [runs=5] [intervals_ms="1000 100"]
+#   KEELSON_AGENT=path/to/keelson-agent (default: the static release agent of `make agent`)
 set -euo pipefail
 
 RUNS=${1:-5}
 INTERVALS=${2:-"1000 100"}
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
-AGENT=${KEELSON_AGENT:-$ROOT/target/debug/keelson-agent}
+AGENT=${KEELSON_AGENT:-$ROOT/target/x86_64-unknown-linux-gnu/release/keelson-agent}
 P=kvr-b
 BR=$P-br
 A=$P-a
@@ -26,7 +26,7 @@ VIP=10.69.0.100
 WORK=$(mktemp -d)
 
 [ "$(id -u)" = 0 ] || { echo "needs root" >&2; exit 1; }
-[ -x "$AGENT" ] || { echo "build first: cargo build -p keelson-agent ($AGENT)" >&2; exit 1; }
+[ -x "$AGENT" ] || { echo "build first: make agent ($AGENT)" >&2; exit 1; }
 command -v keepalived >/dev/null || { echo "keepalived not installed" >&2; exit 1; }
 
 kill_ns() { # every process in namespace $1: stop all first, so none reacts to another's death
