@@ -50,15 +50,7 @@ pub async fn get_status(url: &str) -> Result<u16, HttpCheckError> {
         .body(Empty::<bytes::Bytes>::new())
         .map_err(|_| HttpCheckError::Url(url.into()))?;
     if tls {
-        let config = rustls::ClientConfig::builder_with_provider(Arc::new(
-            rustls::crypto::ring::default_provider(),
-        ))
-        .with_safe_default_protocol_versions()
-        .map_err(std::io::Error::other)?
-        .dangerous()
-        .with_custom_certificate_verifier(Arc::new(NoVerify))
-        .with_no_client_auth();
-        let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
+        let connector = unverified_tls_connector();
         let name = ServerName::IpAddress(ip.into());
         let stream = connector.connect(name, tcp).await?;
         send(TokioIo::new(stream), req).await
@@ -78,10 +70,24 @@ where
     Ok(resp.status().as_u16())
 }
 
-/// Accepts any server certificate (see the module comment), still checking signatures so
-/// the handshake itself is sound.
+/// A TLS client that accepts any server certificate, for health checks (haproxy's
+/// `verify none`): they ask whether a local or cluster service answers, not who it is, and
+/// the certificates are self-signed or from a CA the node may not hold.
+pub fn unverified_tls_connector() -> tokio_rustls::TlsConnector {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ClientConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()
+        .expect("ring supports the default TLS versions")
+        .dangerous()
+        .with_custom_certificate_verifier(Arc::new(NoVerify(provider)))
+        .with_no_client_auth();
+    tokio_rustls::TlsConnector::from(Arc::new(config))
+}
+
+/// Accepts any server certificate (see [`unverified_tls_connector`]), still checking
+/// signatures so the handshake itself is sound.
 #[derive(Debug)]
-struct NoVerify;
+struct NoVerify(Arc<rustls::crypto::CryptoProvider>);
 
 impl ServerCertVerifier for NoVerify {
     fn verify_server_cert(
@@ -105,7 +111,7 @@ impl ServerCertVerifier for NoVerify {
             message,
             cert,
             dss,
-            &rustls::crypto::ring::default_provider().signature_verification_algorithms,
+            &self.0.signature_verification_algorithms,
         )
     }
 
@@ -119,13 +125,11 @@ impl ServerCertVerifier for NoVerify {
             message,
             cert,
             dss,
-            &rustls::crypto::ring::default_provider().signature_verification_algorithms,
+            &self.0.signature_verification_algorithms,
         )
     }
 
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        rustls::crypto::ring::default_provider()
-            .signature_verification_algorithms
-            .supported_schemes()
+        self.0.signature_verification_algorithms.supported_schemes()
     }
 }
