@@ -76,11 +76,22 @@ pub fn dig(ns: &Netns, server: &str, name: &str, rtype: &str) -> DigAnswer {
     DigAnswer { status, records }
 }
 
+/// One request of a [`ClientLoop`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Sample {
+    /// When it was sent.
+    pub sent: Instant,
+    /// When it answered or gave up.
+    pub done: Instant,
+    /// Whether it answered.
+    pub ok: bool,
+}
+
 /// Requests through a VIP every `period`, recording when each answered or failed.
 #[derive(Debug)]
 pub struct ClientLoop {
     stop: Arc<AtomicBool>,
-    samples: Arc<Mutex<Vec<(Instant, bool)>>>,
+    samples: Arc<Mutex<Vec<Sample>>>,
     thread: Option<JoinHandle<()>>,
 }
 
@@ -97,10 +108,11 @@ impl ClientLoop {
                 while !stop.load(Ordering::Relaxed) {
                     let sent = Instant::now();
                     let ok = curl(&ns, &url, timeout).is_some();
+                    let done = Instant::now();
                     samples
                         .lock()
                         .unwrap_or_else(|p| p.into_inner())
-                        .push((sent, ok));
+                        .push(Sample { sent, done, ok });
                     if let Some(rest) = period.checked_sub(sent.elapsed()) {
                         std::thread::sleep(rest);
                     }
@@ -114,8 +126,8 @@ impl ClientLoop {
         }
     }
 
-    /// The samples so far: (when the request was sent, whether it answered).
-    pub fn samples(&self) -> Vec<(Instant, bool)> {
+    /// The samples so far.
+    pub fn samples(&self) -> Vec<Sample> {
         self.samples
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -126,8 +138,8 @@ impl ClientLoop {
     pub fn wait_success_after(&self, after: Instant, timeout: Duration) -> Option<Instant> {
         let deadline = Instant::now() + timeout;
         while Instant::now() < deadline {
-            if let Some((t, _)) = self.samples().into_iter().find(|(t, ok)| *ok && *t > after) {
-                return Some(t);
+            if let Some(s) = self.samples().into_iter().find(|s| s.ok && s.sent > after) {
+                return Some(s.sent);
             }
             std::thread::sleep(Duration::from_millis(100));
         }
@@ -135,7 +147,7 @@ impl ClientLoop {
     }
 
     /// Stops the loop and returns every sample.
-    pub fn finish(mut self) -> Vec<(Instant, bool)> {
+    pub fn finish(mut self) -> Vec<Sample> {
         self.stop.store(true, Ordering::Relaxed);
         if let Some(t) = self.thread.take() {
             let _ = t.join();
@@ -153,9 +165,9 @@ impl Drop for ClientLoop {
 /// Where the failures of a client loop lie relative to an event at `event`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Outage {
-    /// Failed requests sent before the event (should be none).
+    /// Failed requests that gave up before the event (should be none).
     pub failures_before: usize,
-    /// Failed requests sent after it.
+    /// Failed requests still under way at the event or sent after it.
     pub failures_after: usize,
     /// From the event to the last failed request sent after it.
     pub last_failure: Option<Duration>,
@@ -165,21 +177,22 @@ pub struct Outage {
     pub requests_after: usize,
 }
 
-/// Summarises `samples` around `event`.
-pub fn outage(samples: &[(Instant, bool)], event: Instant) -> Outage {
-    let after: Vec<&(Instant, bool)> = samples.iter().filter(|(t, _)| *t >= event).collect();
+/// Summarises `samples` around `event`. A request under way when the event happened
+/// (sent before, finished after) counts as after it: the event is what it ran into.
+pub fn outage(samples: &[Sample], event: Instant) -> Outage {
+    let after: Vec<&Sample> = samples.iter().filter(|s| s.done >= event).collect();
     Outage {
-        failures_before: samples.iter().filter(|(t, ok)| *t < event && !ok).count(),
-        failures_after: after.iter().filter(|(_, ok)| !ok).count(),
+        failures_before: samples.iter().filter(|s| s.done < event && !s.ok).count(),
+        failures_after: after.iter().filter(|s| !s.ok).count(),
         last_failure: after
             .iter()
-            .filter(|(_, ok)| !ok)
-            .map(|(t, _)| t.duration_since(event))
+            .filter(|s| !s.ok)
+            .map(|s| s.sent.saturating_duration_since(event))
             .max(),
         first_success: after
             .iter()
-            .find(|(_, ok)| *ok)
-            .map(|(t, _)| t.duration_since(event)),
+            .find(|s| s.ok && s.sent >= event)
+            .map(|s| s.sent.duration_since(event)),
         requests_after: after.len(),
     }
 }
@@ -192,21 +205,28 @@ mod tests {
     fn outage_splits_failures_around_the_event() {
         let t0 = Instant::now();
         let at = |ms: u64| t0 + Duration::from_millis(ms);
+        // Each request takes 50 ms; the one sent at 120 is under way at the event (150).
+        let s = |sent: u64, ok| Sample {
+            sent: at(sent),
+            done: at(sent + 50),
+            ok,
+        };
         let samples = vec![
-            (at(0), true),
-            (at(100), true),
-            (at(200), false),
-            (at(300), false),
-            (at(400), true),
-            (at(500), false),
-            (at(600), true),
+            s(0, true),
+            s(120, false),
+            s(200, false),
+            s(300, false),
+            s(400, true),
+            s(500, false),
+            s(600, true),
         ];
         let o = outage(&samples, at(150));
-        assert_eq!(o.failures_before, 0);
-        assert_eq!(o.failures_after, 3);
+        assert_eq!(o.failures_before, 0, "the one under way counts as after");
+        assert_eq!(o.failures_after, 4);
         assert_eq!(o.last_failure, Some(Duration::from_millis(350)));
         assert_eq!(o.first_success, Some(Duration::from_millis(250)));
-        assert_eq!(o.requests_after, 5);
+        assert_eq!(o.requests_after, 6);
+        // At 250 the one sent at 120 had given up; the one sent at 200 was still under way.
         let o = outage(&samples, at(250));
         assert_eq!(o.failures_before, 1);
     }

@@ -266,13 +266,13 @@ fn kill_holder(
         let since = samples
             .iter()
             .rev()
-            .take_while(|(_, ok)| *ok)
+            .take_while(|s| s.ok)
             .last()
-            .map(|(t, _)| *t);
+            .map(|s| s.sent);
         if let Some(since) = since
             && samples
                 .last()
-                .is_some_and(|(t, _)| t.duration_since(since) >= steady)
+                .is_some_and(|s| s.sent.duration_since(since) >= steady)
         {
             break since;
         }
@@ -293,7 +293,7 @@ fn kill_holder(
     let samples: Vec<_> = client
         .finish()
         .into_iter()
-        .filter(|(t, _)| *t >= since)
+        .filter(|s| s.sent >= since)
         .collect();
     let outage = probe::outage(&samples, killed_at);
     let new_holder = c.wait_holder(vip, Duration::from_secs(10), |h| h != holder)?;
