@@ -323,7 +323,10 @@ fn gratuitous_arp_and_unsolicited_na_reach_the_segment_and_repeat() {
     }
     let seg = Segment::new("kvr-g", 2, 67);
     // Let node 1 create neighbour entries from unsolicited announcements.
-    for k in ["net.ipv4.conf.eth0.arp_accept=1", "net.ipv6.conf.eth0.accept_untracked_na=1"] {
+    for k in [
+        "net.ipv4.conf.eth0.arp_accept=1",
+        "net.ipv6.conf.eth0.accept_untracked_na=1",
+    ] {
         sh(&["ip", "netns", "exec", &seg.nodes[1], "sysctl", "-qw", k]);
     }
     let dir = tempfile::tempdir().unwrap();
@@ -353,6 +356,11 @@ fn gratuitous_arp_and_unsolicited_na_reach_the_segment_and_repeat() {
     assert_eq!(neighbour(&seg, 1, &vip4), None);
     wait_neighbour(&seg, 1, &vip4, &mac0, Duration::from_millis(2500));
     wait_neighbour(&seg, 1, &vip6, &mac0, Duration::from_millis(2500));
-    let n = agent.instance("api")["counters"]["announcements"].as_u64().unwrap();
-    assert!(n >= 2, "initial announcement plus at least one refresh: {n}");
+    let n = agent.instance("api")["counters"]["announcements"]
+        .as_u64()
+        .unwrap();
+    assert!(
+        n >= 2,
+        "initial announcement plus at least one refresh: {n}"
+    );
 }
