@@ -377,13 +377,37 @@ async fn accept_loop(sh: Arc<Shared>, listener: TcpListener, stop: CancellationT
 }
 
 /// Connects to the first backend that answers, trying up to `retries` others.
+///
+/// A connect that fails for lack of local resources (`EMFILE` and friends: the socket could
+/// not even be created) says nothing about the backend: it is retried on the same backend
+/// until the connect timeout, as the accept loop waits for descriptors, and not counted
+/// against the backend.
 async fn connect(sh: &Shared) -> Option<(Arc<Backend>, TcpStream)> {
     for b in sh.pool.pick().into_iter().take(sh.cfg.retries + 1) {
-        match tokio::time::timeout(sh.cfg.connect_timeout, TcpStream::connect(b.addr)).await {
+        let mut starved = false;
+        let attempt = async {
+            loop {
+                match TcpStream::connect(b.addr).await {
+                    Err(e) if is_resource_error(&e) => {
+                        if !starved {
+                            tracing::warn!(backend = %b.addr, error = %e, "connect: out of resources; retrying");
+                            starved = true;
+                        }
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                    }
+                    r => return r,
+                }
+            }
+        };
+        match tokio::time::timeout(sh.cfg.connect_timeout, attempt).await {
             Ok(Ok(s)) => return Some((b, s)),
             Ok(Err(e)) => {
                 b.stats.connect_failures.fetch_add(1, Ordering::Relaxed);
                 tracing::debug!(backend = %b.addr, error = %e, "connect failed; next backend");
+            }
+            Err(_) if starved => {
+                tracing::warn!("no descriptors for a backend connection; closing client");
+                return None;
             }
             Err(_) => {
                 b.stats.connect_failures.fetch_add(1, Ordering::Relaxed);
@@ -425,12 +449,15 @@ async fn health_supervisor(sh: Arc<Shared>, stop: CancellationToken) {
         .clamp(Duration::from_secs(1), Duration::from_secs(10));
     let checker = health::Checker::new(sh.cfg.check, timeout);
     let mut rx = sh.pool.subscribe_backends();
-    let mut tasks: HashMap<SocketAddr, CancellationToken> = HashMap::new();
+    // Keyed by address, but a task checks one `Backend` object: a backend removed and
+    // added back between two wake-ups is a new object (fresh state) and needs a new task.
+    let mut tasks: HashMap<SocketAddr, (Arc<Backend>, CancellationToken)> = HashMap::new();
     loop {
         let current = rx.borrow_and_update().clone();
-        let addrs: BTreeSet<SocketAddr> = current.iter().map(|b| b.addr).collect();
-        tasks.retain(|a, t| {
-            let keep = addrs.contains(a);
+        tasks.retain(|a, (checked, t)| {
+            let keep = current
+                .iter()
+                .any(|b| b.addr == *a && Arc::ptr_eq(b, checked));
             if !keep {
                 t.cancel();
             }
@@ -439,7 +466,7 @@ async fn health_supervisor(sh: Arc<Shared>, stop: CancellationToken) {
         for b in current.iter() {
             if let std::collections::hash_map::Entry::Vacant(slot) = tasks.entry(b.addr) {
                 let t = stop.child_token();
-                slot.insert(t.clone());
+                slot.insert((b.clone(), t.clone()));
                 tokio::spawn(check_loop(sh.clone(), checker.clone(), b.clone(), t));
             }
         }

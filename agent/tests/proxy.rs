@@ -1,0 +1,943 @@
+//! The API proxy end to end on 127.0.0.1: data integrity (splice and buffered copy), TCP
+//! half-close, failover on a refused connect, TLS `/readyz` health with rise/fall counted
+//! check by check, the monitor, drain on stop, idle and vanished clients, and a proxy run as
+//! the `proxy` subcommand under a tiny `RLIMIT_NOFILE`.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use keelson_agent::proxy::backend::{Backend, BackendSnapshot};
+use keelson_agent::proxy::{Proxy, ProxyConfig};
+use keelson_ignition::cluster::BackendCheck;
+use sha2::{Digest, Sha256};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+/// Generous bound for things that should happen "soon" (not a speed assertion).
+const SOON: Duration = Duration::from_secs(10);
+
+fn lo0() -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], 0))
+}
+
+fn config() -> ProxyConfig {
+    ProxyConfig {
+        frontends: vec![lo0()],
+        monitor: None,
+        check: BackendCheck::None,
+        check_interval: Duration::from_millis(100),
+        connect_timeout: Duration::from_secs(2),
+        idle_timeout: Duration::from_secs(120),
+        drain_timeout: Duration::from_secs(20),
+        ..ProxyConfig::default()
+    }
+}
+
+struct Running {
+    proxy: Proxy,
+    addr: SocketAddr,
+    stop: CancellationToken,
+    serve: JoinHandle<anyhow::Result<()>>,
+}
+
+fn start(cfg: ProxyConfig, backends: &[SocketAddr]) -> Running {
+    let proxy = Proxy::bind(cfg, backends).expect("bind");
+    let addr = proxy.local_addrs()[0];
+    let stop = CancellationToken::new();
+    let serve = tokio::spawn({
+        let p = proxy.clone();
+        let s = stop.clone();
+        async move { p.serve(s).await }
+    });
+    Running {
+        proxy,
+        addr,
+        stop,
+        serve,
+    }
+}
+
+impl Running {
+    async fn shutdown(self) {
+        self.stop.cancel();
+        tokio::time::timeout(SOON, self.serve)
+            .await
+            .expect("serve returns after stop")
+            .expect("serve task")
+            .expect("serve result");
+    }
+
+    fn snapshot(&self, addr: SocketAddr) -> BackendSnapshot {
+        self.proxy
+            .pool()
+            .snapshot()
+            .into_iter()
+            .find(|b| b.addr == addr)
+            .expect("backend in pool")
+    }
+
+    fn backend(&self, addr: SocketAddr) -> Arc<Backend> {
+        self.proxy
+            .pool()
+            .backends()
+            .iter()
+            .find(|b| b.addr == addr)
+            .cloned()
+            .expect("backend in pool")
+    }
+}
+
+/// Polls `f` every 5 ms until it holds; panics with `what` after [`SOON`].
+async fn wait_until(what: &str, mut f: impl FnMut() -> bool) {
+    let deadline = Instant::now() + SOON;
+    while !f() {
+        assert!(Instant::now() < deadline, "timed out waiting for: {what}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// A port nobody listens on.
+async fn closed_port() -> SocketAddr {
+    let l = TcpListener::bind(lo0()).await.unwrap();
+    l.local_addr().unwrap()
+}
+
+/// An echo server that counts its open connections; aborting `task` closes the listener.
+struct Echo {
+    addr: SocketAddr,
+    live: Arc<AtomicUsize>,
+    task: JoinHandle<()>,
+}
+
+async fn echo_backend() -> Echo {
+    let l = TcpListener::bind(lo0()).await.unwrap();
+    let addr = l.local_addr().unwrap();
+    let live = Arc::new(AtomicUsize::new(0));
+    let task = tokio::spawn({
+        let live = live.clone();
+        async move {
+            loop {
+                let Ok((s, _)) = l.accept().await else { return };
+                let live = live.clone();
+                live.fetch_add(1, Ordering::SeqCst);
+                tokio::spawn(async move {
+                    let (mut r, mut w) = s.into_split();
+                    let mut buf = vec![0u8; 64 * 1024];
+                    loop {
+                        let n = match r.read(&mut buf).await {
+                            Ok(0) | Err(_) => break,
+                            Ok(n) => n,
+                        };
+                        if w.write_all(&buf[..n]).await.is_err() {
+                            break;
+                        }
+                    }
+                    let _ = w.shutdown().await;
+                    drop((r, w));
+                    live.fetch_sub(1, Ordering::SeqCst);
+                });
+            }
+        }
+    });
+    Echo { addr, live, task }
+}
+
+/// Writes `b"x"`, expects it back.
+async fn ping(c: &mut TcpStream) -> std::io::Result<()> {
+    c.write_all(b"x").await?;
+    let mut b = [0u8; 1];
+    c.read_exact(&mut b).await?;
+    assert_eq!(&b, b"x");
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------
+// Data integrity
+
+const BULK: u64 = 300 << 20;
+
+/// A deterministic pseudo-random block; its odd length keeps chunks from lining up.
+fn pattern(seed: u64) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let mut v = Vec::with_capacity((1 << 20) + 8);
+    while v.len() < (1 << 20) + 13 {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        v.extend_from_slice(&x.to_le_bytes());
+    }
+    v.truncate((1 << 20) + 13);
+    v
+}
+
+/// Sends `total` bytes of the `seed` stream in uneven chunks, then shuts the write half.
+async fn send_stream(mut w: impl AsyncWrite + Unpin, seed: u64, total: u64) -> [u8; 32] {
+    let block = pattern(seed);
+    let mut h = Sha256::new();
+    let (mut sent, mut off, mut i) = (0u64, 0usize, 0usize);
+    while sent < total {
+        let want = (40_000 + (i * 7919) % 90_000).min((total - sent) as usize);
+        let n = want.min(block.len() - off);
+        let chunk = &block[off..off + n];
+        w.write_all(chunk).await.expect("send");
+        h.update(chunk);
+        sent += n as u64;
+        off = (off + n) % block.len();
+        i += 1;
+    }
+    w.shutdown().await.expect("shutdown");
+    h.finalize().into()
+}
+
+/// Reads to EOF: (byte count, sha256).
+async fn recv_stream(mut r: impl AsyncRead + Unpin) -> (u64, [u8; 32]) {
+    let mut h = Sha256::new();
+    let mut buf = vec![0u8; 256 * 1024];
+    let mut total = 0u64;
+    loop {
+        let n = r.read(&mut buf).await.expect("receive");
+        if n == 0 {
+            return (total, h.finalize().into());
+        }
+        h.update(&buf[..n]);
+        total += n as u64;
+    }
+}
+
+async fn bulk(splice: bool) {
+    // The backend sends its own stream while it hashes the client's.
+    let l = TcpListener::bind(lo0()).await.unwrap();
+    let backend_addr = l.local_addr().unwrap();
+    let backend = tokio::spawn(async move {
+        let (s, _) = l.accept().await.unwrap();
+        let (r, w) = s.into_split();
+        let (got, sent) = tokio::join!(recv_stream(r), send_stream(w, 2, BULK));
+        (got, sent)
+    });
+    let p = start(ProxyConfig { splice, ..config() }, &[backend_addr]);
+    let c = TcpStream::connect(p.addr).await.unwrap();
+    let (r, w) = c.into_split();
+    let (client_got, client_sent) = tokio::join!(recv_stream(r), send_stream(w, 1, BULK));
+    let (backend_got, backend_sent) = backend.await.unwrap();
+
+    assert_eq!(
+        backend_got.0, BULK,
+        "bytes client -> backend (splice {splice})"
+    );
+    assert_eq!(
+        backend_got.1, client_sent,
+        "sha256 client -> backend (splice {splice})"
+    );
+    assert_eq!(
+        client_got.0, BULK,
+        "bytes backend -> client (splice {splice})"
+    );
+    assert_eq!(
+        client_got.1, backend_sent,
+        "sha256 backend -> client (splice {splice})"
+    );
+    assert_ne!(
+        client_sent, backend_sent,
+        "the two directions carry different bytes"
+    );
+    wait_until("connection closed", || p.proxy.active_connections() == 0).await;
+    let s = p.snapshot(backend_addr);
+    assert_eq!(
+        (s.bytes_in, s.bytes_out, s.total, s.active),
+        (BULK, BULK, 1, 0)
+    );
+    p.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bulk_both_ways_is_intact_with_splice() {
+    bulk(true).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bulk_both_ways_is_intact_with_buffered_copy() {
+    bulk(false).await;
+}
+
+// ---------------------------------------------------------------------------------------
+// Half-close
+
+async fn half_close(splice: bool) {
+    // Client closes its write side first; the backend answers after seeing EOF.
+    let l = TcpListener::bind(lo0()).await.unwrap();
+    let a = l.local_addr().unwrap();
+    let backend = tokio::spawn(async move {
+        let (mut s, _) = l.accept().await.unwrap();
+        let mut got = Vec::new();
+        s.read_to_end(&mut got).await.unwrap();
+        s.write_all(b"reply after your FIN").await.unwrap();
+        s.shutdown().await.unwrap();
+        got
+    });
+    let p = start(ProxyConfig { splice, ..config() }, &[a]);
+    let mut c = TcpStream::connect(p.addr).await.unwrap();
+    c.write_all(b"request").await.unwrap();
+    c.shutdown().await.unwrap();
+    let mut reply = Vec::new();
+    tokio::time::timeout(SOON, c.read_to_end(&mut reply))
+        .await
+        .expect("reply arrives after the client's FIN")
+        .unwrap();
+    assert_eq!(reply, b"reply after your FIN");
+    assert_eq!(backend.await.unwrap(), b"request");
+    p.shutdown().await;
+
+    // Backend closes its write side first; the client still sends afterwards.
+    let l = TcpListener::bind(lo0()).await.unwrap();
+    let a = l.local_addr().unwrap();
+    let backend = tokio::spawn(async move {
+        let (mut s, _) = l.accept().await.unwrap();
+        s.write_all(b"banner").await.unwrap();
+        s.shutdown().await.unwrap();
+        let mut got = Vec::new();
+        s.read_to_end(&mut got).await.unwrap();
+        got
+    });
+    let p = start(ProxyConfig { splice, ..config() }, &[a]);
+    let mut c = TcpStream::connect(p.addr).await.unwrap();
+    let mut banner = Vec::new();
+    tokio::time::timeout(SOON, c.read_to_end(&mut banner))
+        .await
+        .expect("client sees the backend's FIN")
+        .unwrap();
+    assert_eq!(banner, b"banner");
+    c.write_all(b"sent after the backend's FIN").await.unwrap();
+    c.shutdown().await.unwrap();
+    let got = tokio::time::timeout(SOON, backend).await.unwrap().unwrap();
+    assert_eq!(got, b"sent after the backend's FIN");
+    p.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn half_close_both_directions_with_splice() {
+    half_close(true).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn half_close_both_directions_with_buffered_copy() {
+    half_close(false).await;
+}
+
+// ---------------------------------------------------------------------------------------
+// Failover
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refused_connect_fails_over_to_the_next_backend() {
+    let dead = closed_port().await;
+    let echo = echo_backend().await;
+    let p = start(config(), &[dead, echo.addr]);
+    // Round robin: two of four connections start on the dead backend and move on.
+    for _ in 0..4 {
+        let mut c = TcpStream::connect(p.addr).await.unwrap();
+        ping(&mut c)
+            .await
+            .expect("every connection lands on the live backend");
+    }
+    let d = p.snapshot(dead);
+    let e = p.snapshot(echo.addr);
+    assert_eq!((d.connect_failures, d.total), (2, 0));
+    assert_eq!((e.connect_failures, e.total), (0, 4));
+    p.shutdown().await;
+
+    // Without retries the two that start on the dead backend are closed.
+    let p = start(
+        ProxyConfig {
+            retries: 0,
+            ..config()
+        },
+        &[dead, echo.addr],
+    );
+    let mut served = 0;
+    for _ in 0..4 {
+        let mut c = TcpStream::connect(p.addr).await.unwrap();
+        if ping(&mut c).await.is_ok() {
+            served += 1;
+        }
+    }
+    assert_eq!(served, 2);
+    assert_eq!(p.snapshot(dead).connect_failures, 2);
+    p.shutdown().await;
+}
+
+// ---------------------------------------------------------------------------------------
+// Health checks against a scripted TLS /readyz
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Answer {
+    Ok,
+    Error500,
+    Garbage,
+    Stall,
+    Reset,
+}
+
+/// One check as the backend saw it: what it answered, and the proxy's view of this backend
+/// when the check connected (i.e. after every earlier check was recorded).
+#[derive(Debug, Clone, Copy)]
+struct Seen {
+    answer: Answer,
+    up: bool,
+    failures: u32,
+    successes: u32,
+}
+
+struct Script {
+    answer: Mutex<Answer>,
+    log: Mutex<Vec<Seen>>,
+    backend: Mutex<Option<Arc<Backend>>>,
+    stalled: Mutex<Vec<TcpStream>>,
+}
+
+impl Script {
+    fn set(&self, a: Answer) {
+        *self.answer.lock().unwrap() = a;
+    }
+    fn log(&self) -> Vec<Seen> {
+        self.log.lock().unwrap().clone()
+    }
+}
+
+fn acceptor() -> tokio_rustls::TlsAcceptor {
+    let cert = rcgen::generate_simple_self_signed(vec!["localhost".into()]).unwrap();
+    let key = rustls_pki_types::PrivateKeyDer::Pkcs8(cert.signing_key.serialize_der().into());
+    let config = rustls::ServerConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_no_client_auth()
+    .with_single_cert(vec![cert.cert.der().clone()], key)
+    .unwrap();
+    tokio_rustls::TlsAcceptor::from(Arc::new(config))
+}
+
+/// A TLS server answering `GET /readyz` as its script says.
+async fn readyz_backend(first: Answer) -> (SocketAddr, Arc<Script>) {
+    let l = TcpListener::bind(lo0()).await.unwrap();
+    let addr = l.local_addr().unwrap();
+    let script = Arc::new(Script {
+        answer: Mutex::new(first),
+        log: Mutex::new(Vec::new()),
+        backend: Mutex::new(None),
+        stalled: Mutex::new(Vec::new()),
+    });
+    let acc = acceptor();
+    let sc = script.clone();
+    tokio::spawn(async move {
+        loop {
+            let Ok((s, _)) = l.accept().await else { return };
+            let answer = *sc.answer.lock().unwrap();
+            if let Some(b) = sc.backend.lock().unwrap().as_ref() {
+                let h = b.health();
+                sc.log.lock().unwrap().push(Seen {
+                    answer,
+                    up: h.up,
+                    failures: h.failures,
+                    successes: h.successes,
+                });
+            }
+            match answer {
+                Answer::Stall => {
+                    sc.stalled.lock().unwrap().push(s);
+                    continue;
+                }
+                Answer::Reset => {
+                    socket2::SockRef::from(&s)
+                        .set_linger(Some(Duration::ZERO))
+                        .unwrap();
+                    drop(s);
+                    continue;
+                }
+                _ => {}
+            }
+            let acc = acc.clone();
+            tokio::spawn(async move {
+                let Ok(mut s) = acc.accept(s).await else {
+                    return;
+                };
+                let mut head = Vec::new();
+                let mut buf = [0u8; 512];
+                while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match s.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => head.extend_from_slice(&buf[..n]),
+                    }
+                }
+                assert!(head.starts_with(b"GET /readyz HTTP/1.1\r\n"), "{head:?}");
+                let reply: &[u8] = match answer {
+                    Answer::Ok => b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok",
+                    Answer::Error500 => {
+                        b"HTTP/1.1 500 Internal Server Error\r\ncontent-length: 0\r\n\r\n"
+                    }
+                    _ => b"SSH-2.0-OpenSSH_9.2 not http at all\r\n",
+                };
+                let _ = s.write_all(reply).await;
+                let _ = s.shutdown().await;
+            });
+        }
+    });
+    (addr, script)
+}
+
+fn tls_config() -> ProxyConfig {
+    ProxyConfig {
+        check: BackendCheck::TlsReadyz,
+        ..config()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_readyz_falls_after_exactly_three_and_rises_after_one() {
+    let (a, script) = readyz_backend(Answer::Ok).await;
+    let p = start(tls_config(), &[a]);
+    *script.backend.lock().unwrap() = Some(p.backend(a));
+    let pool = p.proxy.pool();
+    wait_until("backend up on the first 200", || pool.is_healthy()).await;
+    wait_until("a 200 seen by the backend log", || {
+        script.log().iter().any(|s| s.answer == Answer::Ok)
+    })
+    .await;
+
+    script.set(Answer::Error500);
+    wait_until("backend down after 500s", || !pool.is_healthy()).await;
+    let down_at = script.log().len();
+    // One more check, so the log holds the state after the third failure.
+    wait_until("one check after going down", || {
+        script.log().len() > down_at
+    })
+    .await;
+    script.set(Answer::Ok);
+    wait_until("backend up again", || pool.is_healthy()).await;
+    let up_at = script.log().len();
+    wait_until("one check after coming up", || script.log().len() > up_at).await;
+
+    let log = script.log();
+    let first_500 = log
+        .iter()
+        .position(|s| s.answer == Answer::Error500)
+        .unwrap();
+    let fails: Vec<(bool, u32)> = log[first_500..]
+        .iter()
+        .take(4)
+        .map(|s| (s.up, s.failures))
+        .collect();
+    // The state when check k connects is the result of checks 1..k-1.
+    assert_eq!(
+        fails,
+        vec![(true, 0), (true, 1), (true, 2), (false, 3)],
+        "up after two failures, down after exactly three: {log:?}"
+    );
+    let first_ok = first_500
+        + log[first_500..]
+            .iter()
+            .position(|s| s.answer == Answer::Ok)
+            .unwrap();
+    let after = log[first_ok + 1];
+    assert!(!log[first_ok].up, "{log:?}");
+    assert!(
+        after.up && after.successes == 1,
+        "up after exactly one success: {log:?}"
+    );
+    let h = p.backend(a).health();
+    assert!(h.up && h.last_error.is_none());
+    p.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn garbage_stalling_and_resetting_backends_are_marked_down() {
+    let cases = [
+        (Answer::Garbage, "expected an HTTP/1.x status line"),
+        (Answer::Stall, "timed out"),
+        (Answer::Reset, "reset"),
+    ];
+    let mut backends = Vec::new();
+    for (answer, _) in cases {
+        let (a, script) = readyz_backend(Answer::Ok).await;
+        backends.push((a, script, answer));
+    }
+    let addrs: Vec<SocketAddr> = backends.iter().map(|b| b.0).collect();
+    let p = start(tls_config(), &addrs);
+    wait_until("all up", || {
+        addrs.iter().all(|a| p.snapshot(*a).state == "up")
+    })
+    .await;
+    for (_, script, answer) in &backends {
+        script.set(*answer);
+    }
+    for ((a, _, _), (answer, why)) in backends.iter().zip(cases) {
+        wait_until(&format!("{answer:?} backend down"), || {
+            p.snapshot(*a).state == "down"
+        })
+        .await;
+        let err = p.snapshot(*a).last_error.unwrap_or_default();
+        assert!(
+            err.to_lowercase().contains(&why.to_lowercase()),
+            "{answer:?}: last error {err:?} should mention {why:?}"
+        );
+    }
+    assert!(!p.proxy.pool().is_healthy());
+    // No backend up: a client is closed at once rather than sent to a down backend.
+    let mut c = TcpStream::connect(p.addr).await.unwrap();
+    let mut buf = [0u8; 8];
+    let n = tokio::time::timeout(SOON, c.read(&mut buf))
+        .await
+        .expect("closed, not left hanging")
+        .unwrap_or(0);
+    assert_eq!(n, 0);
+    assert!(addrs.iter().all(|a| p.snapshot(*a).total == 0));
+    p.shutdown().await;
+}
+
+// ---------------------------------------------------------------------------------------
+// Monitor
+
+/// A bare HTTP/1.1 GET: (status, body).
+async fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: m\r\nConnection: close\r\n\r\n").as_bytes())
+        .await
+        .unwrap();
+    let mut v = Vec::new();
+    tokio::time::timeout(SOON, s.read_to_end(&mut v))
+        .await
+        .expect("monitor answers")
+        .unwrap();
+    let text = String::from_utf8(v).unwrap();
+    let status = text[9..12].parse().unwrap();
+    let body = text.split_once("\r\n\r\n").unwrap().1.to_string();
+    (status, body)
+}
+
+async fn stats(monitor: SocketAddr) -> serde_json::Value {
+    let (status, body) = http_get(monitor, "/stats").await;
+    assert_eq!(status, 200);
+    serde_json::from_str(&body).unwrap()
+}
+
+fn backend_json(v: &serde_json::Value, a: SocketAddr) -> serde_json::Value {
+    v["backends"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|b| b["addr"] == a.to_string())
+        .cloned()
+        .unwrap_or_else(|| panic!("{a} not in {v}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn monitor_healthz_and_stats() {
+    let echo = echo_backend().await;
+    let dead = closed_port().await;
+    let p = start(
+        ProxyConfig {
+            check: BackendCheck::Tcp,
+            monitor: Some(lo0()),
+            ..config()
+        },
+        &[echo.addr, dead],
+    );
+    let m = p.proxy.monitor_addr().unwrap();
+    let deadline = Instant::now() + SOON;
+    loop {
+        let (status, _) = http_get(m, "/healthz").await;
+        if status == 200 {
+            break;
+        }
+        assert_eq!(status, 503);
+        assert!(Instant::now() < deadline, "/healthz never 200");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let v = stats(m).await;
+    assert_eq!(v["healthy"], true);
+    assert_eq!(backend_json(&v, echo.addr)["state"], "up");
+    assert_eq!(backend_json(&v, dead)["state"], "down");
+
+    // One live connection moving 1000 bytes each way.
+    let mut c = TcpStream::connect(p.addr).await.unwrap();
+    c.write_all(&[7u8; 1000]).await.unwrap();
+    let mut back = [0u8; 1000];
+    c.read_exact(&mut back).await.unwrap();
+    // The counter is bumped right after the write that woke the client: wait for it.
+    wait_until("bytes counted", || {
+        let s = p.snapshot(echo.addr);
+        s.bytes_in + s.bytes_out >= 2000
+    })
+    .await;
+    let b = backend_json(&stats(m).await, echo.addr);
+    assert_eq!(
+        (&b["active"], &b["total"], &b["bytesIn"], &b["bytesOut"]),
+        (&1.into(), &1.into(), &1000.into(), &1000.into()),
+        "{b}"
+    );
+    drop(c);
+    wait_until("connection closed", || p.snapshot(echo.addr).active == 0).await;
+    let b = backend_json(&stats(m).await, echo.addr);
+    assert_eq!((&b["active"], &b["total"]), (&0.into(), &1.into()));
+    let d = backend_json(&stats(m).await, dead);
+    assert!(d["lastError"].as_str().unwrap().contains("connect"), "{d}");
+
+    // The only live backend goes away: down after three failed checks, /healthz 503.
+    echo.task.abort();
+    wait_until("echo backend down", || {
+        p.snapshot(echo.addr).state == "down"
+    })
+    .await;
+    let (status, body) = http_get(m, "/healthz").await;
+    assert_eq!((status, body.as_str()), (503, "no backend is up\n"));
+    let v = stats(m).await;
+    assert_eq!(v["healthy"], false);
+    assert_eq!(http_get(m, "/nope").await.0, 404);
+    p.shutdown().await;
+}
+
+// ---------------------------------------------------------------------------------------
+// Drain
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stop_drains_live_connections_and_refuses_new_ones() {
+    let echo = echo_backend().await;
+    let p = start(config(), &[echo.addr]);
+    let mut live = TcpStream::connect(p.addr).await.unwrap();
+    ping(&mut live).await.unwrap();
+
+    p.stop.cancel();
+    let deadline = Instant::now() + SOON;
+    loop {
+        match TcpStream::connect(p.addr).await {
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => break,
+            _ => {
+                assert!(
+                    Instant::now() < deadline,
+                    "frontend still accepts after stop"
+                );
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
+    }
+    for _ in 0..3 {
+        ping(&mut live)
+            .await
+            .expect("live connection works while draining");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        !p.serve.is_finished(),
+        "serve returned with a live connection"
+    );
+    live.shutdown().await.unwrap();
+    let mut rest = Vec::new();
+    live.read_to_end(&mut rest).await.unwrap();
+    tokio::time::timeout(SOON, p.serve)
+        .await
+        .expect("serve returns once the last connection closed")
+        .unwrap()
+        .unwrap();
+    assert_eq!(echo.live.load(Ordering::SeqCst), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn drain_timeout_cuts_a_stuck_connection() {
+    let echo = echo_backend().await;
+    let drain = Duration::from_millis(300);
+    let p = start(
+        ProxyConfig {
+            drain_timeout: drain,
+            ..config()
+        },
+        &[echo.addr],
+    );
+    let mut stuck = TcpStream::connect(p.addr).await.unwrap();
+    ping(&mut stuck).await.unwrap();
+    let t0 = Instant::now();
+    p.stop.cancel();
+    tokio::time::timeout(SOON, p.serve)
+        .await
+        .expect("serve returns after the drain timeout")
+        .unwrap()
+        .unwrap();
+    assert!(t0.elapsed() >= drain, "cut before the drain timeout");
+    let mut buf = [0u8; 8];
+    let n = tokio::time::timeout(SOON, stuck.read(&mut buf))
+        .await
+        .expect("the client sees the cut")
+        .unwrap_or(0);
+    assert_eq!(n, 0);
+    wait_until("backend side closed", || {
+        echo.live.load(Ordering::SeqCst) == 0
+    })
+    .await;
+}
+
+// ---------------------------------------------------------------------------------------
+// Idle and vanished clients
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn silent_and_vanished_clients_leak_nothing() {
+    let echo = echo_backend().await;
+    let p = start(
+        ProxyConfig {
+            idle_timeout: Duration::from_millis(300),
+            ..config()
+        },
+        &[echo.addr],
+    );
+    // Connects and never sends: the idle timeout closes both sides.
+    let mut silent = TcpStream::connect(p.addr).await.unwrap();
+    wait_until("silent client proxied", || {
+        p.proxy.active_connections() == 1 && echo.live.load(Ordering::SeqCst) == 1
+    })
+    .await;
+    let mut buf = [0u8; 1];
+    let n = tokio::time::timeout(SOON, silent.read(&mut buf))
+        .await
+        .expect("idle client closed")
+        .unwrap_or(0);
+    assert_eq!(n, 0);
+    wait_until("no connection left", || {
+        p.proxy.active_connections() == 0
+            && p.snapshot(echo.addr).active == 0
+            && echo.live.load(Ordering::SeqCst) == 0
+    })
+    .await;
+    p.shutdown().await;
+
+    // With a long idle timeout: a client that resets, and one that closes without a word.
+    let p = start(config(), &[echo.addr]);
+    for reset in [true, false] {
+        let c = TcpStream::connect(p.addr).await.unwrap();
+        wait_until("client proxied", || {
+            p.proxy.active_connections() == 1 && echo.live.load(Ordering::SeqCst) == 1
+        })
+        .await;
+        if reset {
+            socket2::SockRef::from(&c)
+                .set_linger(Some(Duration::ZERO))
+                .unwrap();
+        }
+        drop(c);
+        wait_until("vanished client cleaned up", || {
+            p.proxy.active_connections() == 0 && echo.live.load(Ordering::SeqCst) == 0
+        })
+        .await;
+    }
+    assert_eq!(p.snapshot(echo.addr).total, 2);
+    p.shutdown().await;
+}
+
+// ---------------------------------------------------------------------------------------
+// Descriptor exhaustion, in a child process
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn out_of_descriptors_waits_and_recovers() {
+    use std::io::{BufRead, BufReader};
+    use std::os::unix::process::CommandExt;
+    use std::process::{Command, Stdio};
+
+    let echo = echo_backend().await;
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_keelson-agent"));
+    cmd.args(["proxy", "--listen", "127.0.0.1:0", "--backend"])
+        .arg(echo.addr.to_string())
+        .args(["--check", "none", "--monitor", "none", "--drain-secs", "0"])
+        .env("RUST_LOG", "info")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    // SAFETY: runs in the forked child before exec; setrlimit is async-signal-safe and
+    // touches no memory of the parent.
+    unsafe {
+        cmd.pre_exec(|| {
+            let lim = libc::rlimit {
+                rlim_cur: 40,
+                rlim_max: 40,
+            };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &lim) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let mut child = cmd.spawn().expect("spawn keelson-agent proxy");
+    let log = Arc::new(Mutex::new(String::new()));
+    let (tx, rx) = std::sync::mpsc::channel();
+    {
+        let log = log.clone();
+        let stderr = child.stderr.take().unwrap();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if line.contains("listening on") {
+                    let _ = tx.send(line.clone());
+                }
+                log.lock().unwrap().push_str(&line);
+                log.lock().unwrap().push('\n');
+            }
+        });
+    }
+    let line = rx.recv_timeout(SOON).expect("proxy started");
+    let addr: SocketAddr = line
+        .split_once('[')
+        .and_then(|(_, r)| r.split_once(']'))
+        .map(|(a, _)| a)
+        .unwrap()
+        .parse()
+        .unwrap();
+
+    // Open connections until one is not served: the proxy ran out of descriptors.
+    let mut served = Vec::new();
+    let mut stuck = loop {
+        assert!(served.len() < 100, "never ran out of descriptors");
+        let mut c = TcpStream::connect(addr).await.unwrap();
+        match tokio::time::timeout(Duration::from_millis(1000), ping(&mut c)).await {
+            Ok(Ok(())) => served.push(c),
+            Ok(Err(e)) => panic!("client closed at the limit instead of waiting: {e}"),
+            Err(_) => break c,
+        }
+    };
+    assert!(
+        served.len() >= 2,
+        "only {} connections served",
+        served.len()
+    );
+    // One more client: this accept fails with EMFILE and waits in the backlog.
+    let mut waiting = TcpStream::connect(addr).await.unwrap();
+    waiting.write_all(b"x").await.unwrap();
+    let l = log.clone();
+    wait_until("accept fails with EMFILE", || {
+        l.lock().unwrap().contains("accept: out of resources")
+    })
+    .await;
+    assert!(log.lock().unwrap().contains("Too many open files"));
+
+    // Free descriptors: the waiting clients are served, and new ones too.
+    drop(served);
+    let mut b = [0u8; 1];
+    tokio::time::timeout(SOON, stuck.read_exact(&mut b))
+        .await
+        .expect("stuck client served once descriptors are free")
+        .unwrap();
+    tokio::time::timeout(SOON, waiting.read_exact(&mut b))
+        .await
+        .expect("backlogged client served once descriptors are free")
+        .unwrap();
+    let mut fresh = TcpStream::connect(addr).await.unwrap();
+    tokio::time::timeout(SOON, ping(&mut fresh))
+        .await
+        .expect("new connection served")
+        .unwrap();
+    ping(&mut stuck).await.unwrap();
+    let l = log.clone();
+    wait_until("accept recovers", || {
+        l.lock().unwrap().contains("accept works again")
+    })
+    .await;
+    child.kill().unwrap();
+    child.wait().unwrap();
+}
