@@ -17,7 +17,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::context::Bus;
 
-mod http;
+pub mod http;
 
 /// Rise/fall hysteresis of one check (pure).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

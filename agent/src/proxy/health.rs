@@ -3,13 +3,10 @@
 //! signed by a CA this node may not have, and the check is about liveness, not identity).
 
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::time::Duration;
 
 use keelson_ignition::cluster::BackendCheck;
-use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
-use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
-use rustls::{DigitallySignedStruct, SignatureScheme};
+use rustls::pki_types::ServerName;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -58,56 +55,6 @@ pub fn parse_status(head: &[u8]) -> Result<u16, CheckError> {
         .ok_or_else(garbage)
 }
 
-/// Accepts any server certificate (`verify none`); signatures are still checked so the
-/// handshake is a real TLS handshake.
-#[derive(Debug)]
-struct NoVerify(Arc<rustls::crypto::CryptoProvider>);
-
-impl ServerCertVerifier for NoVerify {
-    fn verify_server_cert(
-        &self,
-        _end_entity: &CertificateDer<'_>,
-        _intermediates: &[CertificateDer<'_>],
-        _server_name: &ServerName<'_>,
-        _ocsp_response: &[u8],
-        _now: UnixTime,
-    ) -> Result<ServerCertVerified, rustls::Error> {
-        Ok(ServerCertVerified::assertion())
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(
-            message,
-            cert,
-            dss,
-            &self.0.signature_verification_algorithms,
-        )
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(
-            message,
-            cert,
-            dss,
-            &self.0.signature_verification_algorithms,
-        )
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.0.signature_verification_algorithms.supported_schemes()
-    }
-}
-
 /// Runs health checks of one kind.
 #[derive(Clone)]
 pub struct Checker {
@@ -128,16 +75,8 @@ impl std::fmt::Debug for Checker {
 impl Checker {
     /// A checker; each check gives up after `timeout`.
     pub fn new(kind: BackendCheck, timeout: Duration) -> Self {
-        let tls = (kind == BackendCheck::TlsReadyz).then(|| {
-            let provider = Arc::new(rustls::crypto::ring::default_provider());
-            let config = rustls::ClientConfig::builder_with_provider(provider.clone())
-                .with_safe_default_protocol_versions()
-                .expect("ring supports the default TLS versions")
-                .dangerous()
-                .with_custom_certificate_verifier(Arc::new(NoVerify(provider)))
-                .with_no_client_auth();
-            tokio_rustls::TlsConnector::from(Arc::new(config))
-        });
+        let tls =
+            (kind == BackendCheck::TlsReadyz).then(crate::health::http::unverified_tls_connector);
         Self { kind, timeout, tls }
     }
 
