@@ -124,25 +124,11 @@ fn certificate_authorities(config: &Value) -> Result<Vec<Vec<u8>>, ApplyError> {
                 message: e.to_string(),
             })?;
             // Spec 3.1+ lets a CA say `compression` (keelson never writes one; others may).
-            let pem = match ca.get("compression").and_then(Value::as_str) {
-                None | Some("") => raw,
-                Some("gzip") => {
-                    let mut out = Vec::new();
-                    flate2::read::GzDecoder::new(&raw[..])
-                        .read_to_end(&mut out)
-                        .map_err(|e| ApplyError::Invalid {
-                            field: field.clone(),
-                            message: format!("gzip: {e}"),
-                        })?;
-                    out
-                }
-                Some(other) => {
-                    return Err(ApplyError::Invalid {
-                        field: field.replace(".source", ".compression"),
-                        message: format!("expected gzip, got {other:?}"),
-                    });
-                }
-            };
+            let pem = decompress(
+                raw,
+                ca.get("compression"),
+                &field.replace(".source", ".compression"),
+            )?;
             cas.push(pem);
         }
     }
@@ -278,6 +264,31 @@ fn verify(bytes: &[u8], hash: Option<&Value>, field: &str) -> Result<(), ApplyEr
         });
     }
     Ok(())
+}
+
+/// `raw` decompressed as a resource's `compression` field (at `field`) says: none or gzip.
+fn decompress(
+    raw: Vec<u8>,
+    compression: Option<&Value>,
+    field: &str,
+) -> Result<Vec<u8>, ApplyError> {
+    match compression.and_then(Value::as_str) {
+        None | Some("") => Ok(raw),
+        Some("gzip") => {
+            let mut out = Vec::new();
+            flate2::read::GzDecoder::new(&raw[..])
+                .read_to_end(&mut out)
+                .map_err(|e| ApplyError::Invalid {
+                    field: field.to_owned(),
+                    message: format!("gzip: {e}"),
+                })?;
+            Ok(out)
+        }
+        Some(other) => Err(ApplyError::Invalid {
+            field: field.to_owned(),
+            message: format!("expected gzip, got {other:?}"),
+        }),
+    }
 }
 
 /// A file already on the node with exactly the verified contents of a remote source: the
@@ -452,28 +463,11 @@ async fn write_file(
             }
         }
     };
-    let data = match contents
-        .and_then(|c| c.get("compression"))
-        .and_then(Value::as_str)
-    {
-        None | Some("") => raw,
-        Some("gzip") => {
-            let mut out = Vec::new();
-            flate2::read::GzDecoder::new(&raw[..])
-                .read_to_end(&mut out)
-                .map_err(|e| ApplyError::Invalid {
-                    field: format!("{field}.contents.compression"),
-                    message: format!("gzip: {e}"),
-                })?;
-            out
-        }
-        Some(other) => {
-            return Err(ApplyError::Invalid {
-                field: format!("{field}.contents.compression"),
-                message: format!("expected gzip, got {other:?}"),
-            });
-        }
-    };
+    let data = decompress(
+        raw,
+        contents.and_then(|c| c.get("compression")),
+        &format!("{field}.contents.compression"),
+    )?;
     // Ignition: "if compression is specified, the hash describes the decompressed file".
     verify(
         &data,
