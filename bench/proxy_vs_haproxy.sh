@@ -1,0 +1,312 @@
+#!/usr/bin/env bash
+# The API proxy (DESIGN §4.4, §6): `keelson-agent proxy` vs haproxy in TCP mode, side by side
+# in one run, with the direct path (no proxy) as the baseline. Loopback only.
+#
+# Measured for direct / haproxy / keelson:
+#   - bulk throughput: iperf3 -t SECS through the proxy to an iperf3 server (one stream);
+#   - new connections/s: wrk -c CONNS with 'Connection: close', so every request is a new
+#     client connection and, through a proxy, a new backend connection, to nginx serving a
+#     small file; p50/p99 latency of that run (under load: mostly queueing);
+#   - latency: wrk -c 1 keep-alive, one request at a time (no queueing), p50/p99, with the
+#     proxy moved onto LOAD_CPU for that run (see ka_run); the "added" latency is the
+#     proxy's p99 minus the direct p99.
+#
+# Fairness: both proxies are pinned with taskset to the same single CPU (PROXY_CPU): haproxy
+# runs one process with `nbthread 1`, keelson's tokio runtime sizes itself from the affinity
+# mask (one worker thread). Clients and backends (iperf3, wrk, nginx) share LOAD_CPU. haproxy
+# gets OpenShift's settings (mode tcp, retries 3, maxconn 20000, timeout connect 10s,
+# client/server/tunnel 86400s); keelson-agent proxy has the same defaults. Both get the same
+# lower maxconn where the descriptor limit cannot hold 20000 connections. Neither runs
+# health checks (--check none; no `check` on the haproxy server line): a check connection
+# would disturb the single-client iperf3 server. The proxies' CPU use over each run is read
+# from /proc/PID/stat. Runs alternate keelson/haproxy ROUNDS times; medians count.
+#
+# Usage: bench/proxy_vs_haproxy.sh
+# Env: KEELSON_AGENT_BIN (default target/release/keelson-agent), SECS (per run, default 8),
+#      ROUNDS (default 5), CONNS (wrk connections, default 32), PROXY_CPU (default 1),
+#      LOAD_CPU (default 0), QUIET_MAX / QUIET_WAIT (wait up to QUIET_WAIT s, default 60,
+#      before each run until other work uses at most QUIET_MAX %, default 10, of the machine).
+# Bars (DESIGN §6): throughput >= haproxy; connections/s >= 0.9 x haproxy; added p99
+# latency <= haproxy's. Exit 1 below a bar.
+set -euo pipefail
+
+cd "$(dirname "$0")/.."
+SECS=${SECS:-8}
+ROUNDS=${ROUNDS:-5}
+CONNS=${CONNS:-32}
+PROXY_CPU=${PROXY_CPU:-1}
+LOAD_CPU=${LOAD_CPU:-0}
+QUIET_MAX=${QUIET_MAX:-10}
+QUIET_WAIT=${QUIET_WAIT:-60}
+# OpenShift sets maxconn 20000; haproxy needs ~2 descriptors per connection and will not
+# start when it cannot raise RLIMIT_NOFILE that far (containers often cap it at 20000).
+HARD_NOFILE=$(ulimit -Hn)
+if [[ $HARD_NOFILE == unlimited ]] || ((HARD_NOFILE >= 40100)); then MAXCONN=20000; else MAXCONN=$(((HARD_NOFILE - 100) / 2)); fi
+BIN=${KEELSON_AGENT_BIN:-target/release/keelson-agent}
+[[ -x $BIN ]] || { echo "missing $BIN: cargo build --release -p keelson-agent" >&2; exit 1; }
+for tool in haproxy iperf3 wrk nginx curl taskset ss awk; do
+  command -v "$tool" >/dev/null || {
+    echo "missing $tool (apt-get install -y haproxy iperf3 wrk nginx-light)" >&2
+    exit 1
+  }
+done
+
+WORK=$(mktemp -d /tmp/ks-bench-proxy.XXXXXX)
+chmod 755 "$WORK"
+PIDS=()
+cleanup() {
+  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
+  for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null || true; done
+  rm -rf "$WORK"
+}
+trap cleanup EXIT
+
+free_port() {
+  local p
+  while :; do
+    p=$((20000 + RANDOM % 30000))
+    ss -Htln "sport = :$p" | grep -q . || { echo "$p"; return; }
+  done
+}
+wait_port() { # port what
+  for _ in $(seq 100); do
+    ss -Htln "sport = :$1" | grep -q . && return
+    sleep 0.05
+  done
+  echo "$2 does not listen on :$1" >&2
+  cat "$WORK"/*.log >&2 || true
+  exit 1
+}
+
+IPERF=$(free_port)
+NGX=$(free_port)
+K_IPERF=$(free_port)
+K_HTTP=$(free_port)
+H_IPERF=$(free_port)
+H_HTTP=$(free_port)
+
+# --- backends ----------------------------------------------------------------------------
+taskset -c "$LOAD_CPU" iperf3 -s -p "$IPERF" >"$WORK/iperf3-server.log" 2>&1 &
+PIDS+=($!)
+
+mkdir -p "$WORK/www"
+head -c 100 /dev/zero | tr '\0' 'k' >"$WORK/www/small"
+cat >"$WORK/nginx.conf" <<EOF
+worker_processes 1;
+daemon off;
+pid $WORK/nginx.pid;
+error_log stderr warn;
+$([[ $(id -u) -eq 0 ]] && echo "user root;")
+worker_rlimit_nofile 16384;
+events { worker_connections 8192; }
+http {
+  access_log off;
+  sendfile on;
+  tcp_nodelay on;
+  keepalive_requests 100000000;
+  client_body_temp_path $WORK/www;
+  proxy_temp_path $WORK/www;
+  fastcgi_temp_path $WORK/www;
+  uwsgi_temp_path $WORK/www;
+  scgi_temp_path $WORK/www;
+  server {
+    listen 127.0.0.1:$NGX backlog=4096;
+    root $WORK/www;
+  }
+}
+EOF
+taskset -c "$LOAD_CPU" nginx -p "$WORK/www" -c "$WORK/nginx.conf" >"$WORK/nginx.log" 2>&1 &
+PIDS+=($!)
+
+# --- proxies -----------------------------------------------------------------------------
+kproxy() { # listen-port backend-port
+  taskset -c "$PROXY_CPU" "$BIN" proxy --listen "127.0.0.1:$1" --backend "127.0.0.1:$2" \
+    --check none --monitor none --max-connections "$MAXCONN" >"$WORK/keelson-$1.log" 2>&1 &
+  PIDS+=($!)
+  echo $! >"$WORK/keelson-$1.pid"
+}
+kproxy "$K_IPERF" "$IPERF"
+kproxy "$K_HTTP" "$NGX"
+
+# OpenShift's haproxy.cfg (baremetal-runtimecfg), TCP part, one thread.
+cat >"$WORK/haproxy.cfg" <<EOF
+global
+  nbthread 1
+  maxconn $MAXCONN
+defaults
+  maxconn $MAXCONN
+  mode tcp
+  option dontlognull
+  retries 3
+  timeout connect 10s
+  timeout client 86400s
+  timeout server 86400s
+  timeout tunnel 86400s
+frontend iperf
+  bind 127.0.0.1:$H_IPERF
+  default_backend iperf
+frontend http
+  bind 127.0.0.1:$H_HTTP
+  default_backend http
+backend iperf
+  balance roundrobin
+  server s0 127.0.0.1:$IPERF
+backend http
+  balance roundrobin
+  server s0 127.0.0.1:$NGX
+EOF
+haproxy -c -q -f "$WORK/haproxy.cfg"
+taskset -c "$PROXY_CPU" haproxy -db -f "$WORK/haproxy.cfg" >"$WORK/haproxy.log" 2>&1 &
+PIDS+=($!)
+HAPROXY_PID=$!
+
+for p in "$IPERF:iperf3" "$NGX:nginx" "$K_IPERF:keelson" "$K_HTTP:keelson" \
+  "$H_IPERF:haproxy" "$H_HTTP:haproxy"; do
+  wait_port "${p%%:*}" "${p#*:}"
+done
+# The same bytes through every path, or the comparison means nothing.
+for port in "$NGX" "$K_HTTP" "$H_HTTP"; do
+  curl -sf "http://127.0.0.1:$port/small" | cmp -s - "$WORK/www/small" ||
+    { echo "wrong answer through :$port" >&2; cat "$WORK"/*.log >&2; exit 1; }
+done
+
+# --- measurement helpers -----------------------------------------------------------------
+cpu_ticks() { [[ -z $1 ]] && { echo 0; return; }; awk '{print $14 + $15}' "/proc/$1/stat"; }
+CLK=$(getconf CLK_TCK)
+
+# This machine may be shared: before each run wait (up to QUIET_WAIT s) until the whole
+# machine was at most QUIET_MAX % busy for a second (between runs the servers here idle).
+busy_pct() {
+  local a b
+  a=$(awk '/^cpu / {print $2 + $3 + $4 + $7 + $8, $2 + $3 + $4 + $5 + $6 + $7 + $8}' /proc/stat)
+  sleep 1
+  b=$(awk '/^cpu / {print $2 + $3 + $4 + $7 + $8, $2 + $3 + $4 + $5 + $6 + $7 + $8}' /proc/stat)
+  awk -v a="$a" -v b="$b" 'BEGIN {split(a, x); split(b, y); printf "%.0f", (y[1] - x[1]) * 100 / (y[2] - x[2])}'
+}
+wait_quiet() {
+  local t0=$SECONDS
+  while (($(busy_pct) > QUIET_MAX)); do
+    if ((SECONDS - t0 >= QUIET_WAIT)); then
+      echo x >>"$WORK/noisy"
+      return
+    fi
+    sleep 2
+  done
+}
+
+# Runs "$@" (output to file $1) while sampling PROXY_PID's CPU; prints "cpu <pct>".
+with_cpu() {
+  local t0 t1 s0 s1 out=$1
+  shift
+  wait_quiet
+  t0=$(cpu_ticks "$PROXY_PID")
+  s0=$(date +%s.%N)
+  "$@" >"$out" 2>&1 || { cat "$out" >&2; exit 1; }
+  s1=$(date +%s.%N)
+  t1=$(cpu_ticks "$PROXY_PID")
+  awk -v a="$t0" -v b="$t1" -v c="$CLK" -v s="$s0" -v e="$s1" \
+    'BEGIN {printf "cpu %.0f\n", (b - a) / c / (e - s) * 100}'
+}
+
+# Latency in microseconds from wrk's "99%  1.23ms" style.
+to_us='function us(v) { if (v ~ /us$/) return v + 0; if (v ~ /ms$/) return v * 1000; if (v ~ /s$/) return v * 1000000; return v }'
+
+iperf_run() { # port -> "gbps <x>" "cpu <y>"
+  with_cpu "$WORK/iperf.out" taskset -c "$LOAD_CPU" iperf3 -c 127.0.0.1 -p "$1" -t "$SECS" -f g
+  awk '/receiver/ {print "gbps", $(NF-2)}' "$WORK/iperf.out"
+}
+
+wrk_run() { # port conns extra-args... -> "rps <x>" "p50 <us>" "p99 <us>" "err <n>" "cpu <y>"
+  local port=$1 conns=$2
+  shift 2
+  with_cpu "$WORK/wrk.out" taskset -c "$LOAD_CPU" wrk -t1 -c"$conns" -d"${SECS}s" --latency "$@" \
+    "http://127.0.0.1:$port/small"
+  awk "$to_us"'
+    /^Requests\/sec:/ {print "rps", $2}
+    /^ +50%/ {print "p50", us($2)}
+    /^ +99%/ {print "p99", us($2)}
+    /Socket errors:/ {gsub(",", ""); e = $4 + $6 + $8 + $10}
+    /Non-2xx/ {e += $NF}
+    END {print "err", e + 0}' "$WORK/wrk.out"
+}
+
+# The keep-alive latency run puts the proxy on LOAD_CPU too, so a request never waits for
+# another CPU to wake up (in a VM that costs tens to thousands of µs and swamps the proxy's
+# own cost): the added latency is then the proxy's work per request and response.
+ka_run() { # port pid
+  [[ -n $2 ]] && taskset -a -p -c "$LOAD_CPU" "$2" >/dev/null
+  wrk_run "$1" 1
+  [[ -n $2 ]] && taskset -a -p -c "$PROXY_CPU" "$2" >/dev/null
+  return 0
+}
+
+# One measurement of one path: appends "path metric value" lines to $WORK/results.
+measure() { # name iperf-port iperf-pid http-port http-pid
+  local name=$1
+  PROXY_PID=$3
+  iperf_run "$2" | sed "s/^/$name iperf_/" >>"$WORK/results"
+  PROXY_PID=$5
+  wrk_run "$4" "$CONNS" -H 'Connection: close' | sed "s/^/$name close_/" >>"$WORK/results"
+  ka_run "$4" "$5" | sed "s/^/$name ka_/" >>"$WORK/results"
+}
+
+median() { sort -g | awk '{v[NR] = $1} END {print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2}'; }
+get() { awk -v n="$1" -v m="$2" '$1 == n && $2 == m {print $3}' "$WORK/results" | median; }
+
+# keelson runs one process per backend; haproxy one process with two frontends.
+K_PID_HTTP=$(cat "$WORK/keelson-$K_HTTP.pid")
+K_PID_IPERF=$(cat "$WORK/keelson-$K_IPERF.pid")
+: >"$WORK/results"
+for r in $(seq "$ROUNDS"); do
+  echo "round $r/$ROUNDS ..." >&2
+  measure direct "$IPERF" "" "$NGX" ""
+  if ((r % 2)); then order="keelson haproxy"; else order="haproxy keelson"; fi
+  for who in $order; do
+    if [[ $who == keelson ]]; then
+      measure keelson "$K_IPERF" "$K_PID_IPERF" "$K_HTTP" "$K_PID_HTTP"
+    else
+      measure haproxy "$H_IPERF" "$HAPROXY_PID" "$H_HTTP" "$HAPROXY_PID"
+    fi
+  done
+done
+
+# --- report ------------------------------------------------------------------------------
+echo
+echo "loopback; proxies on CPU $PROXY_CPU, iperf3/wrk/nginx on CPU $LOAD_CPU; ${SECS}s per run,"
+echo "median of $ROUNDS rounds (keelson/haproxy order alternating); $(haproxy -v | head -1 | awk '{print "haproxy", $3}'),"
+echo "$(nginx -v 2>&1 | sed 's/.*\///;s/^/nginx /'), $(iperf3 -v | head -1 | awk '{print "iperf3", $2}'); keelson: $BIN"
+echo "iperf3: 1 stream; close: wrk -t1 -c$CONNS 'Connection: close' (a new connection per request);"
+echo "ka: wrk -t1 -c1 keep-alive, proxy moved onto CPU $LOAD_CPU for it; latency in µs;"
+echo "cpu: the proxy's CPU use during the run, %; µs/conn: proxy CPU time per close-run connection"
+echo "runs started on a busy machine (> $QUIET_MAX % CPU after waiting ${QUIET_WAIT}s): $(cat "$WORK/noisy" 2>/dev/null | wc -l) of $((ROUNDS * 9))"
+printf '\n%-8s %9s %5s | %9s %7s %7s %5s %5s %7s | %6s %6s %6s\n' \
+  path "iperf3" cpu "close r/s" p50 p99 err cpu "µs/conn" "ka p50" "ka p99" added
+D99=$(get direct ka_p99)
+for who in direct haproxy keelson; do
+  added=$(awk -v a="$(get "$who" ka_p99)" -v d="$D99" 'BEGIN {printf "%.0f", a - d}')
+  per=$(awk -v c="$(get "$who" close_cpu)" -v r="$(get "$who" close_rps)" 'BEGIN {printf "%.0f", c * 10000 / r}')
+  printf '%-8s %7.2fG %5.0f | %9.0f %7.0f %7.0f %5.0f %5.0f %7s | %6.0f %6.0f %6s\n' "$who" \
+    "$(get "$who" iperf_gbps)" "$(get "$who" iperf_cpu)" \
+    "$(get "$who" close_rps)" "$(get "$who" close_p50)" "$(get "$who" close_p99)" \
+    "$(get "$who" close_err)" "$(get "$who" close_cpu)" "$per" \
+    "$(get "$who" ka_p50)" "$(get "$who" ka_p99)" "$added"
+done
+
+ratio() { awk -v a="$(get keelson "$1")" -v b="$(get haproxy "$1")" 'BEGIN {printf "%.2f", a / b}'; }
+R_TPUT=$(ratio iperf_gbps)
+R_CPS=$(ratio close_rps)
+R_KA=$(ratio ka_rps)
+K_ADD=$(awk -v a="$(get keelson ka_p99)" -v d="$D99" 'BEGIN {print a - d}')
+H_ADD=$(awk -v a="$(get haproxy ka_p99)" -v d="$D99" 'BEGIN {print a - d}')
+echo
+printf 'keelson/haproxy: throughput %s, connections/s %s, keep-alive requests/s %s\n' \
+  "$R_TPUT" "$R_CPS" "$R_KA"
+printf 'added p99 (ka): keelson %.0f µs, haproxy %.0f µs\n' "$K_ADD" "$H_ADD"
+fail=0
+bar() { # description condition
+  if awk "BEGIN {exit !($2)}"; then echo "bar $1: PASS"; else echo "bar $1: FAIL"; fail=1; fi
+}
+bar "throughput >= haproxy" "$R_TPUT >= 1.0"
+bar "connections/s >= 0.9 x haproxy" "$R_CPS >= 0.9"
+bar "added p99 <= haproxy's" "$K_ADD <= $H_ADD"
+exit $fail
