@@ -266,6 +266,13 @@ async fn bulk_both_ways_is_intact_with_buffered_copy() {
 // ---------------------------------------------------------------------------------------
 // Half-close
 
+/// 1 MiB and a bit: more than the first buffered read, so a spliced direction splices.
+fn payload(tag: u8) -> Vec<u8> {
+    let mut v = pattern(u64::from(tag));
+    v.push(tag);
+    v
+}
+
 async fn half_close(splice: bool) {
     // Client closes its write side first; the backend answers after seeing EOF.
     let l = TcpListener::bind(lo0()).await.unwrap();
@@ -274,21 +281,21 @@ async fn half_close(splice: bool) {
         let (mut s, _) = l.accept().await.unwrap();
         let mut got = Vec::new();
         s.read_to_end(&mut got).await.unwrap();
-        s.write_all(b"reply after your FIN").await.unwrap();
+        s.write_all(&payload(1)).await.unwrap();
         s.shutdown().await.unwrap();
         got
     });
     let p = start(ProxyConfig { splice, ..config() }, &[a]);
     let mut c = TcpStream::connect(p.addr).await.unwrap();
-    c.write_all(b"request").await.unwrap();
+    c.write_all(&payload(2)).await.unwrap();
     c.shutdown().await.unwrap();
     let mut reply = Vec::new();
     tokio::time::timeout(SOON, c.read_to_end(&mut reply))
         .await
         .expect("reply arrives after the client's FIN")
         .unwrap();
-    assert_eq!(reply, b"reply after your FIN");
-    assert_eq!(backend.await.unwrap(), b"request");
+    assert!(reply == payload(1), "reply after the FIN intact");
+    assert!(backend.await.unwrap() == payload(2), "request intact");
     p.shutdown().await;
 
     // Backend closes its write side first; the client still sends afterwards.
@@ -296,7 +303,7 @@ async fn half_close(splice: bool) {
     let a = l.local_addr().unwrap();
     let backend = tokio::spawn(async move {
         let (mut s, _) = l.accept().await.unwrap();
-        s.write_all(b"banner").await.unwrap();
+        s.write_all(&payload(3)).await.unwrap();
         s.shutdown().await.unwrap();
         let mut got = Vec::new();
         s.read_to_end(&mut got).await.unwrap();
@@ -309,11 +316,11 @@ async fn half_close(splice: bool) {
         .await
         .expect("client sees the backend's FIN")
         .unwrap();
-    assert_eq!(banner, b"banner");
-    c.write_all(b"sent after the backend's FIN").await.unwrap();
+    assert!(banner == payload(3), "banner intact");
+    c.write_all(&payload(4)).await.unwrap();
     c.shutdown().await.unwrap();
     let got = tokio::time::timeout(SOON, backend).await.unwrap().unwrap();
-    assert_eq!(got, b"sent after the backend's FIN");
+    assert!(got == payload(4), "data after the backend's FIN intact");
     p.shutdown().await;
 }
 
@@ -335,8 +342,8 @@ async fn refused_connect_fails_over_to_the_next_backend() {
     let dead = closed_port().await;
     let echo = echo_backend().await;
     let p = start(config(), &[dead, echo.addr]);
-    // Round robin: two of four connections start on the dead backend and move on.
-    for _ in 0..4 {
+    // Round robin: four of eight connections start on the dead backend and move on.
+    for _ in 0..8 {
         let mut c = TcpStream::connect(p.addr).await.unwrap();
         ping(&mut c)
             .await
@@ -344,8 +351,10 @@ async fn refused_connect_fails_over_to_the_next_backend() {
     }
     let d = p.snapshot(dead);
     let e = p.snapshot(echo.addr);
-    assert_eq!((d.connect_failures, d.total), (2, 0));
-    assert_eq!((e.connect_failures, e.total), (0, 4));
+    assert_eq!((d.connect_failures, d.total), (4, 0));
+    assert_eq!((e.connect_failures, e.total), (0, 8));
+    // Unchecked backends stay in: nothing would ever bring them back.
+    assert_eq!(d.state, "up");
     p.shutdown().await;
 
     // Without retries the two that start on the dead backend are closed.
@@ -365,6 +374,54 @@ async fn refused_connect_fails_over_to_the_next_backend() {
     }
     assert_eq!(served, 2);
     assert_eq!(p.snapshot(dead).connect_failures, 2);
+    p.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failed_client_connects_take_a_backend_out_between_checks() {
+    let victim = echo_backend().await;
+    let echo = echo_backend().await;
+    // Checks once at start, then only when a client connect fails.
+    let p = start(
+        ProxyConfig {
+            check: BackendCheck::Tcp,
+            check_interval: Duration::from_secs(3600),
+            ..config()
+        },
+        &[victim.addr, echo.addr],
+    );
+    let pool = p.proxy.pool();
+    wait_until("both backends checked", || {
+        pool.snapshot()
+            .iter()
+            .all(|b| b.last_check_unix_ms.is_some())
+    })
+    .await;
+    victim.task.abort();
+    let _ = victim.task.await;
+    let mut clients = 0;
+    while p.snapshot(victim.addr).state == "up" {
+        assert!(clients < 20, "still up after {clients} clients");
+        let mut c = TcpStream::connect(p.addr).await.unwrap();
+        ping(&mut c).await.expect("served by the live backend");
+        clients += 1;
+    }
+    let failures = p.snapshot(victim.addr).connect_failures;
+    assert!(
+        failures <= 3,
+        "down after {failures} failed connects, fall is 3"
+    );
+    for _ in 0..6 {
+        let mut c = TcpStream::connect(p.addr).await.unwrap();
+        ping(&mut c).await.expect("served by the live backend");
+    }
+    let v = p.snapshot(victim.addr);
+    assert_eq!(
+        v.connect_failures, failures,
+        "a down backend gets no clients"
+    );
+    assert!(v.last_error.is_some());
+    assert_eq!(p.snapshot(echo.addr).state, "up");
     p.shutdown().await;
 }
 

@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
 
 use serde::Serialize;
-use tokio::sync::watch;
+use tokio::sync::{Notify, watch};
 
 /// How many consecutive results flip a backend (haproxy's `rise`/`fall`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -77,6 +77,26 @@ impl HealthState {
         }
         None
     }
+
+    /// Records how a connect made for a client went (passive health, haproxy's
+    /// `observe layer4` with `on-error fail-check`): a failure counts as a failed check, so a
+    /// backend that died between two checks leaves the rotation after `fall` failed client
+    /// connects instead of `fall` check intervals. A success clears the failure count only:
+    /// bringing a down backend back is the checks' job (it gets no client connects anyway).
+    pub fn record_connect(
+        &mut self,
+        result: Result<(), String>,
+        policy: HealthPolicy,
+        at: SystemTime,
+    ) -> Option<bool> {
+        match result {
+            Ok(()) => {
+                self.failures = 0;
+                None
+            }
+            Err(e) => self.record(Err(format!("client connect: {e}")), policy, at),
+        }
+    }
 }
 
 /// Traffic counters of one backend (updated lock-free from connection tasks).
@@ -100,7 +120,12 @@ pub struct Backend {
     /// Where it listens.
     pub addr: SocketAddr,
     up: AtomicBool,
+    /// Set while `health` counts failures: lets a successful client connect skip the lock.
+    failing: AtomicBool,
     health: Mutex<HealthState>,
+    /// Woken when a client connect failed, so the checker looks again at once (haproxy's
+    /// `fastinter` after an error).
+    pub check_now: Notify,
     /// Traffic counters.
     pub stats: BackendStats,
 }
@@ -111,7 +136,9 @@ impl Backend {
         Self {
             addr,
             up: AtomicBool::new(up),
+            failing: AtomicBool::new(false),
             health: Mutex::new(HealthState::new(up)),
+            check_now: Notify::new(),
             stats: BackendStats::default(),
         }
     }
@@ -126,6 +153,27 @@ impl Backend {
         let mut h = self.health.lock().unwrap_or_else(|p| p.into_inner());
         let flipped = h.record(result, policy, SystemTime::now());
         self.up.store(h.up, Ordering::Release);
+        self.failing.store(h.failures > 0, Ordering::Release);
+        flipped
+    }
+
+    /// Records how a client connect went (see [`HealthState::record_connect`]); returns the
+    /// new state when it flipped. A failure also wakes the checker.
+    pub fn record_connect(&self, result: Result<(), String>, policy: HealthPolicy) -> Option<bool> {
+        let failed = result.is_err();
+        if !failed && !self.failing.load(Ordering::Acquire) {
+            return None;
+        }
+        let flipped = {
+            let mut h = self.health.lock().unwrap_or_else(|p| p.into_inner());
+            let flipped = h.record_connect(result, policy, SystemTime::now());
+            self.up.store(h.up, Ordering::Release);
+            self.failing.store(h.failures > 0, Ordering::Release);
+            flipped
+        };
+        if failed {
+            self.check_now.notify_one();
+        }
         flipped
     }
 
@@ -384,6 +432,48 @@ mod tests {
         assert!(Arc::ptr_eq(&b1, &pool.backends()[0]));
         assert!(!pool.set_backends(&[addr(3), addr(2), addr(1), addr(1)]));
         assert_eq!(pool.snapshot()[0].total, 5);
+    }
+
+    #[test]
+    fn failed_client_connects_count_as_failed_checks() {
+        let mut h = HealthState::new(true);
+        let t = SystemTime::now();
+        assert_eq!(h.record_connect(Err("refused".into()), P, t), None);
+        assert_eq!(h.record(Err("timeout".into()), P, t), None);
+        assert_eq!(h.record_connect(Err("refused".into()), P, t), Some(false));
+        assert_eq!(h.last_error.as_deref(), Some("client connect: refused"));
+        // Only a check brings it back.
+        assert_eq!(h.record_connect(Ok(()), P, t), None);
+        assert!(!h.up);
+        assert_eq!(h.record(Ok(()), P, t), Some(true));
+    }
+
+    #[test]
+    fn a_successful_client_connect_clears_the_failures() {
+        let mut h = HealthState::new(true);
+        let t = SystemTime::now();
+        h.record_connect(Err("a".into()), P, t);
+        h.record(Err("a".into()), P, t);
+        h.record_connect(Ok(()), P, t);
+        h.record_connect(Err("a".into()), P, t);
+        h.record_connect(Err("a".into()), P, t);
+        assert!(
+            h.up,
+            "2 failures after a good connect must not reach fall=3"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_failed_client_connect_wakes_the_checker() {
+        let b = Backend::new(addr(1), true);
+        assert_eq!(b.record_connect(Ok(()), P), None);
+        b.record_connect(Err("refused".into()), P);
+        tokio::time::timeout(std::time::Duration::from_secs(1), b.check_now.notified())
+            .await
+            .expect("checker woken");
+        b.record_connect(Err("refused".into()), P);
+        assert_eq!(b.record_connect(Err("refused".into()), P), Some(false));
+        assert!(!b.is_up());
     }
 
     proptest! {

@@ -104,6 +104,8 @@ pub fn listen(addr: SocketAddr, freebind: bool) -> io::Result<TcpListener> {
     let bind = |addr: SocketAddr| -> io::Result<TcpListener> {
         let s = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
         s.set_reuse_address(true)?;
+        // Accepted sockets inherit TCP_NODELAY on Linux: one setsockopt per client saved.
+        s.set_tcp_nodelay(true)?;
         if addr.is_ipv6() {
             s.set_only_v6(false)?;
             if freebind {
@@ -352,6 +354,7 @@ async fn accept_loop(sh: Arc<Shared>, listener: TcpListener, stop: CancellationT
                 x
             }
             Err(e) if is_resource_error(&e) => {
+                forward::release_spare_pipes();
                 if pressure == 0 {
                     tracing::warn!(error = %e, "accept: out of resources; retrying");
                 }
@@ -389,6 +392,7 @@ async fn connect(sh: &Shared) -> Option<(Arc<Backend>, TcpStream)> {
             loop {
                 match TcpStream::connect(b.addr).await {
                     Err(e) if is_resource_error(&e) => {
+                        forward::release_spare_pipes();
                         if !starved {
                             tracing::warn!(backend = %b.addr, error = %e, "connect: out of resources; retrying");
                             starved = true;
@@ -399,23 +403,38 @@ async fn connect(sh: &Shared) -> Option<(Arc<Backend>, TcpStream)> {
                 }
             }
         };
-        match tokio::time::timeout(sh.cfg.connect_timeout, attempt).await {
-            Ok(Ok(s)) => return Some((b, s)),
-            Ok(Err(e)) => {
-                b.stats.connect_failures.fetch_add(1, Ordering::Relaxed);
-                tracing::debug!(backend = %b.addr, error = %e, "connect failed; next backend");
+        let error = match tokio::time::timeout(sh.cfg.connect_timeout, attempt).await {
+            Ok(Ok(s)) => {
+                observe(sh, &b, Ok(()));
+                return Some((b, s));
             }
+            Ok(Err(e)) => e.to_string(),
             Err(_) if starved => {
                 tracing::warn!("no descriptors for a backend connection; closing client");
                 return None;
             }
-            Err(_) => {
-                b.stats.connect_failures.fetch_add(1, Ordering::Relaxed);
-                tracing::debug!(backend = %b.addr, "connect timed out; next backend");
-            }
-        }
+            Err(_) => format!("timed out after {:?}", sh.cfg.connect_timeout),
+        };
+        b.stats.connect_failures.fetch_add(1, Ordering::Relaxed);
+        tracing::debug!(backend = %b.addr, %error, "connect failed; next backend");
+        observe(sh, &b, Err(error));
     }
     None
+}
+
+/// Passive health: a client connect's outcome counts towards the backend's health when
+/// backends are checked (without checks nothing would ever bring a backend back).
+fn observe(sh: &Shared, b: &Backend, result: Result<(), String>) {
+    if sh.cfg.check == BackendCheck::None {
+        return;
+    }
+    if let Some(up) = b.record_connect(result, sh.pool.policy()) {
+        if !up {
+            let error = b.health().last_error.unwrap_or_default();
+            tracing::warn!(backend = %b.addr, %error, "backend down");
+        }
+        sh.pool.refresh_healthy();
+    }
 }
 
 async fn handle(sh: &Shared, client: TcpStream, peer: SocketAddr) {
@@ -423,7 +442,7 @@ async fn handle(sh: &Shared, client: TcpStream, peer: SocketAddr) {
         tracing::debug!(%peer, "no backend reachable; closing client");
         return;
     };
-    let _ = client.set_nodelay(true);
+    // The client inherited TCP_NODELAY from the listener.
     let _ = server.set_nodelay(true);
     b.stats.active.fetch_add(1, Ordering::Relaxed);
     b.stats.total.fetch_add(1, Ordering::Relaxed);
@@ -484,13 +503,15 @@ async fn check_loop(
     stop: CancellationToken,
 ) {
     // Checks start every interval (haproxy's `inter`), however long the last one took: a
-    // dead backend whose checks time out is still down after `fall` intervals.
+    // dead backend whose checks time out is still down after `fall` intervals. A failed
+    // client connect asks for a check at once.
     let mut tick = tokio::time::interval(sh.cfg.check_interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
             () = stop.cancelled() => return,
             _ = tick.tick() => {}
+            () = b.check_now.notified() => tick.reset(),
         }
         let r = tokio::select! {
             () = stop.cancelled() => return,
@@ -695,4 +716,17 @@ pub async fn cli(args: ProxyArgs) -> anyhow::Result<()> {
         });
     }
     proxy.serve(stop).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn accepted_clients_inherit_nodelay_from_the_listener() {
+        let l = listen(SocketAddr::from(([127, 0, 0, 1], 0)), false).unwrap();
+        let _c = TcpStream::connect(l.local_addr().unwrap()).await.unwrap();
+        let (s, _) = l.accept().await.unwrap();
+        assert!(s.nodelay().unwrap());
+    }
 }
