@@ -15,7 +15,7 @@ PACKAGES=(
   qemu-system-x86 qemu-utils ovmf syslinux syslinux-common systemd-boot-efi
   xorriso dosfstools mtools
   # Tools the tests call.
-  iproute2 file jq curl procps psmisc kmod
+  iproute2 nftables file jq curl procps psmisc kmod
 )
 
 missing=()

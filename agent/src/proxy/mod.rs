@@ -4,6 +4,7 @@
 //! - [`health`]: the checks (TCP connect, TLS `GET /readyz` without verification).
 //! - [`forward`]: byte moving with `splice(2)` or a buffered copy, half-close aware.
 //! - [`monitor`]: `/healthz` and `/stats`.
+//! - [`vip`]: the `VIP:6443` frontend, bound or redirected with nftables.
 //! - this module: listeners, the accept loops, connection setup with retries, the health
 //!   supervisor, graceful drain, and the agent wiring (members, VIP frontend, bus).
 
@@ -11,6 +12,7 @@ pub mod backend;
 pub mod forward;
 pub mod health;
 pub mod monitor;
+pub mod vip;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::io;
@@ -552,10 +554,18 @@ pub fn backends_from_members(cluster: &ClusterConfig, members: &[Member]) -> Vec
 }
 
 /// The status snapshot published on the bus.
-pub fn status_json(pool: &Pool, vip_frontends: &[SocketAddr]) -> serde_json::Value {
+pub fn status_json(pool: &Pool, vip_frontends: &[(SocketAddr, vip::VipMode)]) -> serde_json::Value {
+    let list = |mode| {
+        vip_frontends
+            .iter()
+            .filter(|(_, m)| *m == mode)
+            .map(|(a, _)| *a)
+            .collect::<Vec<_>>()
+    };
     serde_json::json!({
         "healthy": pool.is_healthy(),
-        "vipFrontends": vip_frontends,
+        "vipFrontends": list(vip::VipMode::Bound),
+        "vipRedirects": list(vip::VipMode::Redirected),
         "backends": pool.snapshot(),
     })
 }
@@ -579,7 +589,8 @@ pub async fn run(ctx: AgentContext, stop: CancellationToken) -> anyhow::Result<(
     let mut vips = ctx.bus.vips_held.subscribe();
     let mut healthy = pool.subscribe_healthy();
     let mut tick = tokio::time::interval(Duration::from_secs(1));
-    let mut vip_frontends: BTreeSet<SocketAddr> = BTreeSet::new();
+    let mut vip_frontends = vip::VipFrontends::new(ctx.cluster.api.frontend_port);
+    vip_frontends.remove_stale_redirects().await;
     loop {
         pool.set_backends(&backends_from_members(
             &ctx.cluster,
@@ -602,19 +613,8 @@ pub async fn run(ctx: AgentContext, stop: CancellationToken) -> anyhow::Result<(
         } else {
             BTreeSet::new()
         };
-        for a in vip_frontends.difference(&want) {
-            proxy.remove_frontend(*a);
-        }
-        vip_frontends.retain(|a| want.contains(a));
-        for a in want.difference(&vip_frontends.clone()) {
-            match proxy.add_frontend(*a, true) {
-                Ok(_) => {
-                    vip_frontends.insert(*a);
-                }
-                Err(e) => tracing::warn!(frontend = %a, error = %e, "cannot bind the VIP frontend"),
-            }
-        }
-        let vf: Vec<SocketAddr> = vip_frontends.iter().copied().collect();
+        vip_frontends.sync(&proxy, &want).await;
+        let vf = vip_frontends.active();
         ctx.bus.publish_status("proxy", status_json(&pool, &vf));
         tokio::select! {
             () = stop.cancelled() => break,
@@ -624,6 +624,7 @@ pub async fn run(ctx: AgentContext, stop: CancellationToken) -> anyhow::Result<(
             _ = tick.tick() => {}
         }
     }
+    vip_frontends.sync(&proxy, &BTreeSet::new()).await;
     inner_stop.cancel();
     let r = serve.await.context("proxy task")?;
     ctx.bus.proxy_healthy.send_replace(false);

@@ -1,0 +1,240 @@
+//! The VIP frontend (DESIGN §4.4): while this node holds an API VIP and has a healthy
+//! backend, clients of `VIP:6443` reach the proxy.
+//!
+//! - Where nothing else listens on the port (the appliance image), the proxy binds
+//!   `VIP:6443` itself, with `IP_FREEBIND` so the bind does not race VRRP adding the address.
+//! - Where a wildcard listener owns the port — kube-apiserver binds `*:6443` on an RHCOS
+//!   master — that bind fails with `EADDRINUSE`. Then an nftables rule redirects `VIP:6443`
+//!   to the proxy's own frontend port instead (what OpenShift's haproxy-monitor does with
+//!   iptables). The rules live in a table of their own, replaced in one `nft -f` transaction,
+//!   and removed when the VIP or the healthy backend goes, so `VIP:6443` falls back to the
+//!   local kube-apiserver.
+//!
+//! The rules are written by the `nft` tool rather than over netlink: nftables' netlink
+//! protocol (expressions, sets, transactions) has no maintained, small Rust crate, RHCOS ships
+//! `nft`, and the appliance, which has no `nft`, never needs a redirect.
+
+use std::collections::BTreeSet;
+use std::fmt::Write as _;
+use std::io;
+use std::net::SocketAddr;
+use std::process::Stdio;
+
+use tokio::io::AsyncWriteExt;
+
+use super::Proxy;
+
+/// The nftables table (family `inet`) that holds keelson's redirects and nothing else.
+pub const NFT_TABLE: &str = "keelson_api";
+
+/// Why the redirect rules could not be written.
+#[derive(Debug, thiserror::Error)]
+pub enum RedirectError {
+    /// `nft` could not be started (not installed?).
+    #[error("running nft: {0}")]
+    Spawn(#[source] io::Error),
+    /// `nft` rejected the rules.
+    #[error("nft -f - failed ({status}): {stderr}")]
+    Rejected {
+        /// Its exit status.
+        status: std::process::ExitStatus,
+        /// What it said.
+        stderr: String,
+    },
+}
+
+/// The `nft -f` script that makes [`NFT_TABLE`] redirect every address in `redirects` to
+/// local port `to_port`: from other hosts (prerouting) and from this host (output). The
+/// script first creates and deletes the table, so it replaces whatever was there in one
+/// transaction; with no redirects it only removes the table.
+pub fn nft_script(redirects: &BTreeSet<SocketAddr>, to_port: u16) -> String {
+    let mut s = format!("table inet {NFT_TABLE}\ndelete table inet {NFT_TABLE}\n");
+    if redirects.is_empty() {
+        return s;
+    }
+    let mut rules = String::new();
+    for a in redirects {
+        let family = if a.is_ipv4() { "ip" } else { "ip6" };
+        let _ = writeln!(
+            rules,
+            "\t\t{family} daddr {} tcp dport {} redirect to :{to_port}",
+            a.ip(),
+            a.port()
+        );
+    }
+    let _ = writeln!(s, "table inet {NFT_TABLE} {{");
+    for (chain, hook) in [("prerouting", "prerouting"), ("output", "output")] {
+        let _ = write!(
+            s,
+            "\tchain {chain} {{\n\t\ttype nat hook {hook} priority -100; policy accept;\n{rules}\t}}\n"
+        );
+    }
+    s.push_str("}\n");
+    s
+}
+
+/// Runs `nft -f -` with `script`.
+pub async fn nft_apply(script: &str) -> Result<(), RedirectError> {
+    let mut child = tokio::process::Command::new("nft")
+        .args(["-f", "-"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .map_err(RedirectError::Spawn)?;
+    if let Some(mut stdin) = child.stdin.take() {
+        stdin
+            .write_all(script.as_bytes())
+            .await
+            .map_err(RedirectError::Spawn)?;
+    }
+    let out = child
+        .wait_with_output()
+        .await
+        .map_err(RedirectError::Spawn)?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(RedirectError::Rejected {
+            status: out.status,
+            stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
+        })
+    }
+}
+
+/// How one VIP frontend is served.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum VipMode {
+    /// The proxy listens on the VIP address itself.
+    Bound,
+    /// An nftables rule redirects it to the proxy's frontend port.
+    Redirected,
+}
+
+/// The VIP frontends this node serves, and how.
+#[derive(Debug)]
+pub struct VipFrontends {
+    redirect_to: u16,
+    bound: BTreeSet<SocketAddr>,
+    redirected: BTreeSet<SocketAddr>,
+    /// The last error logged, so a lasting failure is logged once, not every second.
+    last_error: Option<String>,
+}
+
+impl VipFrontends {
+    /// No VIP frontends yet; redirects go to local port `redirect_to`.
+    pub fn new(redirect_to: u16) -> Self {
+        Self {
+            redirect_to,
+            bound: BTreeSet::new(),
+            redirected: BTreeSet::new(),
+            last_error: None,
+        }
+    }
+
+    /// Removes the redirect table a previous agent may have left behind (it crashed, or the
+    /// node rebooted without its nftables state being flushed). Quiet where there is no `nft`.
+    pub async fn remove_stale_redirects(&self) {
+        if let Err(e) = nft_apply(&nft_script(&BTreeSet::new(), self.redirect_to)).await {
+            tracing::debug!(error = %e, "no stale VIP redirects removed");
+        }
+    }
+
+    /// The VIP frontends served now, and how.
+    pub fn active(&self) -> Vec<(SocketAddr, VipMode)> {
+        let mut v: Vec<(SocketAddr, VipMode)> = self
+            .bound
+            .iter()
+            .map(|a| (*a, VipMode::Bound))
+            .chain(self.redirected.iter().map(|a| (*a, VipMode::Redirected)))
+            .collect();
+        v.sort();
+        v
+    }
+
+    /// Serves exactly `want`: binds what can be bound, redirects what another process's
+    /// wildcard listener owns, and stops serving the rest. Failures are logged and retried
+    /// on the next call.
+    pub async fn sync(&mut self, proxy: &Proxy, want: &BTreeSet<SocketAddr>) {
+        for a in self.bound.difference(want) {
+            proxy.remove_frontend(*a);
+        }
+        self.bound.retain(|a| want.contains(a));
+        let mut redirect: BTreeSet<SocketAddr> =
+            self.redirected.intersection(want).copied().collect();
+        let mut errors = Vec::new();
+        for a in want {
+            if self.bound.contains(a) || redirect.contains(a) {
+                continue;
+            }
+            match proxy.add_frontend(*a, true) {
+                Ok(_) => {
+                    self.bound.insert(*a);
+                }
+                Err(e) if e.kind() == io::ErrorKind::AddrInUse => {
+                    redirect.insert(*a);
+                }
+                Err(e) => errors.push(format!("binding {a}: {e}")),
+            }
+        }
+        if redirect != self.redirected {
+            match nft_apply(&nft_script(&redirect, self.redirect_to)).await {
+                Ok(()) => {
+                    tracing::info!(
+                        redirects = ?redirect,
+                        to_port = self.redirect_to,
+                        "VIP redirects set (the port is another process's)"
+                    );
+                    self.redirected = redirect;
+                }
+                Err(e) => errors.push(format!(
+                    "redirecting {redirect:?} to :{} (the port is in use): {e}",
+                    self.redirect_to
+                )),
+            }
+        }
+        let error = (!errors.is_empty()).then(|| errors.join("; "));
+        if error.is_some() && error != self.last_error {
+            tracing::warn!(error = error.as_deref().unwrap_or_default(), "VIP frontend");
+        }
+        self.last_error = error;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn no_redirects_only_removes_the_table() {
+        assert_eq!(
+            nft_script(&BTreeSet::new(), 9445),
+            "table inet keelson_api\ndelete table inet keelson_api\n"
+        );
+    }
+
+    #[test]
+    fn redirects_both_families_from_outside_and_from_this_host() {
+        let want: BTreeSet<SocketAddr> = ["10.0.0.5:6443", "[fd00::5]:6443"]
+            .iter()
+            .map(|s| s.parse().unwrap())
+            .collect();
+        insta::assert_snapshot!(nft_script(&want, 9445), @r"
+        table inet keelson_api
+        delete table inet keelson_api
+        table inet keelson_api {
+        	chain prerouting {
+        		type nat hook prerouting priority -100; policy accept;
+        		ip daddr 10.0.0.5 tcp dport 6443 redirect to :9445
+        		ip6 daddr fd00::5 tcp dport 6443 redirect to :9445
+        	}
+        	chain output {
+        		type nat hook output priority -100; policy accept;
+        		ip daddr 10.0.0.5 tcp dport 6443 redirect to :9445
+        		ip6 daddr fd00::5 tcp dport 6443 redirect to :9445
+        	}
+        }
+        ");
+    }
+}
