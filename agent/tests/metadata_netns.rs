@@ -8,14 +8,8 @@ use std::process::Command;
 
 const BIN: &str = env!("CARGO_BIN_EXE_keelson-agent");
 
-fn root_or_skip() -> bool {
-    if nix::unistd::geteuid().is_root() {
-        return true;
-    }
-    assert!(std::env::var("CI").is_err(), "CI runs these tests as root");
-    eprintln!("skipping: needs root for network namespaces");
-    false
-}
+mod netns_common;
+use netns_common::root_or_skip;
 
 struct Netns(String);
 

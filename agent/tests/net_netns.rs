@@ -10,45 +10,8 @@ use std::time::{Duration, Instant};
 use keelson_agent::metadata::NetworkData;
 use keelson_agent::net::{Netlink, dhcp, plan};
 
-fn root_or_skip() -> bool {
-    if nix::unistd::geteuid().is_root() {
-        return true;
-    }
-    assert!(std::env::var("CI").is_err(), "CI runs these tests as root");
-    eprintln!("skipping: needs root for network namespaces");
-    false
-}
-
-fn sh(args: &[&str]) -> String {
-    let out = Command::new(args[0]).args(&args[1..]).output().unwrap();
-    assert!(
-        out.status.success(),
-        "{args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-/// Namespaces removed on drop (also on a failed assertion).
-struct Namespaces(Vec<String>);
-
-impl Namespaces {
-    fn new(names: &[&str]) -> Self {
-        for n in names {
-            let _ = Command::new("ip").args(["netns", "del", n]).output();
-            sh(&["ip", "netns", "add", n]);
-        }
-        Namespaces(names.iter().map(|s| s.to_string()).collect())
-    }
-}
-
-impl Drop for Namespaces {
-    fn drop(&mut self) {
-        for n in &self.0 {
-            let _ = Command::new("ip").args(["netns", "del", n]).output();
-        }
-    }
-}
+mod netns_common;
+use netns_common::{Namespaces, root_or_skip, sh};
 
 /// Runs `f` on a thread inside network namespace `ns`, with its own runtime.
 fn in_netns<T: Send + 'static>(

@@ -15,48 +15,22 @@ use keelson_ignition::cluster::BackendCheck;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
+mod netns_common;
+use netns_common::{Namespaces, root_or_skip, sh};
+
 fn root_with_nft_or_skip() -> bool {
-    let ok =
-        nix::unistd::geteuid().is_root() && Command::new("nft").arg("--version").output().is_ok();
+    if !root_or_skip() {
+        return false;
+    }
+    let ok = Command::new("nft").arg("--version").output().is_ok();
     if !ok {
         assert!(
             std::env::var("CI").is_err(),
-            "CI runs these tests as root with nftables installed"
+            "CI installs nftables (scripts/setup.sh)"
         );
-        eprintln!("skipping: needs root and nft");
+        eprintln!("skipping: needs nft");
     }
     ok
-}
-
-fn sh(args: &[&str]) -> String {
-    let out = Command::new(args[0]).args(&args[1..]).output().unwrap();
-    assert!(
-        out.status.success(),
-        "{args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-/// Namespaces removed on drop (also on a failed assertion).
-struct Namespaces(Vec<String>);
-
-impl Namespaces {
-    fn new(names: &[&str]) -> Self {
-        for n in names {
-            let _ = Command::new("ip").args(["netns", "del", n]).output();
-            sh(&["ip", "netns", "add", n]);
-        }
-        Namespaces(names.iter().map(|s| s.to_string()).collect())
-    }
-}
-
-impl Drop for Namespaces {
-    fn drop(&mut self) {
-        for n in &self.0 {
-            let _ = Command::new("ip").args(["netns", "del", n]).output();
-        }
-    }
 }
 
 /// Runs `f` on a thread inside network namespace `ns`, with its own runtime.
