@@ -1,5 +1,5 @@
 //! The API proxy end to end on 127.0.0.1: data integrity (splice and buffered copy), TCP
-//! half-close, failover on a refused connect, TLS `/readyz` health with rise/fall counted
+//! half-close, failover on a refused connect and past a silent backend, TLS `/readyz` health with rise/fall counted
 //! check by check, the monitor, drain on stop, idle and vanished clients, and a proxy run as
 //! the `proxy` subcommand under a tiny `RLIMIT_NOFILE`.
 
@@ -422,6 +422,111 @@ async fn failed_client_connects_take_a_backend_out_between_checks() {
     );
     assert!(v.last_error.is_some());
     assert_eq!(p.snapshot(echo.addr).state, "up");
+    p.shutdown().await;
+}
+
+/// A listener whose accept queue is full and never drained: the kernel drops SYNs to it, so
+/// a connect hangs as it does to a powered-off host. Keep the returned values alive.
+fn silent_backend() -> (SocketAddr, socket2::Socket, Vec<std::net::TcpStream>) {
+    let l = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+    l.bind(&lo0().into()).unwrap();
+    l.listen(0).unwrap();
+    let addr = l.local_addr().unwrap().as_socket().unwrap();
+    let mut queued = Vec::new();
+    while let Ok(c) = std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(300)) {
+        queued.push(c);
+        assert!(queued.len() < 16, "the accept queue never fills");
+    }
+    (addr, l, queued)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_backend_costs_a_client_the_stagger_not_the_connect_timeout() {
+    let (silent, _l, _q) = tokio::task::spawn_blocking(silent_backend).await.unwrap();
+    let echo = echo_backend().await;
+    let staggered = ProxyConfig {
+        connect_timeout: Duration::from_secs(60),
+        connect_stagger: Duration::from_millis(200),
+        ..config()
+    };
+    let p = start(staggered.clone(), &[silent, echo.addr]);
+    for _ in 0..4 {
+        let mut c = TcpStream::connect(p.addr).await.unwrap();
+        tokio::time::timeout(SOON, ping(&mut c))
+            .await
+            .expect("served long before the 60 s connect timeout")
+            .expect("served by the live backend");
+    }
+    let s = p.snapshot(silent);
+    assert_eq!(s.total, 0);
+    assert_eq!(
+        s.connect_failures, 2,
+        "each client that started on it blames it"
+    );
+    assert_eq!(p.snapshot(echo.addr).total, 4);
+    assert_eq!(s.state, "up", "unchecked backends stay in");
+    p.shutdown().await;
+
+    // Checked: the blame is passive health, and after `fall` clients the silent backend is
+    // out. It has to be up first: its one queue slot is free for the first check, whose
+    // connection then fills it, so the backend goes silent right after passing.
+    let l = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+    l.bind(&lo0().into()).unwrap();
+    l.listen(0).unwrap();
+    let dying = l.local_addr().unwrap().as_socket().unwrap();
+    let p = start(
+        ProxyConfig {
+            check: BackendCheck::Tcp,
+            check_interval: Duration::from_secs(3600),
+            ..staggered
+        },
+        &[dying, echo.addr],
+    );
+    wait_until("both backends up", || {
+        p.snapshot(dying).state == "up" && p.snapshot(echo.addr).state == "up"
+    })
+    .await;
+    let mut clients = 0;
+    while p.snapshot(dying).state == "up" {
+        assert!(clients < 20, "still up after {clients} clients");
+        let mut c = TcpStream::connect(p.addr).await.unwrap();
+        tokio::time::timeout(SOON, ping(&mut c))
+            .await
+            .expect("served in time")
+            .expect("served by the live backend");
+        clients += 1;
+    }
+    let d = p.snapshot(dying);
+    assert!(
+        d.last_error
+            .as_deref()
+            .is_some_and(|e| e.contains("no answer")),
+        "{d:?}"
+    );
+    assert!(d.connect_failures <= 3, "down after fall = 3 blames: {d:?}");
+    p.shutdown().await;
+
+    // Without the stagger a client that starts on the silent backend waits out the connect
+    // timeout before it is sent on (what the stagger saves).
+    let p = start(
+        ProxyConfig {
+            connect_timeout: Duration::from_millis(1500),
+            connect_stagger: Duration::ZERO,
+            ..config()
+        },
+        &[silent, echo.addr],
+    );
+    let t = Instant::now();
+    for _ in 0..2 {
+        let mut c = TcpStream::connect(p.addr).await.unwrap();
+        ping(&mut c).await.expect("served by the live backend");
+    }
+    assert!(
+        t.elapsed() >= Duration::from_millis(1500),
+        "{:?}",
+        t.elapsed()
+    );
+    assert_eq!(p.snapshot(silent).connect_failures, 1);
     p.shutdown().await;
 }
 

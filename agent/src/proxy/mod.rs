@@ -56,6 +56,9 @@ pub struct ProxyConfig {
     pub drain_timeout: Duration,
     /// Other backends tried after a failed connect (haproxy `retries`).
     pub retries: usize,
+    /// After this long without an answer to a backend connect, the next backend is tried
+    /// alongside (see [`connect`]); zero tries backends strictly one after another.
+    pub connect_stagger: Duration,
     /// Forward with `splice(2)` (falls back to copying where the kernel refuses).
     pub splice: bool,
 }
@@ -74,6 +77,7 @@ impl Default for ProxyConfig {
             max_connections: 20000,
             drain_timeout: Duration::from_secs(30),
             retries: 3,
+            connect_stagger: Duration::from_secs(1),
             splice: true,
         }
     }
@@ -381,47 +385,117 @@ async fn accept_loop(sh: Arc<Shared>, listener: TcpListener, stop: CancellationT
     }
 }
 
-/// Connects to the first backend that answers, trying up to `retries` others.
+/// How one backend connect attempt ended.
+enum Attempt {
+    Connected(TcpStream),
+    /// The backend refused, reset, was unreachable or did not answer in time.
+    Failed(String),
+    /// No descriptors for the socket until the connect timeout: says nothing of the backend.
+    Starved,
+}
+
+/// One connect to `b`, up to the connect timeout.
 ///
 /// A connect that fails for lack of local resources (`EMFILE` and friends: the socket could
 /// not even be created) says nothing about the backend: it is retried on the same backend
-/// until the connect timeout, as the accept loop waits for descriptors, and not counted
-/// against the backend.
-async fn connect(sh: &Shared) -> Option<(Arc<Backend>, TcpStream)> {
-    for b in sh.pool.pick().into_iter().take(sh.cfg.retries + 1) {
-        let mut starved = false;
-        let attempt = async {
-            loop {
-                match TcpStream::connect(b.addr).await {
-                    Err(e) if is_resource_error(&e) => {
-                        forward::release_spare_pipes();
-                        if !starved {
-                            tracing::warn!(backend = %b.addr, error = %e, "connect: out of resources; retrying");
-                            starved = true;
-                        }
-                        tokio::time::sleep(Duration::from_millis(20)).await;
+/// until the connect timeout, as the accept loop waits for descriptors.
+async fn attempt(sh: &Shared, b: Arc<Backend>) -> (Arc<Backend>, Attempt) {
+    let mut starved = false;
+    let tries = async {
+        loop {
+            match TcpStream::connect(b.addr).await {
+                Err(e) if is_resource_error(&e) => {
+                    forward::release_spare_pipes();
+                    if !starved {
+                        tracing::warn!(backend = %b.addr, error = %e, "connect: out of resources; retrying");
+                        starved = true;
                     }
-                    r => return r,
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                r => return r,
+            }
+        }
+    };
+    let outcome = match tokio::time::timeout(sh.cfg.connect_timeout, tries).await {
+        Ok(Ok(s)) => Attempt::Connected(s),
+        Ok(Err(e)) => Attempt::Failed(e.to_string()),
+        Err(_) if starved => Attempt::Starved,
+        Err(_) => Attempt::Failed(format!("timed out after {:?}", sh.cfg.connect_timeout)),
+    };
+    (b, outcome)
+}
+
+/// Connects to the first backend that answers, trying up to `retries` others: the next one
+/// when an attempt fails (haproxy's `retries` + `option redispatch`), and also — alongside
+/// the pending one — when an attempt has had no answer for `connect_stagger`.
+///
+/// The stagger is keelson's addition. A master that died (powered off, partitioned) answers
+/// nothing: its connects hang until ARP gives up or the 10 s connect timeout, and every
+/// client sent there in the meantime waits that long. On a LAN a live backend answers a SYN
+/// in well under a millisecond and the first SYN retransmission comes after 1 s, so an
+/// attempt pending past the stagger is as good as lost: the client gets the next backend
+/// instead, and the silent one is counted as failing (passive health), which takes it out
+/// after `fall` such clients instead of `fall` check intervals.
+async fn connect(sh: &Shared) -> Option<(Arc<Backend>, TcpStream)> {
+    use futures::StreamExt as _;
+    let mut candidates = sh.pool.pick().into_iter().take(sh.cfg.retries + 1);
+    let mut pending = futures::stream::FuturesUnordered::new();
+    // (backend, when its attempt started), to blame the ones still silent when another wins.
+    let mut started: Vec<(Arc<Backend>, tokio::time::Instant)> = Vec::new();
+    let mut start_next =
+        |pending: &mut futures::stream::FuturesUnordered<_>,
+         started: &mut Vec<(Arc<Backend>, tokio::time::Instant)>| {
+            let Some(b) = candidates.next() else {
+                return false;
+            };
+            started.push((b.clone(), tokio::time::Instant::now()));
+            pending.push(attempt(sh, b));
+            true
+        };
+    let stagger = sh.cfg.connect_stagger;
+    let mut more = start_next(&mut pending, &mut started);
+    loop {
+        let next_stagger = tokio::time::sleep(stagger);
+        tokio::select! {
+            done = pending.next() => {
+                let (b, outcome) = done?;
+                started.retain(|(s, _)| !Arc::ptr_eq(s, &b));
+                match outcome {
+                    Attempt::Connected(s) => {
+                        observe(sh, &b, Ok(()));
+                        for (silent, since) in started {
+                            if since.elapsed() >= stagger {
+                                silent.stats.connect_failures.fetch_add(1, Ordering::Relaxed);
+                                observe(sh, &silent, Err(format!(
+                                    "no answer in {stagger:?} while another backend answered"
+                                )));
+                            }
+                        }
+                        return Some((b, s));
+                    }
+                    Attempt::Failed(error) => {
+                        b.stats.connect_failures.fetch_add(1, Ordering::Relaxed);
+                        tracing::debug!(backend = %b.addr, %error, "connect failed; next backend");
+                        observe(sh, &b, Err(error));
+                    }
+                    Attempt::Starved => {
+                        tracing::warn!("no descriptors for a backend connection; closing client");
+                        return None;
+                    }
+                }
+                if more {
+                    more = start_next(&mut pending, &mut started);
+                }
+                if pending.is_empty() {
+                    return None;
                 }
             }
-        };
-        let error = match tokio::time::timeout(sh.cfg.connect_timeout, attempt).await {
-            Ok(Ok(s)) => {
-                observe(sh, &b, Ok(()));
-                return Some((b, s));
+            () = next_stagger, if more && !stagger.is_zero() => {
+                tracing::debug!(?stagger, "backend slow to answer; trying the next alongside");
+                more = start_next(&mut pending, &mut started);
             }
-            Ok(Err(e)) => e.to_string(),
-            Err(_) if starved => {
-                tracing::warn!("no descriptors for a backend connection; closing client");
-                return None;
-            }
-            Err(_) => format!("timed out after {:?}", sh.cfg.connect_timeout),
-        };
-        b.stats.connect_failures.fetch_add(1, Ordering::Relaxed);
-        tracing::debug!(backend = %b.addr, %error, "connect failed; next backend");
-        observe(sh, &b, Err(error));
+        }
     }
-    None
 }
 
 /// Passive health: a client connect's outcome counts towards the backend's health when
@@ -658,6 +732,10 @@ pub struct ProxyArgs {
     /// Backend connect timeout, milliseconds.
     #[arg(long, default_value_t = 10000)]
     pub connect_timeout_ms: u64,
+    /// Milliseconds without an answer from a backend before the next one is tried
+    /// alongside; 0 tries backends one after another.
+    #[arg(long, default_value_t = 1000)]
+    pub connect_stagger_ms: u64,
     /// Seconds live connections may run on after SIGTERM/SIGINT.
     #[arg(long, default_value_t = 30)]
     pub drain_secs: u64,
@@ -692,6 +770,7 @@ pub async fn cli(args: ProxyArgs) -> anyhow::Result<()> {
         max_connections: args.max_connections.max(1),
         idle_timeout: Duration::from_secs(args.idle_timeout_secs.max(1)),
         connect_timeout: Duration::from_millis(args.connect_timeout_ms.max(1)),
+        connect_stagger: Duration::from_millis(args.connect_stagger_ms),
         drain_timeout: Duration::from_secs(args.drain_secs),
         splice: !args.no_splice,
         ..ProxyConfig::default()
