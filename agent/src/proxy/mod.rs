@@ -145,6 +145,16 @@ impl Meter for Backend {
     }
 }
 
+/// A frontend added at run time.
+struct DynamicFrontend {
+    bound: SocketAddr,
+    /// Stops its accept loop.
+    stop: CancellationToken,
+    /// The listening socket, duplicated: [`Proxy::remove_frontend`] shuts it down at once,
+    /// so the port is closed when it returns, not whenever the accept loop next runs.
+    socket: std::os::fd::OwnedFd,
+}
+
 struct Shared {
     cfg: ProxyConfig,
     pool: Arc<Pool>,
@@ -156,7 +166,7 @@ struct Shared {
     accepts: TaskTracker,
     conns: TaskTracker,
     /// Frontends added at run time (the VIP), by address.
-    dynamic: Mutex<BTreeMap<SocketAddr, (SocketAddr, CancellationToken)>>,
+    dynamic: Mutex<BTreeMap<SocketAddr, DynamicFrontend>>,
 }
 
 /// A bound proxy: cheap to clone; [`Proxy::serve`] runs it.
@@ -245,13 +255,21 @@ impl Proxy {
             .dynamic
             .lock()
             .unwrap_or_else(|p| p.into_inner());
-        if let Some((bound, _)) = dynamic.get(&addr) {
-            return Ok(*bound);
+        if let Some(f) = dynamic.get(&addr) {
+            return Ok(f.bound);
         }
         let l = listen(addr, freebind)?;
         let bound = l.local_addr()?;
+        let socket = std::os::fd::AsFd::as_fd(&l).try_clone_to_owned()?;
         let token = self.shared.accept_stop.child_token();
-        dynamic.insert(addr, (bound, token.clone()));
+        dynamic.insert(
+            addr,
+            DynamicFrontend {
+                bound,
+                stop: token.clone(),
+                socket,
+            },
+        );
         let sh = self.shared.clone();
         self.shared.accepts.spawn(accept_loop(sh, l, token));
         tracing::info!(%bound, "frontend added");
@@ -265,9 +283,12 @@ impl Proxy {
             .dynamic
             .lock()
             .unwrap_or_else(|p| p.into_inner());
-        if let Some((bound, token)) = dynamic.remove(&addr) {
-            token.cancel();
-            tracing::info!(%bound, "frontend removed");
+        if let Some(f) = dynamic.remove(&addr) {
+            f.stop.cancel();
+            // shutdown(2) on a listening socket makes Linux stop listening right away (new
+            // SYNs are refused) and wakes the accept loop, which then sees EINVAL.
+            let _ = socket2::SockRef::from(&f.socket).shutdown(std::net::Shutdown::Read);
+            tracing::info!(bound = %f.bound, "frontend removed");
         }
     }
 
@@ -371,6 +392,8 @@ async fn accept_loop(sh: Arc<Shared>, listener: TcpListener, stop: CancellationT
                 }
                 continue;
             }
+            // The listener was shut down (a removed frontend).
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => return,
             Err(e) => {
                 // ECONNABORTED and friends: that client is gone; the next one is fine.
                 tracing::debug!(error = %e, "accept failed");
