@@ -11,27 +11,7 @@ use keelson_agent::metadata::NetworkData;
 use keelson_agent::net::{Netlink, dhcp, plan};
 
 mod netns_common;
-use netns_common::{Namespaces, root_or_skip, sh};
-
-/// Runs `f` on a thread inside network namespace `ns`, with its own runtime.
-fn in_netns<T: Send + 'static>(
-    ns: &str,
-    f: impl FnOnce() -> T + Send + 'static,
-) -> std::thread::JoinHandle<T> {
-    let path = format!("/run/netns/{ns}");
-    std::thread::spawn(move || {
-        let file = std::fs::File::open(&path).unwrap();
-        nix::sched::setns(&file, nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
-        f()
-    })
-}
-
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap()
-}
+use netns_common::{Namespaces, in_netns, root_or_skip, runtime, sh};
 
 #[test]
 fn static_network_data_is_applied_over_netlink() {

@@ -16,7 +16,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
 mod netns_common;
-use netns_common::{Namespaces, root_or_skip, sh};
+use netns_common::{Namespaces, in_netns, root_or_skip, runtime, sh};
 
 fn root_with_nft_or_skip() -> bool {
     if !root_or_skip() {
@@ -33,21 +33,12 @@ fn root_with_nft_or_skip() -> bool {
     ok
 }
 
-/// Runs `f` on a thread inside network namespace `ns`, with its own runtime.
-fn in_netns<T: Send + 'static, F: std::future::Future<Output = T>>(
+/// Runs the future `f` makes on a thread inside network namespace `ns`, with its own runtime.
+fn in_netns_async<T: Send + 'static, F: std::future::Future<Output = T>>(
     ns: &str,
     f: impl FnOnce() -> F + Send + 'static,
 ) -> std::thread::JoinHandle<T> {
-    let path = format!("/run/netns/{ns}");
-    std::thread::spawn(move || {
-        let file = std::fs::File::open(&path).unwrap();
-        nix::sched::setns(&file, nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
-        tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap()
-            .block_on(f())
-    })
+    in_netns(ns, move || runtime().block_on(f()))
 }
 
 /// A server that sends `tag` to every client and closes.
@@ -88,7 +79,7 @@ fn node_side(
     ready: Arc<Barrier>,
     go: mpsc::Receiver<()>,
 ) -> std::thread::JoinHandle<Vec<(SocketAddr, VipMode)>> {
-    in_netns(node, move || async move {
+    in_netns_async(node, move || async move {
         if apiserver {
             tagger("0.0.0.0:6443".parse().unwrap(), b"kube-apiserver").await;
         }
@@ -169,7 +160,7 @@ fn vip_frontend(apiserver: bool) {
     let node_thread = node_side(&node, apiserver, ready.clone(), go);
     ready.wait();
     let from_outside = |c: &str| {
-        in_netns(c, || async { who_answers(VIP.parse().unwrap()).await })
+        in_netns_async(c, || async { who_answers(VIP.parse().unwrap()).await })
             .join()
             .unwrap()
     };
@@ -188,7 +179,7 @@ fn vip_frontend(apiserver: bool) {
         let tables = sh(&["ip", "netns", "exec", &node, "nft", "list", "tables"]);
         assert!(!tables.contains(NFT_TABLE), "table removed: {tables}");
     } else {
-        let refused = in_netns(&client, || async {
+        let refused = in_netns_async(&client, || async {
             TcpStream::connect(VIP.parse::<SocketAddr>().unwrap()).await
         })
         .join()

@@ -48,3 +48,24 @@ impl Drop for Namespaces {
         }
     }
 }
+
+/// Runs `f` on a thread inside network namespace `ns`.
+pub fn in_netns<T: Send + 'static>(
+    ns: &str,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> std::thread::JoinHandle<T> {
+    let path = format!("/run/netns/{ns}");
+    std::thread::spawn(move || {
+        let file = std::fs::File::open(&path).unwrap();
+        nix::sched::setns(&file, nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
+        f()
+    })
+}
+
+/// A single-threaded runtime for a namespace thread.
+pub fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+}
