@@ -868,20 +868,24 @@ async fn monitor_healthz_and_stats() {
 async fn stop_drains_live_connections_and_refuses_new_ones() {
     let echo = echo_backend().await;
     let p = start(config(), &[echo.addr]);
+    // A frontend added at run time (as the VIP's) stops accepting too.
+    let added = p.proxy.add_frontend(lo0(), false).unwrap();
     let mut live = TcpStream::connect(p.addr).await.unwrap();
     ping(&mut live).await.unwrap();
 
     p.stop.cancel();
-    let deadline = Instant::now() + SOON;
-    loop {
-        match TcpStream::connect(p.addr).await {
-            Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => break,
-            _ => {
-                assert!(
-                    Instant::now() < deadline,
-                    "frontend still accepts after stop"
-                );
-                tokio::time::sleep(Duration::from_millis(10)).await;
+    for frontend in [p.addr, added] {
+        let deadline = Instant::now() + SOON;
+        loop {
+            match TcpStream::connect(frontend).await {
+                Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => break,
+                _ => {
+                    assert!(
+                        Instant::now() < deadline,
+                        "frontend {frontend} still accepts after stop"
+                    );
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
             }
         }
     }

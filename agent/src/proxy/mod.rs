@@ -155,6 +155,17 @@ struct DynamicFrontend {
     socket: std::os::fd::OwnedFd,
 }
 
+impl DynamicFrontend {
+    /// Stops accepting on it now: shutdown(2) on a listening socket makes Linux stop
+    /// listening at once (new SYNs are refused) and wakes the accept loop, which then sees
+    /// EINVAL and ends.
+    fn close(self) {
+        self.stop.cancel();
+        let _ = socket2::SockRef::from(&self.socket).shutdown(std::net::Shutdown::Read);
+        tracing::info!(bound = %self.bound, "frontend removed");
+    }
+}
+
 struct Shared {
     cfg: ProxyConfig,
     pool: Arc<Pool>,
@@ -284,11 +295,7 @@ impl Proxy {
             .lock()
             .unwrap_or_else(|p| p.into_inner());
         if let Some(f) = dynamic.remove(&addr) {
-            f.stop.cancel();
-            // shutdown(2) on a listening socket makes Linux stop listening right away (new
-            // SYNs are refused) and wakes the accept loop, which then sees EINVAL.
-            let _ = socket2::SockRef::from(&f.socket).shutdown(std::net::Shutdown::Read);
-            tracing::info!(bound = %f.bound, "frontend removed");
+            f.close();
         }
     }
 
@@ -327,6 +334,10 @@ impl Proxy {
             "proxy stopping: no new connections, draining"
         );
         sh.accept_stop.cancel();
+        // The map holds a copy of each added frontend's socket: close them, or they would
+        // keep listening (clients queued, never accepted) for as long as the proxy lives.
+        let added = std::mem::take(&mut *sh.dynamic.lock().unwrap_or_else(|p| p.into_inner()));
+        added.into_values().for_each(DynamicFrontend::close);
         sh.accepts.close();
         sh.accepts.wait().await;
         sh.conns.close();
