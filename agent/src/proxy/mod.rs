@@ -499,19 +499,14 @@ async fn connect(sh: &Shared) -> Option<(Arc<Backend>, TcpStream)> {
                         observe(sh, &b, Ok(()));
                         for (silent, since) in started {
                             if since.elapsed() >= stagger {
-                                silent.stats.connect_failures.fetch_add(1, Ordering::Relaxed);
-                                observe(sh, &silent, Err(format!(
+                                connect_failed(sh, &silent, format!(
                                     "no answer in {stagger:?} while another backend answered"
-                                )));
+                                ));
                             }
                         }
                         return Some((b, s));
                     }
-                    Attempt::Failed(error) => {
-                        b.stats.connect_failures.fetch_add(1, Ordering::Relaxed);
-                        tracing::debug!(backend = %b.addr, %error, "connect failed; next backend");
-                        observe(sh, &b, Err(error));
-                    }
+                    Attempt::Failed(error) => connect_failed(sh, &b, error),
                     Attempt::Starved => {
                         tracing::warn!("no descriptors for a backend connection; closing client");
                         return None;
@@ -530,6 +525,14 @@ async fn connect(sh: &Shared) -> Option<(Arc<Backend>, TcpStream)> {
             }
         }
     }
+}
+
+/// A client connect to `b` failed (or stayed silent while another backend answered): count
+/// it and tell passive health.
+fn connect_failed(sh: &Shared, b: &Backend, error: String) {
+    b.stats.connect_failures.fetch_add(1, Ordering::Relaxed);
+    tracing::debug!(backend = %b.addr, %error, "connect failed; next backend");
+    observe(sh, b, Err(error));
 }
 
 /// Passive health: a client connect's outcome counts towards the backend's health when
