@@ -1,38 +1,148 @@
 #!/usr/bin/env bash
-# Installs what building and testing keelson needs on a fresh Debian machine, idempotently.
+# Installs what building, testing and benchmarking keelson needs on a fresh Debian 12 machine,
+# idempotently, then proves it: every external command the build, the tests, `make
+# qemu-cluster` and bench/ run is looked up, and each one missing is named with its package.
+#
+#   scripts/setup.sh           install what is missing, then check
+#   scripts/setup.sh --check   check only (exit 1, one line per missing command)
+#
 # Daemons installed here (nginx, keepalived, dnsmasq, ...) must not start on their own:
 # tests start their own copies inside network namespaces.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-PACKAGES=(
-  # Ignition: ignition-validate checks every config we write (spec 3.0-3.3).
-  ignition
-  # Peers the tests and benchmarks run against.
-  keepalived haproxy nsd dnsmasq-base bind9-dnsutils dnsperf avahi-daemon avahi-utils dbus-daemon
-  nginx-light wrk iperf3
-  # Image and QEMU.
-  qemu-system-x86 qemu-utils ovmf syslinux syslinux-common systemd-boot-efi
-  xorriso dosfstools mtools
-  # Tools the tests call.
-  iproute2 nftables file jq curl procps psmisc kmod
+# What the code runs, derived from it (grep for Command::new, sh(&[...]) and the bench
+# scripts): "command package". Keep this table the one list; `--check` and the installer
+# both read it.
+REQUIRED=(
+  # The image and the QEMU cluster.
+  "qemu-img qemu-utils"
+  "qemu-system-x86_64 qemu-system-x86"
+  "xorriso xorriso"
+  "mkfs.vfat dosfstools"
+  "mcopy mtools"
+  "syslinux syslinux"
+  "depmod kmod"
+  "mkfs.ext4 e2fsprogs"
+  "dpkg-deb dpkg"
+  "apt-get apt"
+  # Payloads: ignition-validate checks every config we write (spec 3.0-3.3).
+  "ignition-validate ignition"
+  "systemd-analyze systemd"
+  # Network-namespace tests and the harness.
+  "ip iproute2"
+  "ss iproute2"
+  "nft nftables"
+  "ping iputils-ping"
+  "dig bind9-dnsutils"
+  "curl curl"
+  "sysctl procps"
+  "killall psmisc"
+  "file file"
+  "jq jq"
+  "sha256sum coreutils"
+  "timeout coreutils"
+  "taskset util-linux"
+  "bc bc"
+  "openssl openssl"
+  # Real peers the tests and benchmarks run against.
+  "keepalived keepalived"
+  "haproxy haproxy"
+  "nsd nsd"
+  "dnsmasq dnsmasq-base"
+  "dnsperf dnsperf"
+  "avahi-daemon avahi-daemon"
+  "avahi-browse avahi-utils"
+  "avahi-publish avahi-utils"
+  "dbus-daemon dbus-daemon"
+  "nginx nginx-light"
+  "wrk wrk"
+  "iperf3 iperf3"
+)
+# Files (not commands) the image builder and the UEFI boot test read: "path package".
+REQUIRED_FILES=(
+  "/usr/share/ovmf/OVMF.fd ovmf"
+  "/usr/lib/syslinux/mbr/gptmbr.bin syslinux-common"
+  "/usr/lib/systemd/boot/efi/systemd-bootx64.efi systemd-boot-efi"
+)
+# Cargo subcommands `make lint` runs: "command crate".
+REQUIRED_CARGO=(
+  "cargo-machete cargo-machete"
 )
 
-missing=()
-for p in "${PACKAGES[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+# Commands live in sbin too; a plain user's PATH may not have it.
+export PATH="$PATH:/usr/local/sbin:/usr/sbin:/sbin"
+
+# Prints "<what>: not found (package <p>)" for every missing entry; returns 1 if any.
+check() {
+  local missing=0 entry cmd pkg
+  for entry in "${REQUIRED[@]}"; do
+    read -r cmd pkg <<<"$entry"
+    command -v "$cmd" >/dev/null 2>&1 || { echo "setup: $cmd: not found (apt package $pkg)"; missing=1; }
+  done
+  for entry in "${REQUIRED_FILES[@]}"; do
+    read -r cmd pkg <<<"$entry"
+    [ -e "$cmd" ] || { echo "setup: $cmd: not found (apt package $pkg)"; missing=1; }
+  done
+  for entry in "${REQUIRED_CARGO[@]}"; do
+    read -r cmd pkg <<<"$entry"
+    command -v "$cmd" >/dev/null 2>&1 || { echo "setup: $cmd: not found (cargo install $pkg)"; missing=1; }
+  done
+  [ -e .cache/kernel/.done ] || { echo "setup: .cache/kernel: not unpacked (apt package linux-image-cloud-amd64)"; missing=1; }
+  return $missing
+}
+
+if [ "${1:-}" = "--check" ]; then
+  check >&2
+  exit $?
+fi
+
+SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO=sudo
+
+# Packages of missing commands and files, and packages whose files are missing.
+declare -A want=()
+for entry in "${REQUIRED[@]}"; do
+  read -r cmd pkg <<<"$entry"
+  command -v "$cmd" >/dev/null 2>&1 || want[$pkg]=1
 done
-if ((${#missing[@]})); then
-  echo "setup: installing ${missing[*]}" >&2
-  SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO=sudo
+for entry in "${REQUIRED_FILES[@]}"; do
+  read -r path pkg <<<"$entry"
+  [ -e "$path" ] || want[$pkg]=1
+done
+
+if ((${#want[@]})); then
+  echo "setup: installing ${!want[*]}" >&2
   # Keep apt from starting the daemons it installs.
   if [ ! -e /usr/sbin/policy-rc.d ]; then
     printf '#!/bin/sh\nexit 101\n' | $SUDO tee /usr/sbin/policy-rc.d >/dev/null
     $SUDO chmod +x /usr/sbin/policy-rc.d
   fi
   $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  pkgs=("${!want[@]}")
+  # QEMU's system emulator and its utilities come from one origin and one version: a base
+  # image may carry a newer qemu-utils (backports) that Debian 12's qemu-system-x86 breaks,
+  # and apt would resolve that by removing qemu-utils. Ask for both at the version the
+  # emulator will have, in the same transaction.
+  if [[ -n ${want[qemu-system-x86]:-} || -n ${want[qemu-utils]:-} ]]; then
+    qver=$(dpkg-query -W -f='${Version}' qemu-system-x86 2>/dev/null || true)
+    [ -n "$qver" ] || qver=$(apt-cache policy qemu-system-x86 | awk '/Candidate:/ {print $2}')
+    pkgs=("${pkgs[@]/#qemu-system-x86/}")
+    pkgs=("${pkgs[@]/#qemu-utils/}")
+    pkgs+=("qemu-system-x86=$qver" "qemu-utils=$qver")
+  fi
+  # One transaction; --no-remove makes apt abort rather than remove anything to make room.
+  mapfile -t pkgs < <(printf '%s\n' "${pkgs[@]}" | grep -v '^$' | sort -u)
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends \
+    --no-remove --allow-downgrades "${pkgs[@]}" >/dev/null
 fi
+
+for entry in "${REQUIRED_CARGO[@]}"; do
+  read -r cmd crate <<<"$entry"
+  if ! command -v "$cmd" >/dev/null 2>&1; then
+    echo "setup: cargo install $crate" >&2
+    cargo install --quiet --locked "$crate"
+  fi
+done
 
 # The appliance kernel: Debian's cloud kernel, unpacked (not installed) into .cache/kernel.
 KDIR=.cache/kernel
@@ -44,8 +154,14 @@ if [ ! -e "$KDIR/.done" ]; then
   dpkg-deb -x "$deb" "$KDIR/root"
   # The package leaves modules.dep to depmod at install time; we unpack instead, so run it.
   kver=$(ls "$KDIR/root/lib/modules")
-  /sbin/depmod -b "$KDIR/root" "$kver"
+  depmod -b "$KDIR/root" "$kver"
   { echo "package=$(dpkg-deb -f "$deb" Package)"; echo "version=$(dpkg-deb -f "$deb" Version)";
     echo "sha256=$(sha256sum "$deb" | cut -d' ' -f1)"; } > "$KDIR/package.txt"
   touch "$KDIR/.done"
 fi
+
+if ! check >&2; then
+  echo "setup: some commands are still missing after installing (see above)" >&2
+  exit 1
+fi
+echo "setup: every command the build, tests, qemu-cluster and bench/ run is present" >&2

@@ -78,7 +78,7 @@ fn metadata_service_on_the_link_local_address() {
     ]);
     let fixtures = concat!(
         env!("CARGO_MANIFEST_DIR"),
-        "/../../shared/testdata/openstack-metadata"
+        "/../testdata/openstack-metadata"
     );
     let read = |f: &str| std::fs::read_to_string(format!("{fixtures}/{f}")).unwrap();
     serve_in(

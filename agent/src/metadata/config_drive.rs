@@ -151,7 +151,7 @@ mod tests {
         std::fs::create_dir_all(&latest).unwrap();
         let fixtures = concat!(
             env!("CARGO_MANIFEST_DIR"),
-            "/../../shared/testdata/openstack-metadata"
+            "/../testdata/openstack-metadata"
         );
         std::fs::copy(
             format!("{fixtures}/openstack-config-drive_openstack_meta_data.json"),

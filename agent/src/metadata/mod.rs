@@ -288,7 +288,7 @@ mod tests {
 
     const FIXTURES: &str = concat!(
         env!("CARGO_MANIFEST_DIR"),
-        "/../../shared/testdata/openstack-metadata"
+        "/../testdata/openstack-metadata"
     );
 
     fn fixture(name: &str) -> Vec<u8> {

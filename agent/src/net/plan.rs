@@ -238,7 +238,7 @@ mod tests {
 
     fn fixture(name: &str) -> NetworkData {
         let path = format!(
-            "{}/../../shared/testdata/openstack-metadata/{name}",
+            "{}/../testdata/openstack-metadata/{name}",
             env!("CARGO_MANIFEST_DIR")
         );
         serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap()

@@ -20,7 +20,7 @@ fn assets(agent_url: Option<&str>) -> NodeAssets {
 
 fn schema(spec: SpecVersion) -> jsonschema::Validator {
     let name = format!(
-        "{}/../../shared/testdata/ignition-schemas/v{}.ignition.json",
+        "{}/../testdata/ignition-schemas/v{}.ignition.json",
         env!("CARGO_MANIFEST_DIR"),
         &spec.as_str()[..3].replace('.', "_")
     );
