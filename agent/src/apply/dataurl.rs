@@ -21,10 +21,14 @@ pub enum DataUrlError {
     #[error("expected a data: URL (data:[<mediatype>][;base64],<data>)")]
     NotDataUrl,
     /// No comma between the media type and the data.
-    #[error("data: URL without the comma before the data (expected data:[<mediatype>][;base64],<data>)")]
+    #[error(
+        "data: URL without the comma before the data (expected data:[<mediatype>][;base64],<data>)"
+    )]
     NoComma,
     /// A `#` in the data.
-    #[error("data: URL has a '#' at byte {0}: write it %23 in the data (a URL fragment is not data)")]
+    #[error(
+        "data: URL has a '#' at byte {0}: write it %23 in the data (a URL fragment is not data)"
+    )]
     Fragment(usize),
     /// Bad base64.
     #[error("invalid base64 in data: URL: {0}")]
@@ -75,7 +79,10 @@ mod tests {
         // RFC 2397 §4.
         assert_eq!(decode("data:,A%20brief%20note").unwrap(), b"A brief note");
         let greek = parse("data:text/plain;charset=iso-8859-7,%be%fg%be").unwrap();
-        assert_eq!(greek.data, b"\xbe%fg\xbe", "an invalid escape is kept as written");
+        assert_eq!(
+            greek.data, b"\xbe%fg\xbe",
+            "an invalid escape is kept as written"
+        );
         assert_eq!(greek.media_type, "text/plain;charset=iso-8859-7");
         let gif = parse("data:image/gif;base64,R0lGODdhMAAwAPAAAAAAAP///ywAAAAAMAAw").unwrap();
         assert_eq!(gif.media_type, "image/gif");
@@ -111,7 +118,10 @@ mod tests {
         );
         let err = decode("data:;base64,@@").unwrap_err();
         assert!(matches!(err, DataUrlError::Base64(_)), "{err:?}");
-        assert!(err.to_string().contains("symbol with codepoint 64"), "{err}");
+        assert!(
+            err.to_string().contains("symbol with codepoint 64"),
+            "{err}"
+        );
         let err = decode("data:;base64,aGk=x").unwrap_err();
         assert!(err.to_string().starts_with("invalid base64"), "{err}");
     }
@@ -123,13 +133,19 @@ mod tests {
         let d = parse("data:;charset=utf-8,x").unwrap();
         assert_eq!(d.media_type, "text/plain;charset=utf-8");
         let d = parse("data:application/json,%7B%7D").unwrap();
-        assert_eq!((d.media_type.as_str(), d.data.as_slice()), ("application/json", &b"{}"[..]));
+        assert_eq!(
+            (d.media_type.as_str(), d.data.as_slice()),
+            ("application/json", &b"{}"[..])
+        );
         // `;base64` must be the last parameter (RFC 2397 grammar): here it is not.
         let d = parse("data:text/plain;base64;charset=utf-8,aGk=").unwrap();
         assert_eq!(d.data, b"aGk=");
         // An unparsable media type falls back to the default, the data still decodes.
         let d = parse("data:not a type,x").unwrap();
-        assert_eq!((d.media_type.as_str(), d.data.as_slice()), ("text/plain;charset=US-ASCII", &b"x"[..]));
+        assert_eq!(
+            (d.media_type.as_str(), d.data.as_slice()),
+            ("text/plain;charset=US-ASCII", &b"x"[..])
+        );
     }
 
     #[test]
@@ -139,7 +155,10 @@ mod tests {
         assert_eq!(decode("data:text/plain"), Err(DataUrlError::NoComma));
         assert_eq!(decode("data:text/plain#,x"), Err(DataUrlError::NoComma));
         assert_eq!(decode("data:,a#b"), Err(DataUrlError::Fragment(7)));
-        assert_eq!(decode("data:;base64,aGk=#"), Err(DataUrlError::Fragment(17)));
+        assert_eq!(
+            decode("data:;base64,aGk=#"),
+            Err(DataUrlError::Fragment(17))
+        );
         assert!(
             DataUrlError::Fragment(8).to_string().contains("%23"),
             "the fix is named"
