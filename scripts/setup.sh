@@ -65,9 +65,10 @@ REQUIRED_FILES=(
   "/usr/lib/syslinux/mbr/gptmbr.bin syslinux-common"
   "/usr/lib/systemd/boot/efi/systemd-bootx64.efi systemd-boot-efi"
 )
-# Cargo subcommands `make lint` runs: "command crate".
+# Cargo subcommands `make lint` and `make fuzz` run: "command crate".
 REQUIRED_CARGO=(
   "cargo-machete cargo-machete"
+  "cargo-fuzz cargo-fuzz"
 )
 
 # Commands live in sbin too; a plain user's PATH may not have it.
