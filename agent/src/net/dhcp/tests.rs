@@ -213,7 +213,26 @@ fn packet_with(options: &[(u8, &[u8])]) -> Vec<u8> {
 /// Whether dhcproto itself panics decoding `bytes` (debug builds only: release builds
 /// compile its assertions out).
 fn dhcproto_panics(bytes: &[u8]) -> bool {
-    std::panic::catch_unwind(|| Message::decode(&mut Decoder::new(bytes)).ok()).is_err()
+    panicked_during(|| Message::decode(&mut Decoder::new(bytes)).ok())
+}
+
+/// Whether `f` panicked on this thread, even if something inside caught the panic (as
+/// `decode`'s `catch_unwind` does): a caught panic still prints on PID 1's console and
+/// aborts a fuzzer. A hook chained before the existing one records it per thread.
+fn panicked_during<T>(f: impl FnOnce() -> T) -> bool {
+    use std::cell::Cell;
+    thread_local!(static PANICKED: Cell<bool> = const { Cell::new(false) });
+    static HOOK: std::sync::Once = std::sync::Once::new();
+    HOOK.call_once(|| {
+        let previous = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            PANICKED.with(|p| p.set(true));
+            previous(info)
+        }));
+    });
+    PANICKED.with(|p| p.set(false));
+    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
+    PANICKED.with(|p| p.get())
 }
 
 /// Found by the `dhcp_reply` fuzz target: a reply carrying an empty Client FQDN option
@@ -225,6 +244,10 @@ fn fuzz_crash_empty_fqdn_option_is_dropped() {
         assert!(dhcproto_panics(packet), "the input still crashes dhcproto");
     }
     assert!(has_option_dhcproto_panics_on(packet));
+    assert!(
+        !panicked_during(|| decode(packet)),
+        "dropped before dhcproto sees it"
+    );
     assert_eq!(decode(packet), None);
 }
 
@@ -245,6 +268,7 @@ fn options_dhcproto_panics_on_are_dropped_before_decoding() {
             assert!(dhcproto_panics(&packet), "option {code} len {}", bad.len());
         }
         assert!(has_option_dhcproto_panics_on(&packet), "option {code}");
+        assert!(!panicked_during(|| decode(&packet)), "option {code}");
         assert_eq!(decode(&packet), None, "option {code}");
         let packet = packet_with(&[(53, &[5]), (code, good)]);
         assert!(!has_option_dhcproto_panics_on(&packet), "option {code}");
@@ -281,7 +305,7 @@ fn fuzz_crash_hlen_over_16_is_dropped() {
     let packet = include_bytes!("testdata/fuzz-hlen-255.bin");
     assert_eq!(packet[2], 255, "hlen");
     let raw = Message::decode(&mut Decoder::new(packet)).expect("dhcproto decodes it");
-    assert!(std::panic::catch_unwind(|| raw.chaddr().len()).is_err());
+    assert!(panicked_during(|| raw.chaddr().len()));
     assert_eq!(decode(packet), None);
 
     // A reply to our transaction with a bad hlen, as dhcproto hands it over, is ignored
@@ -298,7 +322,9 @@ fn fuzz_crash_hlen_over_16_is_dropped() {
     bytes[2] = 17;
     assert_eq!(decode(&bytes), None);
     let msg = Message::decode(&mut Decoder::new(&bytes)).unwrap();
-    assert!(c.on_packet(&msg, secs(1)).is_empty());
+    assert!(!panicked_during(|| assert!(
+        c.on_packet(&msg, secs(1)).is_empty()
+    )));
     assert_eq!(c.state(), &State::Selecting);
     bytes[2] = 16;
     assert!(decode(&bytes).is_some(), "16 is the field's size: fine");
