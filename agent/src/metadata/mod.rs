@@ -4,6 +4,7 @@
 //! each source (`config_drive`, `http`) lives in its own module and yields a [`Metadata`].
 
 pub mod config_drive;
+pub mod fat;
 pub mod http;
 pub mod iso9660;
 pub mod network;
