@@ -9,7 +9,7 @@ use anyhow::{Context, Result, bail};
 
 use crate::configdrive::NodeDrive;
 use crate::netns::Netns;
-use crate::segment::{Segment, TapBridge};
+use crate::segment::{BridgeSegment, NicLink, Segment, TapBridge};
 use crate::vm::{Vm, VmSpec};
 
 /// The machine network of `examples/install-config.yaml`.
@@ -20,6 +20,37 @@ pub const API_VIP: &str = "10.0.0.5";
 pub const INGRESS_VIP: &str = "10.0.0.7";
 /// The host-side participant's address on the segment.
 pub const HOST_ADDRESS: &str = "10.0.0.250";
+
+/// Which configuration runs, on which segment (docs/qemu-cluster.md).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Config {
+    /// `cluster.json` as `keelson build` writes it: unicast VRRP and unicast members, on a
+    /// bridge that drops every multicast frame (the default).
+    Unicast,
+    /// VRRP multicast and mDNS members, on QEMU's multicast socket segment.
+    Multicast,
+}
+
+impl std::str::FromStr for Config {
+    type Err = anyhow::Error;
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "unicast" => Ok(Config::Unicast),
+            "multicast" => Ok(Config::Multicast),
+            other => bail!("configuration {other:?}: expected unicast or multicast"),
+        }
+    }
+}
+
+impl Config {
+    /// The name on the command line and in the report.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Config::Unicast => "unicast",
+            Config::Multicast => "multicast",
+        }
+    }
+}
 
 /// One VM of the cluster.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -48,17 +79,23 @@ pub fn plan() -> Vec<NodePlan> {
     nodes
 }
 
-/// The running cluster: VMs, the segment and the host-side namespace bridged onto it.
+/// The running cluster: VMs, the segment and the host-side namespace on it.
 #[derive(Debug)]
 pub struct Cluster {
+    /// The configuration.
+    pub config: Config,
     /// Working directory (consoles, overlays, config drives, `out/`).
     pub work: PathBuf,
     /// The image every VM boots.
     pub image: PathBuf,
     /// The build output (`keelson build`).
     pub out: PathBuf,
-    /// The segment.
+    /// The multicast segment (multicast configuration).
     pub segment: Segment,
+    /// The bridge that drops multicast (unicast configuration).
+    pub bridge_segment: Option<BridgeSegment>,
+    /// The host-side participant's interface in [`Cluster::netns`].
+    pub host_iface: String,
     /// Running VMs by name.
     pub vms: BTreeMap<String, Vm>,
     /// The nodes.
@@ -70,29 +107,52 @@ pub struct Cluster {
 }
 
 impl Cluster {
-    /// Creates the namespace and bridges it onto a fresh segment.
-    pub fn new(work: &Path, out: &Path, image: &Path) -> Result<Self> {
+    /// Creates the namespace and the segment of `config`, with the host-side participant
+    /// on it.
+    pub fn new(work: &Path, out: &Path, image: &Path, config: Config) -> Result<Self> {
         let segment = Segment::for_this_process();
         let netns = Netns::create(&format!("kqc{}", std::process::id() % 100_000))?;
-        let bridge = TapBridge::start(segment, &netns.name, "kqtap0")?;
+        let (bridge, bridge_segment, host_iface) = match config {
+            Config::Multicast => (
+                Some(TapBridge::start(segment, &netns.name, "kqtap0")?),
+                None,
+                "kqtap0",
+            ),
+            Config::Unicast => (
+                None,
+                Some(BridgeSegment::create(&netns.name, "kqbr0")?),
+                "kqbr0",
+            ),
+        };
         netns.ip(&[
             "addr",
             "add",
             &format!("{HOST_ADDRESS}/{PREFIX}"),
             "dev",
-            "kqtap0",
+            host_iface,
         ])?;
-        netns.ip(&["link", "set", "kqtap0", "up"])?;
+        netns.ip(&["link", "set", host_iface, "up"])?;
         Ok(Cluster {
+            config,
             work: work.to_path_buf(),
             image: image.to_path_buf(),
             out: out.to_path_buf(),
             segment,
+            bridge_segment,
+            host_iface: host_iface.to_string(),
             vms: BTreeMap::new(),
             plan: plan(),
-            bridge: Some(bridge),
+            bridge,
             netns,
         })
+    }
+
+    /// Multicast frames the unicast configuration's bridge dropped so far.
+    pub fn multicast_dropped(&self) -> Result<Option<u64>> {
+        self.bridge_segment
+            .as_ref()
+            .map(BridgeSegment::multicast_dropped)
+            .transpose()
     }
 
     /// The node's plan entry.
@@ -123,7 +183,12 @@ impl Cluster {
         };
         let iso = self.work.join(format!("{name}-config.iso"));
         drive.write_iso(&self.work, &iso)?;
+        // The old VM (and with it its tap) goes first.
         self.vms.remove(name);
+        let link: NicLink = match &self.bridge_segment {
+            Some(b) => b.tap(&format!("kqt-{name}"))?,
+            None => self.segment.into(),
+        };
         let vm = Vm::start(
             VmSpec {
                 name: node.name.clone(),
@@ -133,7 +198,7 @@ impl Cluster {
                 memory_mib: 384,
                 uefi: false,
             },
-            self.segment,
+            link,
             &self.work,
         )?;
         self.vms.insert(name.to_owned(), vm);
@@ -167,6 +232,46 @@ impl Cluster {
             .iter()
             .find(|n| n.mac == mac)
             .map(|n| n.name.clone())
+    }
+
+    /// Every node answering ARP for `vip` right now (by MAC; an unknown MAC as itself).
+    pub fn holders_of(&self, vip: &str) -> Result<Vec<String>> {
+        let macs = crate::probe::arp_answers(
+            &self.netns,
+            &self.host_iface,
+            HOST_ADDRESS.parse()?,
+            vip.parse()?,
+            Duration::from_millis(500),
+        )?;
+        Ok(macs
+            .into_iter()
+            .map(|mac| {
+                self.plan
+                    .iter()
+                    .find(|n| n.mac == mac)
+                    .map(|n| n.name.clone())
+                    .unwrap_or(mac)
+            })
+            .collect())
+    }
+
+    /// Waits (up to `timeout`) until exactly one node answers ARP for `vip`, twice in a row
+    /// a second apart; returns it, or fails naming every holder (several holders is the
+    /// failure of issue 22: every node holding the VIP).
+    pub fn sole_holder(&self, vip: &str, timeout: Duration) -> Result<String> {
+        let start = Instant::now();
+        let mut last = Vec::new();
+        let mut seen: Option<String> = None;
+        while start.elapsed() < timeout {
+            last = self.holders_of(vip)?;
+            match (last.as_slice(), &seen) {
+                ([one], Some(prev)) if one == prev => return Ok(one.clone()),
+                ([one], _) => seen = Some(one.clone()),
+                _ => seen = None,
+            }
+            std::thread::sleep(Duration::from_millis(500));
+        }
+        bail!("{vip}: answered by {last:?} after {timeout:?}, expected exactly one node")
     }
 
     /// Waits until `vip` is held by a node `accept` approves; returns the holder.
