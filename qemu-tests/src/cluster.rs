@@ -10,7 +10,7 @@ use anyhow::{Context, Result, bail};
 use crate::configdrive::{NetworkMode, NodeDrive};
 use crate::netns::Netns;
 use crate::neutron::{Dhcp, DhcpHost, DhcpSettings, Instance, MetadataService};
-use crate::segment::{Segment, TapBridge};
+use crate::segment::{BridgeSegment, NicLink, Segment, TapBridge};
 use crate::vm::{Vm, VmSpec};
 
 /// The machine network of `examples/install-config.yaml`.
@@ -68,6 +68,37 @@ impl MetadataSource {
                         format!(", unreachable for {} s after the lease", d.as_secs()),
                 }
             ),
+        }
+    }
+}
+
+/// Which configuration runs, on which segment (docs/qemu-cluster.md).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Config {
+    /// `cluster.json` as `keelson build` writes it: unicast VRRP and unicast members, on a
+    /// bridge that drops every multicast frame (the default).
+    Unicast,
+    /// VRRP multicast and mDNS members, on QEMU's multicast socket segment.
+    Multicast,
+}
+
+impl std::str::FromStr for Config {
+    type Err = anyhow::Error;
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "unicast" => Ok(Config::Unicast),
+            "multicast" => Ok(Config::Multicast),
+            other => bail!("configuration {other:?}: expected unicast or multicast"),
+        }
+    }
+}
+
+impl Config {
+    /// The name on the command line and in the report.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Config::Unicast => "unicast",
+            Config::Multicast => "multicast",
         }
     }
 }
@@ -135,17 +166,23 @@ pub fn plan() -> Vec<NodePlan> {
     ]
 }
 
-/// The running cluster: VMs, the segment and the host-side namespace bridged onto it.
+/// The running cluster: VMs, the segment and the host-side namespace on it.
 #[derive(Debug)]
 pub struct Cluster {
+    /// The configuration.
+    pub config: Config,
     /// Working directory (consoles, overlays, config drives, `out/`).
     pub work: PathBuf,
     /// The image every VM boots.
     pub image: PathBuf,
     /// The build output (`keelson build`).
     pub out: PathBuf,
-    /// The segment.
+    /// The multicast segment (multicast configuration).
     pub segment: Segment,
+    /// The bridge that drops multicast (unicast configuration).
+    pub bridge_segment: Option<BridgeSegment>,
+    /// The host-side participant's interface in [`Cluster::netns`].
+    pub host_iface: String,
     /// Running VMs by name.
     pub vms: BTreeMap<String, Vm>,
     /// The nodes.
@@ -161,29 +198,43 @@ pub struct Cluster {
 }
 
 impl Cluster {
-    /// Creates the namespace, bridges it onto a fresh segment, and starts the segment's DHCP
-    /// server and metadata service there.
-    pub fn new(work: &Path, out: &Path, image: &Path) -> Result<Self> {
+    /// Creates the namespace and the segment of `config`, with the host-side participant on
+    /// it, and starts the segment's DHCP server and metadata service there.
+    pub fn new(work: &Path, out: &Path, image: &Path, config: Config) -> Result<Self> {
         crate::tools::require_all()?;
         let segment = Segment::for_this_process();
         let netns = Netns::create(&format!("kqc{}", std::process::id() % 100_000))?;
-        let bridge = TapBridge::start(segment, &netns.name, "kqtap0")?;
+        let (bridge, bridge_segment, host_iface) = match config {
+            Config::Multicast => (
+                Some(TapBridge::start(segment, &netns.name, "kqtap0")?),
+                None,
+                "kqtap0",
+            ),
+            Config::Unicast => (
+                None,
+                Some(BridgeSegment::create(&netns.name, "kqbr0")?),
+                "kqbr0",
+            ),
+        };
         netns.ip(&[
             "addr",
             "add",
             &format!("{HOST_ADDRESS}/{PREFIX}"),
             "dev",
-            "kqtap0",
+            host_iface,
         ])?;
-        netns.ip(&["link", "set", "kqtap0", "mtu", &MTU.to_string(), "up"])?;
+        netns.ip(&["link", "set", host_iface, "mtu", &MTU.to_string(), "up"])?;
         let mut cluster = Cluster {
+            config,
             work: work.to_path_buf(),
             image: image.to_path_buf(),
             out: out.to_path_buf(),
             segment,
+            bridge_segment,
+            host_iface: host_iface.to_string(),
             vms: BTreeMap::new(),
             plan: plan(),
-            bridge: Some(bridge),
+            bridge,
             dhcp: None,
             metadata: None,
             netns,
@@ -198,7 +249,7 @@ impl Cluster {
             })
             .collect();
         let settings = DhcpSettings {
-            interface: "kqtap0".into(),
+            interface: cluster.host_iface.clone(),
             server: HOST_ADDRESS.parse()?,
             prefix: PREFIX,
             mtu: MTU,
@@ -226,7 +277,11 @@ impl Cluster {
                 );
             }
         }
-        cluster.metadata = Some(MetadataService::start(&cluster.netns, "kqtap0", instances)?);
+        cluster.metadata = Some(MetadataService::start(
+            &cluster.netns,
+            &cluster.host_iface,
+            instances,
+        )?);
         Ok(cluster)
     }
 
@@ -246,6 +301,14 @@ impl Cluster {
             user_data: self.user_data(node.role)?,
             meta: BTreeMap::new(),
         })
+    }
+
+    /// Multicast frames the unicast configuration's bridge dropped so far.
+    pub fn multicast_dropped(&self) -> Result<Option<u64>> {
+        self.bridge_segment
+            .as_ref()
+            .map(BridgeSegment::multicast_dropped)
+            .transpose()
     }
 
     /// The node's plan entry.
@@ -275,12 +338,17 @@ impl Cluster {
             MetadataSource::Service(..) => None,
         };
         let first_boot = !self.vms.contains_key(name);
+        // The old VM (and with it its tap) goes first.
         self.vms.remove(name);
         if first_boot
             && let MetadataSource::Service(_, ServiceFault::UnreachableFor(d)) = node.source
         {
             self.drop_metadata_for(node.address, &node.mac, d)?;
         }
+        let link: NicLink = match &self.bridge_segment {
+            Some(b) => b.tap(&format!("kqt-{name}"))?,
+            None => self.segment.into(),
+        };
         let vm = Vm::start(
             VmSpec {
                 name: node.name.clone(),
@@ -290,7 +358,7 @@ impl Cluster {
                 memory_mib: 384,
                 uefi: false,
             },
-            self.segment,
+            link,
             &self.work,
         )?;
         self.vms.insert(name.to_owned(), vm);
@@ -399,6 +467,46 @@ impl Cluster {
             .iter()
             .find(|n| n.mac == mac)
             .map(|n| n.name.clone()))
+    }
+
+    /// Every node answering ARP for `vip` right now (by MAC; an unknown MAC as itself).
+    pub fn holders_of(&self, vip: &str) -> Result<Vec<String>> {
+        let macs = crate::probe::arp_answers(
+            &self.netns,
+            &self.host_iface,
+            HOST_ADDRESS.parse()?,
+            vip.parse()?,
+            Duration::from_millis(500),
+        )?;
+        Ok(macs
+            .into_iter()
+            .map(|mac| {
+                self.plan
+                    .iter()
+                    .find(|n| n.mac == mac)
+                    .map(|n| n.name.clone())
+                    .unwrap_or(mac)
+            })
+            .collect())
+    }
+
+    /// Waits (up to `timeout`) until exactly one node answers ARP for `vip`, twice in a row
+    /// a second apart; returns it, or fails naming every holder (several holders is the
+    /// failure of issue 22: every node holding the VIP).
+    pub fn sole_holder(&self, vip: &str, timeout: Duration) -> Result<String> {
+        let start = Instant::now();
+        let mut last = Vec::new();
+        let mut seen: Option<String> = None;
+        while start.elapsed() < timeout {
+            last = self.holders_of(vip)?;
+            match (last.as_slice(), &seen) {
+                ([one], Some(prev)) if one == prev => return Ok(one.clone()),
+                ([one], _) => seen = Some(one.clone()),
+                _ => seen = None,
+            }
+            std::thread::sleep(Duration::from_millis(500));
+        }
+        bail!("{vip}: answered by {last:?} after {timeout:?}, expected exactly one node")
     }
 
     /// Waits until `vip` is held by a node `accept` approves; returns the holder.

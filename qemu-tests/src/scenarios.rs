@@ -72,8 +72,14 @@ pub fn boot(c: &mut Cluster) -> Result<String> {
         );
         told.push(w);
     }
+    // The masters registered through the VIP with the bootstrap and never claimed it.
+    let sole = c.sole_holder(API_VIP, Duration::from_secs(10))?;
+    ensure!(
+        sole == "bootstrap",
+        "{API_VIP} answered by {sole}, expected the bootstrap alone"
+    );
     Ok(format!(
-        "{holder} ready in {} and holds {API_VIP} at {}; 3 masters ready at {} (configs from :22623); {} retrying on 500",
+        "{holder} ready in {} and holds {API_VIP} at {} (the only node answering ARP for it once the masters are up); 3 masters ready at {} (configs from :22623); {} retrying on 500",
         secs(bootstrap),
         secs(vip_at),
         secs(masters_at),
@@ -345,8 +351,18 @@ pub fn pivot(c: &mut Cluster) -> Result<String> {
             "{w} did not log fetching {url}"
         );
     }
+    let api = c.sole_holder(API_VIP, Duration::from_secs(10))?;
+    ensure!(
+        api.starts_with("master-"),
+        "{API_VIP} answered by {api} after the pivot"
+    );
+    let ingress = c.sole_holder(INGRESS_VIP, Duration::from_secs(30))?;
+    ensure!(
+        ingress.starts_with("worker-"),
+        "{INGRESS_VIP} answered by {ingress}"
+    );
     Ok(format!(
-        "bootstrap off in {}; {API_VIP} on {holder} at {}; :22623 answered through the VIP {} later; workers ready at {}",
+        "bootstrap off in {}; {API_VIP} on {holder} at {}; :22623 answered through the VIP {} later; workers ready at {}; one holder each: {api}, {ingress}",
         secs(off),
         secs(moved),
         secs(served),
@@ -410,6 +426,8 @@ fn kill_holder(
         .collect();
     let outage = probe::outage(&samples, killed_at);
     let new_holder = c.wait_holder(vip, Duration::from_secs(10), |h| h != holder)?;
+    let sole = c.sole_holder(vip, Duration::from_secs(10))?;
+    ensure!(sole != holder, "{vip} still answered by the dead {holder}");
     ensure!(
         outage.failures_before == 0,
         "{} requests failed before {holder} was killed",
@@ -502,6 +520,9 @@ pub fn rejoin(c: &mut Cluster, master: &str) -> Result<String> {
     }
     let dns_at = dns_at.with_context(|| format!("{other}'s DNS never answered {name}"))?;
     let api_at = api_at.with_context(|| format!("the API VIP never sent a request to {master}"))?;
+    // The node that came back took nothing it should not have.
+    c.sole_holder(API_VIP, Duration::from_secs(10))?;
+    c.sole_holder(INGRESS_VIP, Duration::from_secs(10))?;
     Ok(format!(
         "{master} ready in {}; in {other}'s DNS at {}; serving through the API VIP at {}",
         secs(ready),

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 
-use crate::segment::Segment;
+use crate::segment::NicLink;
 
 /// How to start one VM.
 #[derive(Debug, Clone)]
@@ -48,8 +48,9 @@ pub fn accel() -> String {
 }
 
 impl Vm {
-    /// Starts the VM with its files in `work`.
-    pub fn start(spec: VmSpec, segment: Segment, work: &Path) -> Result<Self> {
+    /// Starts the VM with its NIC on `link` and its files in `work`.
+    pub fn start(spec: VmSpec, link: impl Into<NicLink>, work: &Path) -> Result<Self> {
+        let link = link.into();
         let overlay = work.join(format!("{}.qcow2", spec.name));
         let _ = std::fs::remove_file(&overlay);
         let status = Command::new(crate::tools::require("qemu-img")?)
@@ -75,7 +76,7 @@ impl Vm {
             .arg("-drive")
             .arg(format!("file={},if=virtio,format=qcow2", overlay.display()))
             .arg("-netdev")
-            .arg(segment.qemu_netdev("n0"))
+            .arg(link.qemu_netdev("n0"))
             .arg("-device")
             .arg(format!("virtio-net-pci,netdev=n0,mac={}", spec.mac));
         if let Some(drive) = &spec.config_drive {
@@ -88,7 +89,29 @@ impl Vm {
         cmd.stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped());
+        if let NicLink::Tap(tap) = &link {
+            use std::os::fd::AsRawFd;
+            use std::os::unix::process::CommandExt;
+            let fd = tap.as_raw_fd();
+            // SAFETY: between fork and exec the closure only calls dup2 and fcntl, which are
+            // async-signal-safe, on a descriptor the parent keeps open until spawn returns.
+            unsafe {
+                cmd.pre_exec(move || {
+                    if fd == NicLink::TAP_FD {
+                        // dup2 onto itself keeps close-on-exec: clear it.
+                        if libc::fcntl(fd, libc::F_SETFD, 0) < 0 {
+                            return Err(std::io::Error::last_os_error());
+                        }
+                    } else if libc::dup2(fd, NicLink::TAP_FD) < 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    Ok(())
+                });
+            }
+        }
         let child = cmd.spawn().context("starting qemu-system-x86_64")?;
+        // QEMU holds its own copy of a tap now; ours closes here.
+        drop(link);
         Ok(Vm {
             spec,
             console,
