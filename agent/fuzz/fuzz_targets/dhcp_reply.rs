@@ -3,8 +3,8 @@
 //! (length-prefixed); the client takes its MAC and transaction id from the first one so the
 //! packets reach the state machine instead of being ignored as someone else's, and timers
 //! fire between packets. Checks: every message the client sends encodes and decodes back
-//! to itself (parse -> encode -> parse), a lease it applies has a valid prefix, and the
-//! state machine never asks for a timer in the past.
+//! to itself (parse -> encode -> parse); a lease it applies has a valid prefix, no MTU
+//! under 68 and valid routes; the state machine never asks for a timer in the past.
 #![no_main]
 
 use std::time::Duration;
@@ -23,6 +23,10 @@ fn check_sent(actions: &[Action]) {
             }
             Action::Apply(lease) | Action::Expire(lease) => {
                 assert!(lease.address.prefix_len() <= 32);
+                assert!(lease.mtu.is_none_or(|m| m >= 68), "MTU {:?}", lease.mtu);
+                for route in lease.routes() {
+                    assert!(route.destination.prefix_len() <= 32);
+                }
             }
         }
     }

@@ -8,9 +8,12 @@ use std::path::{Path, PathBuf};
 use super::fat::{Fat, FatError};
 use super::iso9660::Iso;
 
-/// Reads one file from the volume: `Ok(None)` when it does not exist.
-type FileReader = Box<dyn FnMut(&str) -> Result<Option<Vec<u8>>, String>>;
-use super::{MetaData, Metadata, MetadataError, NetworkData};
+/// Reads one file from the volume, refusing one larger than the limit: `Ok(None)` when it
+/// does not exist.
+type FileReader = Box<dyn FnMut(&str, usize) -> Result<Option<Vec<u8>>, String>>;
+use super::{
+    MAX_DOCUMENT_BYTES, MAX_USER_DATA_BYTES, MetaData, Metadata, MetadataError, NetworkData,
+};
 
 /// The labels Nova writes.
 pub fn is_config_drive_label(label: &str) -> bool {
@@ -82,41 +85,51 @@ pub fn read(path: &Path) -> Result<Metadata, MetadataError> {
         Volume::Iso9660 => {
             let file = File::open(path).map_err(|e| err(e.to_string()))?;
             let mut iso = Iso::open(file).map_err(|e| err(e.to_string()))?;
-            Box::new(move |p: &str| match iso.read_file(p) {
-                Ok(d) => Ok(Some(d)),
-                Err(super::iso9660::IsoError::NotFound(_)) => Ok(None),
-                Err(e) => Err(e.to_string()),
-            })
+            Box::new(
+                move |p: &str, limit: usize| match iso.read_file_within(p, limit) {
+                    Ok(d) => Ok(Some(d)),
+                    Err(super::iso9660::IsoError::NotFound(_)) => Ok(None),
+                    Err(e) => Err(e.to_string()),
+                },
+            )
         }
         Volume::Vfat => {
             let file = File::open(path).map_err(|e| err(e.to_string()))?;
             let mut fat = Fat::open(file).map_err(|e| err(e.to_string()))?;
-            Box::new(move |p: &str| match fat.read_file(p) {
-                Ok(d) => Ok(Some(d)),
-                Err(FatError::NotFound(_)) => Ok(None),
-                Err(e @ FatError::TooLarge(_)) => Err(e.to_string()),
-                Err(e) => Err(format!("{p}: {e}")),
-            })
+            Box::new(
+                move |p: &str, limit: usize| match fat.read_file_within(p, limit) {
+                    Ok(d) => Ok(Some(d)),
+                    Err(FatError::NotFound(_)) => Ok(None),
+                    Err(e @ FatError::TooLarge { .. }) => Err(e.to_string()),
+                    Err(e) => Err(format!("{p}: {e}")),
+                },
+            )
         }
     };
     let version = ["openstack/latest/meta_data.json"]
         .iter()
-        .find_map(|p| reader(p).ok().flatten().map(|_| "latest".to_owned()))
+        .find_map(|p| {
+            reader(p, MAX_DOCUMENT_BYTES)
+                .ok()
+                .flatten()
+                .map(|_| "latest".to_owned())
+        })
         .ok_or_else(|| err("openstack/latest/meta_data.json: missing".into()))?;
     let base = format!("openstack/{version}");
-    let meta_bytes = reader(&format!("{base}/meta_data.json"))
+    let meta_bytes = reader(&format!("{base}/meta_data.json"), MAX_DOCUMENT_BYTES)
         .map_err(err)?
         .ok_or_else(|| err(format!("{base}/meta_data.json: missing")))?;
     let meta_data: MetaData = serde_json::from_slice(&meta_bytes)
         .map_err(|e| err(format!("{base}/meta_data.json: {e}")))?;
-    let network_data = match reader(&format!("{base}/network_data.json")).map_err(err)? {
-        Some(bytes) => Some(
-            serde_json::from_slice::<NetworkData>(&bytes)
-                .map_err(|e| err(format!("{base}/network_data.json: {e}")))?,
-        ),
-        None => None,
-    };
-    let user_data = reader(&format!("{base}/user_data")).map_err(err)?;
+    let network_data =
+        match reader(&format!("{base}/network_data.json"), MAX_DOCUMENT_BYTES).map_err(err)? {
+            Some(bytes) => Some(
+                serde_json::from_slice::<NetworkData>(&bytes)
+                    .map_err(|e| err(format!("{base}/network_data.json: {e}")))?,
+            ),
+            None => None,
+        };
+    let user_data = reader(&format!("{base}/user_data"), MAX_USER_DATA_BYTES).map_err(err)?;
     Ok(Metadata {
         source,
         meta_data,
@@ -243,5 +256,52 @@ mod tests {
             err.contains("\"DATA\"") && err.contains("config-2"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn oversized_files_are_refused_naming_the_limit() {
+        for fat in [false, true] {
+            let dir = tempfile::tempdir().unwrap();
+            let root = tree(dir.path());
+            std::fs::write(
+                root.join("openstack/latest/user_data"),
+                vec![b'x'; MAX_USER_DATA_BYTES + 1],
+            )
+            .unwrap();
+            let image = dir.path().join("drive");
+            let made = if fat {
+                std::fs::write(&image, vec![0u8; 8 << 20]).unwrap();
+                tool(
+                    Command::new("mkfs.vfat")
+                        .args(["-n", "CONFIG-2"])
+                        .arg(&image),
+                ) && tool(
+                    Command::new("mcopy")
+                        .args(["-s", "-i"])
+                        .arg(&image)
+                        .arg(root.join("openstack"))
+                        .arg("::"),
+                )
+            } else {
+                tool(
+                    Command::new("xorriso")
+                        .args([
+                            "-as", "mkisofs", "-quiet", "-R", "-J", "-V", "config-2", "-o",
+                        ])
+                        .arg(&image)
+                        .arg(&root),
+                )
+            };
+            if !made {
+                return;
+            }
+            let err = read(&image).unwrap_err();
+            assert!(matches!(err, MetadataError::Invalid { .. }));
+            let text = err.to_string();
+            assert!(
+                text.contains("user_data") && text.contains(&MAX_USER_DATA_BYTES.to_string()),
+                "fat={fat}: {text}"
+            );
+        }
     }
 }

@@ -42,9 +42,14 @@ pub enum FatError {
     /// The path does not exist.
     #[error("{0}: no such file on the FAT volume")]
     NotFound(String),
-    /// The file is implausibly large.
-    #[error("{0}: larger than {MAX_FILE} bytes")]
-    TooLarge(String),
+    /// The file is larger than the reader's limit.
+    #[error("{path}: larger than the limit of {limit} bytes")]
+    TooLarge {
+        /// The file (or `directory`).
+        path: String,
+        /// The limit.
+        limit: usize,
+    },
 }
 
 fn malformed(what: &'static str) -> FatError {
@@ -335,7 +340,10 @@ impl<R: Read + Seek> Fat<R> {
                 let limit = u64::from(MAX_FILE) / self.cluster_bytes;
                 let clusters = self.chain(first, limit + 1)?;
                 if clusters.len() as u64 > limit {
-                    return Err(FatError::TooLarge("directory".into()));
+                    return Err(FatError::TooLarge {
+                        path: "directory".into(),
+                        limit: MAX_FILE as usize,
+                    });
                 }
                 let len = clusters.len() as u64 * self.cluster_bytes;
                 self.read_clusters(&clusters, len)
@@ -440,12 +448,20 @@ impl<R: Read + Seek> Fat<R> {
 
     /// Reads a file by `/`-separated path (case-insensitive, as FAT names are).
     pub fn read_file(&mut self, path: &str) -> Result<Vec<u8>, FatError> {
+        self.read_file_within(path, MAX_FILE as usize)
+    }
+
+    /// [`Fat::read_file`], refusing a file larger than `limit` bytes before reading it.
+    pub fn read_file_within(&mut self, path: &str, limit: usize) -> Result<Vec<u8>, FatError> {
         let entry = self.find(path)?;
         if entry.dir {
             return Err(FatError::NotFound(path.into()));
         }
-        if entry.size > MAX_FILE {
-            return Err(FatError::TooLarge(path.into()));
+        if entry.size > MAX_FILE || entry.size as usize > limit {
+            return Err(FatError::TooLarge {
+                path: path.into(),
+                limit: limit.min(MAX_FILE as usize),
+            });
         }
         if entry.size == 0 {
             return Ok(Vec::new());
@@ -579,6 +595,19 @@ mod tests {
                 .read_file("openstack/latest/vendor_data.json")
                 .unwrap_err();
             assert!(err.to_string().contains("vendor_data.json"), "{err}");
+            let err = fat
+                .read_file_within("openstack/latest/network_data.json", 4999)
+                .unwrap_err();
+            assert_eq!(
+                err.to_string(),
+                "openstack/latest/network_data.json: larger than the limit of 4999 bytes"
+            );
+            assert_eq!(
+                fat.read_file_within("openstack/latest/network_data.json", 5000)
+                    .unwrap()
+                    .len(),
+                5000
+            );
             assert!(matches!(
                 fat.read_file("openstack"),
                 Err(FatError::NotFound(_))
