@@ -370,6 +370,11 @@ pub struct MembersSettings {
     pub renew_interval_secs: u32,
     /// Seconds after which a member that stopped renewing is dropped.
     pub expiry_secs: u32,
+    /// The ID of the membership key that signs member records (`tls/membership.key`,
+    /// written by `keelson build`). Absent: records are not authenticated (clusters built
+    /// before the key existed; the agent warns loudly).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key_id: Option<String>,
 }
 
 /// When the supervisor restarts an operator service.
@@ -549,6 +554,15 @@ impl ClusterConfig {
                     ));
                 }
             }
+        }
+        if let Some(id) = &self.members.key_id
+            && !crate::membership::valid_key_id(id)
+        {
+            return Err(invalid(
+                "members.keyId".into(),
+                "16 lowercase hex digits (the ID keelson build writes)",
+                id,
+            ));
         }
         if self.api.fall == 0 || self.api.rise == 0 {
             return Err(invalid("api.fall/api.rise".into(), ">= 1", 0));

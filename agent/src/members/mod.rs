@@ -10,6 +10,7 @@
 //! Whatever the transport, the result is published on `ctx.bus.members`: sorted by name,
 //! this node included, other clusters' members never.
 
+pub mod auth;
 pub mod mdns;
 pub mod mdns_net;
 pub mod registry;
@@ -133,12 +134,16 @@ pub async fn run_with(
                     _ = tick.tick() => {
                         let mut v = counters.snapshot();
                         v["members"] = serde_json::to_value(&**ctx.bus.members.borrow()).unwrap_or_default();
+                        v["auth"] = ctx.member_registry.auth_snapshot();
                         ctx.bus.publish_status("members", v);
                     }
                 }
             }
         })
     };
+    let keys = load_keys(&ctx)?;
+    ctx.member_registry
+        .set_verifier(std::sync::Arc::new(auth::Verifier::new(keys.clone())));
     let result = match ctx.cluster.members.transport {
         MembersTransport::Mdns => mdns_net::run(ctx, stop, &counters).await,
         MembersTransport::Unicast => {
@@ -146,11 +151,33 @@ pub async fn run_with(
                 .ca_path
                 .unwrap_or_else(|| ctx.paths.tls_dir.join(keelson_ignition::tls_files::CA_CERT));
             let state = ctx.paths.state_dir.clone();
-            unicast::run(ctx, stop, &counters, ca, state).await
+            unicast::run(ctx, stop, &counters, ca, state, keys).await
         }
     };
     status.abort();
     result
+}
+
+/// The membership keys `cluster.json` names (`members.keyId`), from the node's TLS
+/// directory; `None`, with a loud warning, for a cluster built without one. A named key that
+/// is missing or different is an error: the service does not run unauthenticated by mistake.
+pub fn load_keys(ctx: &AgentContext) -> anyhow::Result<Option<std::sync::Arc<auth::Keys>>> {
+    match &ctx.cluster.members.key_id {
+        Some(id) => {
+            let keys = auth::Keys::load(&ctx.paths.tls_dir, id)?;
+            tracing::info!("members: records authenticated with membership key {id}");
+            Ok(Some(std::sync::Arc::new(keys)))
+        }
+        None => {
+            tracing::warn!(
+                "members: cluster.json has no members.keyId: member records are NOT \
+                 authenticated, and any host on the machine network can join this cluster as \
+                 a master (an API backend, a DNS name, a VRRP peer). Rebuild the payloads with \
+                 keelson build to get a membership key (docs/members.md)."
+            );
+            Ok(None)
+        }
+    }
 }
 
 /// `keelson-agent members`: run member discovery alone and print the member list (one JSON
@@ -177,9 +204,14 @@ pub async fn cli(args: MembersArgs) -> anyhow::Result<()> {
         .with_context(|| format!("reading {}", args.cluster.display()))?;
     let cluster = ClusterConfig::from_json(&bytes)?;
     let node = NodeIdentity::load(&args.node)?;
+    let tls_dir = args
+        .ca
+        .parent()
+        .map(std::path::Path::to_path_buf)
+        .unwrap_or_else(|| PathBuf::from(crate::context::TLS_DIR));
     let ctx = AgentContext::new(cluster, node).with_paths(crate::context::NodePaths {
         state_dir: args.state_dir,
-        ..Default::default()
+        tls_dir,
     });
     let stop = CancellationToken::new();
     let mut rx = ctx.bus.members.subscribe();

@@ -479,6 +479,7 @@ impl InstallConfig {
                 transport: MembersTransport::Unicast,
                 renew_interval_secs: 10,
                 expiry_secs: 35,
+                key_id: None,
             },
             ssh_authorized_keys: self.ssh_keys.clone(),
             services: vec![],

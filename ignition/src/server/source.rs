@@ -98,6 +98,14 @@ impl RenderSource {
                 server_key_pem: read(crate::tls_files::SERVER_KEY)?,
                 agent_sha512: hex::encode(sha2::Sha512::digest(&agent_bytes)),
                 agent_url: None,
+                membership_keys: crate::tls_files::MEMBERSHIP_KEYS
+                    .iter()
+                    .filter_map(|name| {
+                        std::fs::read_to_string(tls_dir.join(name))
+                            .ok()
+                            .map(|t| (name.to_string(), t))
+                    })
+                    .collect(),
             },
         ))
     }
