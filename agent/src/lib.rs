@@ -15,6 +15,7 @@ pub mod metadata;
 pub mod net;
 pub mod node;
 pub mod proxy;
+pub mod retry;
 pub mod run;
 pub mod status;
 pub mod supervisor;

@@ -308,10 +308,18 @@ fn run(config: Config) -> Result<()> {
         "4 pivot",
         "5 failover",
         "6 rejoin",
+        "7 renewal",
     ];
 
     let passed = (|| {
         report.run(&mut cluster, order[0], &all, scenarios::boot, |d| d.clone())?;
+        report.run(
+            &mut cluster,
+            "1b cloud",
+            &all,
+            |c| scenarios::cloud_boot(c),
+            |d| d.clone(),
+        )?;
         let control_names: Vec<String> = control.iter().map(|s| s.to_string()).collect();
         report.run(
             &mut cluster,
@@ -351,6 +359,13 @@ fn run(config: Config) -> Result<()> {
             order[5],
             &all[1..4],
             |c| scenarios::rejoin(c, &dead),
+            |d| d.clone(),
+        )?;
+        report.run(
+            &mut cluster,
+            order[6],
+            &all,
+            |c| scenarios::renewals(c),
             |d| d.clone(),
         )?;
         Some(())

@@ -19,8 +19,8 @@ pub struct VmSpec {
     pub name: String,
     /// The base image.
     pub image: PathBuf,
-    /// The config drive ISO.
-    pub config_drive: PathBuf,
+    /// The config drive ISO; `None` boots without one (metadata from the service).
+    pub config_drive: Option<PathBuf>,
     /// The NIC's MAC address.
     pub mac: String,
     /// Memory in MiB.
@@ -53,7 +53,7 @@ impl Vm {
         let link = link.into();
         let overlay = work.join(format!("{}.qcow2", spec.name));
         let _ = std::fs::remove_file(&overlay);
-        let status = Command::new("qemu-img")
+        let status = Command::new(crate::tools::require("qemu-img")?)
             .args(["create", "-q", "-f", "qcow2", "-F", "qcow2", "-b"])
             .arg(&spec.image)
             .arg(&overlay)
@@ -66,7 +66,7 @@ impl Vm {
         let monitor = work.join(format!("{}.monitor", spec.name));
         let _ = std::fs::remove_file(&console);
         let _ = std::fs::remove_file(&monitor);
-        let mut cmd = Command::new("qemu-system-x86_64");
+        let mut cmd = Command::new(crate::tools::require("qemu-system-x86_64")?);
         cmd.args(["-accel", &accel(), "-m", &spec.memory_mib.to_string()])
             .args(["-nodefaults", "-display", "none", "-no-reboot"])
             .arg("-serial")
@@ -75,15 +75,14 @@ impl Vm {
             .arg(format!("unix:{},server=on,wait=off", monitor.display()))
             .arg("-drive")
             .arg(format!("file={},if=virtio,format=qcow2", overlay.display()))
-            .arg("-drive")
-            .arg(format!(
-                "file={},media=cdrom,readonly=on",
-                spec.config_drive.display()
-            ))
             .arg("-netdev")
             .arg(link.qemu_netdev("n0"))
             .arg("-device")
             .arg(format!("virtio-net-pci,netdev=n0,mac={}", spec.mac));
+        if let Some(drive) = &spec.config_drive {
+            cmd.arg("-drive")
+                .arg(format!("file={},media=cdrom,readonly=on", drive.display()));
+        }
         if spec.uefi {
             cmd.args(["-bios", "/usr/share/ovmf/OVMF.fd"]);
         }

@@ -79,7 +79,12 @@ pub async fn serve(listener: TcpListener, pool: Arc<Pool>, stop: CancellationTok
                 let r = respond(&pool, req.method(), req.uri().path());
                 async move { Ok::<_, Infallible>(r) }
             });
+            // Bounded like every server the agent runs (docs/agent.md, "Limits"): headers
+            // within 16 KiB and 10 s; the monitor reads no bodies.
             let conn = hyper::server::conn::http1::Builder::new()
+                .timer(hyper_util::rt::TokioTimer::new())
+                .header_read_timeout(std::time::Duration::from_secs(10))
+                .max_buf_size(16 * 1024)
                 .serve_connection(TokioIo::new(stream), svc);
             tokio::select! {
                 _ = conn => {}

@@ -322,6 +322,8 @@ where
     let conn = hyper::server::conn::http1::Builder::new()
         .timer(TokioTimer::new())
         .header_read_timeout(Duration::from_secs(30))
+        // Headers (request line included) within 64 KiB; bodies within MAX_BODY below.
+        .max_buf_size(MAX_BODY)
         .serve_connection(TokioIo::new(stream), service);
     let mut conn = std::pin::pin!(conn);
     let result = tokio::select! {
@@ -347,7 +349,16 @@ async fn handle(
     let (parts, body) = req.into_parts();
     let path = parts.uri.path();
     let body = if router.wants_body(path) {
-        match Limited::new(body, MAX_BODY).collect().await {
+        // Bounded in size and in time (a client trickling its body holds no task forever).
+        let read = tokio::time::timeout(
+            Duration::from_secs(30),
+            Limited::new(body, MAX_BODY).collect(),
+        );
+        match read
+            .await
+            .map_err(|_| "body not complete within 30 s".into())
+            .and_then(|r| r)
+        {
             Ok(b) => b.to_bytes(),
             Err(e) => {
                 tracing::debug!(%peer, error = %e, "request body refused");
@@ -355,7 +366,7 @@ async fn handle(
                     http::StatusCode::PAYLOAD_TOO_LARGE,
                     "text/plain; charset=utf-8",
                     Bytes::from(format!(
-                        "request body over {MAX_BODY} bytes or unreadable\n"
+                        "request body over {MAX_BODY} bytes, unreadable or too slow\n"
                     )),
                 );
             }
