@@ -426,8 +426,13 @@ pub fn build(args: BuildArgs) -> anyhow::Result<()> {
     let sums = sha256sums(staging.path(), &names)?;
     std::fs::write(staging.path().join("SHA256SUMS"), &sums)?;
     names.push("SHA256SUMS".into());
+    // The secrets are not deliverables (not in SHA256SUMS), but they are kept: a rebuild
+    // into this --out reuses them (the same inputs give the same bytes).
     names.push("tls/ca.key".into());
     names.push("tls/server.key".into());
+    for name in pki.membership_keys.keys() {
+        names.push(format!("tls/{name}"));
+    }
     // Move everything into place only now that it is all written.
     for name in &names {
         let to = args.out.join(name);

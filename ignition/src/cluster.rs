@@ -375,6 +375,24 @@ pub struct MembersSettings {
     /// before the key existed; the agent warns loudly).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub key_id: Option<String>,
+    /// How far, in seconds, a signed member record's time may be from the receiver's clock
+    /// (default 120). Wider tolerates worse clocks; narrower shortens the time in which a
+    /// captured record can be replayed to a node that has not heard it yet.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_clock_skew_secs: Option<u32>,
+}
+
+impl MembersSettings {
+    /// The default of [`MembersSettings::max_clock_skew_secs`].
+    pub const DEFAULT_MAX_CLOCK_SKEW_SECS: u32 = 120;
+
+    /// [`MembersSettings::max_clock_skew_secs`] or its default.
+    pub fn max_clock_skew(&self) -> std::time::Duration {
+        std::time::Duration::from_secs(u64::from(
+            self.max_clock_skew_secs
+                .unwrap_or(Self::DEFAULT_MAX_CLOCK_SKEW_SECS),
+        ))
+    }
 }
 
 /// When the supervisor restarts an operator service.
@@ -562,6 +580,15 @@ impl ClusterConfig {
                 "members.keyId".into(),
                 "16 lowercase hex digits (the ID keelson build writes)",
                 id,
+            ));
+        }
+        if let Some(secs) = self.members.max_clock_skew_secs
+            && !(1..=3600).contains(&secs)
+        {
+            return Err(invalid(
+                "members.maxClockSkewSecs".into(),
+                "1 to 3600 seconds",
+                secs,
             ));
         }
         if self.api.fall == 0 || self.api.rise == 0 {

@@ -1,15 +1,19 @@
 //! Authenticated member records (docs/members.md, "Authenticated membership").
 //!
 //! Every record a node sends about itself (a unicast registration, its renewal and its
-//! deletion) carries a [`Proof`]: the ID of the key that signed it, a time, a sequence
-//! number, and an HMAC-SHA256 under the cluster membership key over all of them and the
-//! record's fields ([`canonical`]). A receiver drops and counts ([`Reject`]) a record with
-//! no proof, a wrong MAC (or a key it does not hold), a time more than [`MAX_SKEW`] away
-//! from its own clock, or a sequence number below the last one it accepted from that node,
-//! or equal to it with another MAC (a replay). The very record accepted last may arrive
-//! twice (a node reaches one registry both through the API VIP and at its address, with
-//! the same signed body): that is a duplicate, accepted again. The sequence numbers of a node start at its clock in milliseconds when
-//! it starts and grow by one per record, so they keep growing across restarts.
+//! deletion; an mDNS announcement and its goodbye) carries a [`Proof`]: the ID of the key
+//! that signed it, a time, a sequence number, and an HMAC-SHA256 under the cluster
+//! membership key over all of them, what the record does ([`Op`]) and the record's fields
+//! ([`canonical`]). A receiver drops and counts ([`Reject`]) a record with no proof, a
+//! wrong MAC (or a key it does not hold), a time more than the window
+//! ([`DEFAULT_WINDOW`], `members.maxClockSkewSecs`) away from its own clock, or a sequence
+//! number below the last one it accepted from that node, or equal to it with another MAC
+//! (a replay). The very record accepted last may arrive again (a node reaches one registry
+//! both through the API VIP and at its address with the same signed body; an mDNS
+//! announcement is heard on IPv4 and IPv6): that is a [`Fresh::Duplicate`], harmless, but
+//! it renews nothing, so replaying the last record of a node that died does not keep it
+//! alive. The sequence numbers of a node start at its clock in milliseconds when it starts
+//! and grow by one per record, so they keep growing across restarts.
 //!
 //! The HMAC is ring's (already linked for TLS), compared in constant time.
 
@@ -24,8 +28,12 @@ use keelson_ignition::Role;
 use ring::hmac;
 use serde::{Deserialize, Serialize};
 
-/// How far a record's time may be from the receiver's clock.
-pub const MAX_SKEW: Duration = Duration::from_secs(120);
+/// How far a record's time may be from the receiver's clock unless `cluster.json` says
+/// otherwise (`members.maxClockSkewSecs`).
+pub const DEFAULT_WINDOW: Duration = Duration::from_secs(120);
+
+/// How often at most a node warns about records dropped as stale (a clock problem).
+const STALE_WARNING_EVERY: Duration = Duration::from_secs(60);
 
 /// What a record proves about itself.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -41,13 +49,18 @@ pub struct Proof {
     pub mac: String,
 }
 
-/// What a record does.
+/// What a record does. Signed, so no record can be turned into another kind (a captured
+/// announcement into a goodbye, an mDNS announcement into a unicast registration).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Op {
     /// A unicast registration or renewal.
     Register,
     /// A unicast goodbye.
     Delete,
+    /// An mDNS announcement (TXT record with a TTL).
+    Announce,
+    /// An mDNS goodbye (the TXT record with TTL 0).
+    Goodbye,
 }
 
 impl Op {
@@ -55,6 +68,8 @@ impl Op {
         match self {
             Op::Register => "register",
             Op::Delete => "delete",
+            Op::Announce => "announce",
+            Op::Goodbye => "goodbye",
         }
     }
 }
@@ -103,7 +118,8 @@ pub enum Reject {
     BadMac,
     /// A time too far from ours.
     Stale,
-    /// A sequence number not above the last one accepted from that node.
+    /// A sequence number below the last one accepted from that node (or equal to it with
+    /// another MAC).
     Replay,
     /// A registration that did not come from an address it registers.
     AddressMismatch,
@@ -241,15 +257,19 @@ impl Keys {
         &self.signing_id
     }
 
-    /// A proof for `fields` at `time_ms` with `seq`.
+    /// A proof for `fields` at `time_ms` with `seq` (with no key at all, one that never
+    /// verifies).
     pub fn sign(&self, fields: &Fields<'_>, time_ms: u64, seq: u64) -> Proof {
-        let key = &self.by_id[0].1;
-        let tag = hmac::sign(key, &canonical(fields, time_ms, seq));
+        let mac = self
+            .by_id
+            .first()
+            .map(|(_, key)| hex::encode(hmac::sign(key, &canonical(fields, time_ms, seq)).as_ref()))
+            .unwrap_or_default();
         Proof {
             key_id: self.signing_id.clone(),
             time_ms,
             seq,
-            mac: hex::encode(tag.as_ref()),
+            mac,
         }
     }
 
@@ -323,25 +343,58 @@ impl Drops {
     }
 }
 
-/// What a receiver keeps: the keys (none: records are not authenticated), the last
-/// sequence number accepted per node, and the drop counters.
-#[derive(Debug, Default)]
+/// What [`Verifier::check`] made of a record that passed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fresh {
+    /// Newer than anything accepted from that node (or not authenticated at all): believe it.
+    New,
+    /// The very record accepted last, once more: harmless, renews nothing.
+    Duplicate,
+}
+
+/// Whether a record about `addresses` may come from `source`: it must be one of them
+/// (IPv4-mapped IPv6 counts as the IPv4 address).
+pub fn source_matches(source: IpAddr, addresses: &[IpAddr]) -> bool {
+    addresses.contains(&source.to_canonical())
+}
+
+/// What a receiver keeps: the keys (none: records are not authenticated), the window, the
+/// last sequence number accepted per node, and the drop counters.
+#[derive(Debug)]
 pub struct Verifier {
     keys: Option<std::sync::Arc<Keys>>,
+    window: Duration,
     /// Per node: the last sequence number accepted and its MAC.
     last: Mutex<HashMap<String, (u64, String)>>,
+    /// When a stale record was last logged as a warning.
+    stale_warned: Mutex<Option<SystemTime>>,
     /// Drops by reason.
     pub drops: Drops,
 }
 
+impl Default for Verifier {
+    fn default() -> Self {
+        Self::new(None)
+    }
+}
+
 impl Verifier {
-    /// A verifier with `keys` (`None`: everything passes unauthenticated).
+    /// A verifier with `keys` (`None`: everything passes unauthenticated) and the default
+    /// window.
     pub fn new(keys: Option<std::sync::Arc<Keys>>) -> Self {
         Self {
             keys,
+            window: DEFAULT_WINDOW,
             last: Mutex::new(HashMap::new()),
+            stale_warned: Mutex::new(None),
             drops: Drops::default(),
         }
+    }
+
+    /// The same, accepting record times at most `window` away from the receiver's clock.
+    pub fn with_window(mut self, window: Duration) -> Self {
+        self.window = window;
+        self
     }
 
     /// Whether records are authenticated.
@@ -355,21 +408,50 @@ impl Verifier {
         fields: &Fields<'_>,
         proof: Option<&Proof>,
         now: SystemTime,
-    ) -> Result<(), Reject> {
+    ) -> Result<Fresh, Reject> {
         let Some(keys) = &self.keys else {
-            return Ok(());
+            return Ok(Fresh::New);
         };
         let proof = proof.ok_or(Reject::NoMac)?;
         keys.check_mac(fields, proof)?;
         let now_ms = unix_ms(now);
-        if now_ms.abs_diff(proof.time_ms) > MAX_SKEW.as_millis() as u64 {
+        let skew = now_ms.abs_diff(proof.time_ms);
+        if u128::from(skew) > self.window.as_millis() {
+            self.warn_stale(fields.name, now_ms, proof.time_ms, now);
             return Err(Reject::Stale);
         }
         let last = self.last.lock().unwrap_or_else(|e| e.into_inner());
         match last.get(&fields.name.to_ascii_lowercase()) {
-            Some((seq, mac)) if proof.seq == *seq && proof.mac == *mac => Ok(()),
+            Some((seq, mac)) if proof.seq == *seq && proof.mac == *mac => Ok(Fresh::Duplicate),
             Some((seq, _)) if proof.seq <= *seq => Err(Reject::Replay),
-            _ => Ok(()),
+            _ => Ok(Fresh::New),
+        }
+    }
+
+    /// A record with a good MAC but a time far from ours is a replay or a clock problem;
+    /// the second breaks membership silently, so it is said (at most once a minute).
+    fn warn_stale(&self, name: &str, now_ms: u64, time_ms: u64, now: SystemTime) {
+        let mut warned = self.stale_warned.lock().unwrap_or_else(|e| e.into_inner());
+        let due = match *warned {
+            Some(t) => now
+                .duration_since(t)
+                .map_or(true, |d| d >= STALE_WARNING_EVERY),
+            None => true,
+        };
+        if due {
+            *warned = Some(now);
+            let (dir, by) = if time_ms > now_ms {
+                ("ahead of", time_ms - now_ms)
+            } else {
+                ("behind", now_ms - time_ms)
+            };
+            tracing::warn!(
+                "members: dropped a record of {name} signed {:.1} s {dir} this node's clock \
+                 (at most {} s allowed, members.maxClockSkewSecs): a replay, or clocks that \
+                 disagree (check NTP on both nodes)",
+                by as f64 / 1000.0,
+                self.window.as_secs()
+            );
         }
     }
 
@@ -384,6 +466,13 @@ impl Verifier {
                 *e = (p.seq, p.mac.clone());
             }
         }
+    }
+
+    /// Counts a dropped record of `name` heard from `from` (logged at debug level: a
+    /// forger must not be able to flood the log).
+    pub fn refuse(&self, r: Reject, name: &str, from: std::net::SocketAddr) {
+        self.drops.count(r);
+        tracing::debug!(%from, member = name, reason = r.as_str(), "members: record dropped");
     }
 }
 
@@ -416,18 +505,35 @@ mod tests {
         let signer = Signer::new(keys(1), t(0));
         let v = Verifier::new(Some(keys(1)));
         let p1 = signer.sign(&fields(&addrs), t(0));
-        assert_eq!(v.check(&fields(&addrs), Some(&p1), t(1)), Ok(()));
+        assert_eq!(v.check(&fields(&addrs), Some(&p1), t(1)), Ok(Fresh::New));
         v.accept("master-0", Some(&p1));
-        // The same record again, or an older one: a replay.
+        // The same record again: a duplicate (renews nothing).
         assert_eq!(
             v.check(&fields(&addrs), Some(&p1), t(1)),
-            Err(Reject::Replay)
+            Ok(Fresh::Duplicate)
         );
         let p2 = signer.sign(&fields(&addrs), t(2));
         assert!(p2.seq > p1.seq);
-        assert_eq!(v.check(&fields(&addrs), Some(&p2), t(2)), Ok(()));
-        // No proof; another key; a changed field; a tampered MAC.
+        assert_eq!(v.check(&fields(&addrs), Some(&p2), t(2)), Ok(Fresh::New));
+        v.accept("master-0", Some(&p2));
+        // An older one: a replay; the same sequence number with another MAC too.
+        assert_eq!(
+            v.check(&fields(&addrs), Some(&p1), t(2)),
+            Err(Reject::Replay)
+        );
+        let mut other_addrs = fields(&addrs);
+        other_addrs.version = "0.2.0";
+        let same_seq = Keys::sign(&keys(1), &other_addrs, p2.time_ms, p2.seq);
+        assert_eq!(
+            v.check(&other_addrs, Some(&same_seq), t(2)),
+            Err(Reject::Replay)
+        );
+        let p3 = signer.sign(&fields(&addrs), t(2));
+        // No proof; another key; a changed field; a tampered MAC; another op.
         assert_eq!(v.check(&fields(&addrs), None, t(2)), Err(Reject::NoMac));
+        let mut goodbye = fields(&addrs);
+        goodbye.op = Op::Delete;
+        assert_eq!(v.check(&goodbye, Some(&p3), t(2)), Err(Reject::BadMac));
         let other = Signer::new(keys(2), t(0)).sign(&fields(&addrs), t(2));
         assert_eq!(
             v.check(&fields(&addrs), Some(&other), t(2)),
@@ -435,37 +541,46 @@ mod tests {
         );
         let moved: Vec<IpAddr> = vec!["10.0.0.66".parse().unwrap()];
         assert_eq!(
-            v.check(&fields(&moved), Some(&p2), t(2)),
+            v.check(&fields(&moved), Some(&p3), t(2)),
             Err(Reject::BadMac)
         );
-        let mut bad = p2.clone();
+        let mut bad = p3.clone();
         bad.mac
             .replace_range(0..2, if &bad.mac[0..2] == "00" { "11" } else { "00" });
         assert_eq!(
             v.check(&fields(&addrs), Some(&bad), t(2)),
             Err(Reject::BadMac)
         );
-        let mut later = p2.clone();
+        let mut later = p3.clone();
         later.seq += 100;
         assert_eq!(
             v.check(&fields(&addrs), Some(&later), t(2)),
             Err(Reject::BadMac),
             "seq is signed"
         );
-        // Too old, too new.
+        // Too old, too new; a narrower window.
         assert_eq!(
-            v.check(&fields(&addrs), Some(&p2), t(2 + 121)),
+            v.check(&fields(&addrs), Some(&p3), t(2 + 121)),
             Err(Reject::Stale)
+        );
+        assert_eq!(
+            v.check(&fields(&addrs), Some(&p3), t(2 + 119)),
+            Ok(Fresh::New)
         );
         let future = signer.sign(&fields(&addrs), t(500));
         assert_eq!(
             v.check(&fields(&addrs), Some(&future), t(2)),
             Err(Reject::Stale)
         );
+        let narrow = Verifier::new(Some(keys(1))).with_window(Duration::from_secs(5));
+        assert_eq!(
+            narrow.check(&fields(&addrs), Some(&p3), t(8)),
+            Err(Reject::Stale)
+        );
         // Without keys everything passes.
         assert_eq!(
             Verifier::new(None).check(&fields(&addrs), None, t(0)),
-            Ok(())
+            Ok(Fresh::New)
         );
         v.drops.count(Reject::Replay);
         assert_eq!(v.drops.get(Reject::Replay), 1);
@@ -477,9 +592,25 @@ mod tests {
         let a: Vec<IpAddr> = vec!["10.0.0.2".parse().unwrap(), "10.0.0.1".parse().unwrap()];
         let b: Vec<IpAddr> = vec!["10.0.0.1".parse().unwrap(), "10.0.0.2".parse().unwrap()];
         assert_eq!(canonical(&fields(&a), 1, 2), canonical(&fields(&b), 1, 2));
-        let mut del = fields(&a);
-        del.op = Op::Delete;
-        assert_ne!(canonical(&del, 1, 2), canonical(&fields(&a), 1, 2));
+        let ops = [Op::Register, Op::Delete, Op::Announce, Op::Goodbye];
+        for x in ops {
+            for y in ops {
+                let (mut f, mut g) = (fields(&a), fields(&a));
+                f.op = x;
+                g.op = y;
+                assert_eq!(canonical(&f, 1, 2) == canonical(&g, 1, 2), x == y);
+            }
+        }
+    }
+
+    #[test]
+    fn source_must_be_a_registered_address() {
+        let addrs: Vec<IpAddr> = vec!["10.0.0.11".parse().unwrap(), "fd00::11".parse().unwrap()];
+        assert!(source_matches("10.0.0.11".parse().unwrap(), &addrs));
+        assert!(source_matches("::ffff:10.0.0.11".parse().unwrap(), &addrs));
+        assert!(source_matches("fd00::11".parse().unwrap(), &addrs));
+        assert!(!source_matches("10.0.0.12".parse().unwrap(), &addrs));
+        assert!(!source_matches("0.0.0.0".parse().unwrap(), &addrs));
     }
 
     #[test]
@@ -488,7 +619,7 @@ mod tests {
         let addrs: Vec<IpAddr> = vec!["10.0.0.11".parse().unwrap()];
         let old = Signer::new(keys(2), t(0)).sign(&fields(&addrs), t(0));
         let v = Verifier::new(Some(both.clone()));
-        assert_eq!(v.check(&fields(&addrs), Some(&old), t(0)), Ok(()));
+        assert_eq!(v.check(&fields(&addrs), Some(&old), t(0)), Ok(Fresh::New));
         assert_eq!(
             both.signing_id(),
             keelson_ignition::membership::key_id(&[1; 32])

@@ -141,11 +141,21 @@ pub async fn run_with(
             }
         })
     };
-    let keys = load_keys(&ctx)?;
-    ctx.member_registry
-        .set_verifier(std::sync::Arc::new(auth::Verifier::new(keys.clone())));
+    let keys = match load_keys(&ctx) {
+        Ok(k) => k,
+        Err(e) => {
+            status.abort();
+            return Err(e);
+        }
+    };
+    // One verifier for both transports: its drop counters are the members status's
+    // `auth.drops`, whichever transport heard the record.
+    let verifier = std::sync::Arc::new(
+        auth::Verifier::new(keys.clone()).with_window(ctx.cluster.members.max_clock_skew()),
+    );
+    ctx.member_registry.set_verifier(verifier.clone());
     let result = match ctx.cluster.members.transport {
-        MembersTransport::Mdns => mdns_net::run(ctx, stop, &counters).await,
+        MembersTransport::Mdns => mdns_net::run(ctx, stop, &counters, verifier, keys).await,
         MembersTransport::Unicast => {
             let ca = opts
                 .ca_path
@@ -190,9 +200,14 @@ pub struct MembersArgs {
     /// node.json.
     #[arg(long)]
     pub node: PathBuf,
-    /// The cluster CA (unicast transport).
-    #[arg(long, default_value = unicast::CA_PATH)]
-    pub ca: PathBuf,
+    /// The node's TLS directory: the membership keys (`members.keyId`) and, unless `--ca`
+    /// says otherwise, the cluster CA. Default: the directory of `--ca`, else
+    /// /etc/keelson/tls.
+    #[arg(long)]
+    pub tls_dir: Option<PathBuf>,
+    /// The cluster CA (unicast transport). Default: `ca.crt` in the TLS directory.
+    #[arg(long)]
+    pub ca: Option<PathBuf>,
     /// Where the unicast transport remembers the masters.
     #[arg(long, default_value = crate::context::STATE_DIR)]
     pub state_dir: PathBuf,
@@ -205,12 +220,21 @@ pub async fn cli(args: MembersArgs) -> anyhow::Result<()> {
     let cluster = ClusterConfig::from_json(&bytes)?;
     let node = NodeIdentity::load(&args.node)?;
     let tls_dir = args
-        .ca
-        .parent()
-        .map(std::path::Path::to_path_buf)
+        .tls_dir
+        .clone()
+        .or_else(|| {
+            args.ca
+                .as_deref()
+                .and_then(std::path::Path::parent)
+                .map(std::path::Path::to_path_buf)
+        })
         .unwrap_or_else(|| PathBuf::from(crate::context::TLS_DIR));
+    let ca = args
+        .ca
+        .clone()
+        .unwrap_or_else(|| tls_dir.join(keelson_ignition::tls_files::CA_CERT));
     let ctx = AgentContext::new(cluster, node).with_paths(crate::context::NodePaths {
-        state_dir: args.state_dir,
+        state_dir: args.state_dir.clone(),
         tls_dir,
     });
     let stop = CancellationToken::new();
@@ -221,9 +245,7 @@ pub async fn cli(args: MembersArgs) -> anyhow::Result<()> {
             println!("{}", serde_json::to_string(&*list).unwrap_or_default());
         }
     });
-    let opts = RunOptions {
-        ca_path: Some(args.ca),
-    };
+    let opts = RunOptions { ca_path: Some(ca) };
     let mut task = tokio::spawn(run_with(ctx, stop.clone(), opts));
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     let result = tokio::select! {

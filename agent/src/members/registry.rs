@@ -18,7 +18,7 @@ use keelson_ignition::routes::ExtraRoutes;
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
-use super::auth::{Fields, Op, Proof, Reject, Verifier};
+use super::auth::{Fields, Fresh, Op, Proof, Reject, Verifier, source_matches};
 use super::mdns::valid_label;
 use super::table::Table;
 use crate::context::Member;
@@ -254,16 +254,22 @@ impl Registry {
             addresses: &reg.member.addresses,
             version: &reg.member.version,
         };
-        if let Err(r) = verifier.check(&fields, reg.auth.as_ref(), SystemTime::now()) {
-            return refuse(&verifier, r, &reg.member.name, peer);
-        }
+        let fresh = match verifier.check(&fields, reg.auth.as_ref(), SystemTime::now()) {
+            Ok(f) => f,
+            Err(r) => return refuse(&verifier, r, &reg.member.name, peer),
+        };
         // Only from an address it registers: nobody registers a node but the node itself.
-        if !reg.member.addresses.contains(&peer.ip().to_canonical()) {
+        if !source_matches(peer.ip(), &reg.member.addresses) {
             return refuse(&verifier, Reject::AddressMismatch, &reg.member.name, peer);
         }
-        verifier.accept(&reg.member.name, reg.auth.as_ref());
-        let changed = self.table().renew(reg.member, Instant::now());
-        self.notify(changed);
+        // The record accepted last, once more (the node reached this registry both through
+        // the API VIP and at its address): answered, but it renews nothing, so a replay of
+        // a dead node's last registration does not keep it alive.
+        if fresh == Fresh::New {
+            verifier.accept(&reg.member.name, reg.auth.as_ref());
+            let changed = self.table().renew(reg.member, Instant::now());
+            self.notify(changed);
+        }
         self.answer()
     }
 
@@ -306,7 +312,8 @@ impl Registry {
         if let Err(r) = verifier.check(&fields, bye.auth.as_ref(), SystemTime::now()) {
             return refuse(&verifier, r, name, peer);
         }
-        if !known.addresses.contains(&peer.ip().to_canonical()) {
+        // Only from the node's own address: nobody says goodbye for another.
+        if !source_matches(peer.ip(), &known.addresses) {
             return refuse(&verifier, Reject::AddressMismatch, name, peer);
         }
         verifier.accept(name, bye.auth.as_ref());
@@ -318,8 +325,7 @@ impl Registry {
 
 /// Counts and answers a dropped record.
 fn refuse(v: &Verifier, r: Reject, name: &str, peer: SocketAddr) -> (StatusCode, Bytes) {
-    v.drops.count(r);
-    tracing::debug!(%peer, member = name, reason = r.as_str(), "members: record dropped");
+    v.refuse(r, name, peer);
     let status = match r {
         Reject::AddressMismatch => StatusCode::FORBIDDEN,
         _ => StatusCode::UNAUTHORIZED,
@@ -624,6 +630,47 @@ mod tests {
             drops["drops"],
             serde_json::json!({"noMac": 2, "badMac": 1, "stale": 0, "replay": 1, "addressMismatch": 1})
         );
+    }
+
+    #[test]
+    fn a_duplicate_registration_is_answered_but_renews_nothing() {
+        use crate::members::auth::{Keys, Signer};
+        let keys = Arc::new(Keys::from_raw(&[vec![7; 32]]));
+        let r = Registry::new("c.example", Duration::from_secs(10));
+        r.set_verifier(Arc::new(Verifier::new(Some(keys.clone()))));
+        let m = member("m0", "10.0.0.1");
+        let signer = Signer::new(keys, SystemTime::now());
+        let auth = signer.sign(
+            &Fields {
+                op: Op::Register,
+                cluster: "c.example",
+                name: "m0",
+                role: Some(m.role),
+                addresses: &m.addresses,
+                version: &m.version,
+            },
+            SystemTime::now(),
+        );
+        let body = Bytes::from(
+            serde_json::to_vec(&Registration {
+                cluster: "c.example".into(),
+                member: m,
+                auth: Some(auth),
+            })
+            .unwrap(),
+        );
+        let post = || {
+            r.handle(&Method::POST, MEMBERS_PATH, peer(), body.clone())
+                .unwrap()
+                .0
+        };
+        assert_eq!(post(), StatusCode::OK);
+        std::thread::sleep(Duration::from_millis(300));
+        // Through the API VIP as well as directly: answered again...
+        assert_eq!(post(), StatusCode::OK);
+        // ...but last heard at the first, so a replay cannot keep a dead node alive.
+        let age = r.entries(Instant::now())[0].age_ms;
+        assert!(age >= 300, "renewed by a duplicate: age {age} ms");
     }
 
     proptest::proptest! {

@@ -99,7 +99,11 @@ pub async fn exchange_as(
             } else {
                 tokio::net::TcpSocket::new_v6()?
             };
-            sock.bind(SocketAddr::new(src, 0))?;
+            // An address not (yet) on the interface: let the kernel choose; the registry
+            // says so (403) if its choice is not one this node registers.
+            if let Err(e) = sock.bind(SocketAddr::new(src, 0)) {
+                tracing::debug!(%src, error = %e, "members: cannot send from this address");
+            }
             sock.connect(addr).await?
         }
         None => TcpStream::connect(addr).await?,

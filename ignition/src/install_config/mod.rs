@@ -480,6 +480,7 @@ impl InstallConfig {
                 renew_interval_secs: 10,
                 expiry_secs: 35,
                 key_id: None,
+                max_clock_skew_secs: None,
             },
             ssh_authorized_keys: self.ssh_keys.clone(),
             services: vec![],

@@ -89,6 +89,26 @@ impl RenderSource {
             std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))
         };
         let agent_bytes = std::fs::read(agent).map_err(|e| format!("{}: {e}", agent.display()))?;
+        let membership_keys: std::collections::BTreeMap<String, String> =
+            crate::tls_files::MEMBERSHIP_KEYS
+                .iter()
+                .filter_map(|name| {
+                    std::fs::read_to_string(tls_dir.join(name))
+                        .ok()
+                        .map(|t| (name.to_string(), t))
+                })
+                .collect();
+        // A cluster whose records are authenticated hands the key to every node it serves;
+        // without it they could not join.
+        if let Some(id) = &cluster.members.key_id
+            && !membership_keys.contains_key(crate::tls_files::MEMBERSHIP_KEY)
+        {
+            return Err(format!(
+                "{}: missing (cluster.json members.keyId names membership key {id})",
+                tls_dir.join(crate::tls_files::MEMBERSHIP_KEY).display()
+            )
+            .into());
+        }
         use sha2::Digest;
         Ok(Self::new(
             cluster,
@@ -98,14 +118,7 @@ impl RenderSource {
                 server_key_pem: read(crate::tls_files::SERVER_KEY)?,
                 agent_sha512: hex::encode(sha2::Sha512::digest(&agent_bytes)),
                 agent_url: None,
-                membership_keys: crate::tls_files::MEMBERSHIP_KEYS
-                    .iter()
-                    .filter_map(|name| {
-                        std::fs::read_to_string(tls_dir.join(name))
-                            .ok()
-                            .map(|t| (name.to_string(), t))
-                    })
-                    .collect(),
+                membership_keys,
             },
         ))
     }
