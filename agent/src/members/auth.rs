@@ -7,13 +7,14 @@
 //! ([`canonical`]). A receiver drops and counts ([`Reject`]) a record with no proof, a
 //! wrong MAC (or a key it does not hold), a time more than the window
 //! ([`DEFAULT_WINDOW`], `members.maxClockSkewSecs`) away from its own clock, or a sequence
-//! number below the last one it accepted from that node, or equal to it with another MAC
-//! (a replay). The very record accepted last may arrive again (a node reaches one registry
-//! both through the API VIP and at its address with the same signed body; an mDNS
-//! announcement is heard on IPv4 and IPv6): that is a [`Fresh::Duplicate`], harmless, but
-//! it renews nothing, so replaying the last record of a node that died does not keep it
-//! alive. The sequence numbers of a node start at its clock in milliseconds when it starts
-//! and grow by one per record, so they keep growing across restarts.
+//! number not above the last one it accepted from that node (a replay) — unless the record
+//! is one of the last few it accepted ([`RECENT`]), arriving again: a node reaches one
+//! registry both through the API VIP and at its address with the same signed body; an mDNS
+//! announcement is heard on IPv4 and on IPv6, whose sockets do not keep each other's order.
+//! That is a [`Fresh::Duplicate`], harmless, and it renews nothing, so replaying the last
+//! records of a node that died does not keep it alive. The sequence numbers of a node start
+//! at its clock in milliseconds when it starts and grow by one per record, so they keep
+//! growing across restarts.
 //!
 //! The HMAC is ring's (already linked for TLS), compared in constant time.
 
@@ -31,6 +32,10 @@ use serde::{Deserialize, Serialize};
 /// How far a record's time may be from the receiver's clock unless `cluster.json` says
 /// otherwise (`members.maxClockSkewSecs`).
 pub const DEFAULT_WINDOW: Duration = Duration::from_secs(120);
+
+/// How many of the records last accepted from a node count as duplicates when they arrive
+/// again (rather than as replays).
+pub const RECENT: usize = 4;
 
 /// How often at most a node warns about records dropped as stale (a clock problem).
 const STALE_WARNING_EVERY: Duration = Duration::from_secs(60);
@@ -118,8 +123,8 @@ pub enum Reject {
     BadMac,
     /// A time too far from ours.
     Stale,
-    /// A sequence number below the last one accepted from that node (or equal to it with
-    /// another MAC).
+    /// A sequence number not above the last one accepted from that node, and not one of
+    /// the records accepted last.
     Replay,
     /// A registration that did not come from an address it registers.
     AddressMismatch,
@@ -348,7 +353,7 @@ impl Drops {
 pub enum Fresh {
     /// Newer than anything accepted from that node (or not authenticated at all): believe it.
     New,
-    /// The very record accepted last, once more: harmless, renews nothing.
+    /// One of the records accepted last ([`RECENT`]), once more: harmless, renews nothing.
     Duplicate,
 }
 
@@ -364,8 +369,8 @@ pub fn source_matches(source: IpAddr, addresses: &[IpAddr]) -> bool {
 pub struct Verifier {
     keys: Option<std::sync::Arc<Keys>>,
     window: Duration,
-    /// Per node: the last sequence number accepted and its MAC.
-    last: Mutex<HashMap<String, (u64, String)>>,
+    /// Per node: the records accepted last (sequence number and MAC), newest last.
+    last: Mutex<HashMap<String, std::collections::VecDeque<(u64, String)>>>,
     /// When a stale record was last logged as a warning.
     stale_warned: Mutex<Option<SystemTime>>,
     /// Drops by reason.
@@ -402,11 +407,16 @@ impl Verifier {
         self.keys.is_some()
     }
 
-    /// Checks a record at `now` without recording it: proof present, MAC, time, sequence.
+    /// Checks a record at `now` without recording it, in this order: a proof is there,
+    /// its MAC verifies (nothing else matters without), it came from the node it is about
+    /// (`from_its_node`: a record heard from anywhere else is relayed or replayed, whatever
+    /// its time), its time is within the window, its sequence number is new. Without keys
+    /// every record passes (clusters built before the key: today's behaviour).
     pub fn check(
         &self,
         fields: &Fields<'_>,
         proof: Option<&Proof>,
+        from_its_node: bool,
         now: SystemTime,
     ) -> Result<Fresh, Reject> {
         let Some(keys) = &self.keys else {
@@ -414,6 +424,9 @@ impl Verifier {
         };
         let proof = proof.ok_or(Reject::NoMac)?;
         keys.check_mac(fields, proof)?;
+        if !from_its_node {
+            return Err(Reject::AddressMismatch);
+        }
         let now_ms = unix_ms(now);
         let skew = now_ms.abs_diff(proof.time_ms);
         if u128::from(skew) > self.window.as_millis() {
@@ -421,9 +434,17 @@ impl Verifier {
             return Err(Reject::Stale);
         }
         let last = self.last.lock().unwrap_or_else(|e| e.into_inner());
-        match last.get(&fields.name.to_ascii_lowercase()) {
-            Some((seq, mac)) if proof.seq == *seq && proof.mac == *mac => Ok(Fresh::Duplicate),
-            Some((seq, _)) if proof.seq <= *seq => Err(Reject::Replay),
+        let Some(recent) = last.get(&fields.name.to_ascii_lowercase()) else {
+            return Ok(Fresh::New);
+        };
+        if recent
+            .iter()
+            .any(|(seq, mac)| *seq == proof.seq && *mac == proof.mac)
+        {
+            return Ok(Fresh::Duplicate);
+        }
+        match recent.back() {
+            Some((newest, _)) if proof.seq <= *newest => Err(Reject::Replay),
             _ => Ok(Fresh::New),
         }
     }
@@ -457,14 +478,17 @@ impl Verifier {
 
     /// Records that `proof` of node `name` was accepted.
     pub fn accept(&self, name: &str, proof: Option<&Proof>) {
-        if let Some(p) = proof {
-            let mut last = self.last.lock().unwrap_or_else(|e| e.into_inner());
-            let e = last
-                .entry(name.to_ascii_lowercase())
-                .or_insert((0, String::new()));
-            if p.seq >= e.0 {
-                *e = (p.seq, p.mac.clone());
-            }
+        let Some(p) = proof else {
+            return;
+        };
+        let mut last = self.last.lock().unwrap_or_else(|e| e.into_inner());
+        let recent = last.entry(name.to_ascii_lowercase()).or_default();
+        if recent.back().is_some_and(|(newest, _)| p.seq <= *newest) {
+            return;
+        }
+        recent.push_back((p.seq, p.mac.clone()));
+        while recent.len() > RECENT {
+            recent.pop_front();
         }
     }
 
@@ -505,81 +529,118 @@ mod tests {
         let signer = Signer::new(keys(1), t(0));
         let v = Verifier::new(Some(keys(1)));
         let p1 = signer.sign(&fields(&addrs), t(0));
-        assert_eq!(v.check(&fields(&addrs), Some(&p1), t(1)), Ok(Fresh::New));
+        assert_eq!(
+            v.check(&fields(&addrs), Some(&p1), true, t(1)),
+            Ok(Fresh::New)
+        );
         v.accept("master-0", Some(&p1));
         // The same record again: a duplicate (renews nothing).
         assert_eq!(
-            v.check(&fields(&addrs), Some(&p1), t(1)),
+            v.check(&fields(&addrs), Some(&p1), true, t(1)),
             Ok(Fresh::Duplicate)
         );
         let p2 = signer.sign(&fields(&addrs), t(2));
         assert!(p2.seq > p1.seq);
-        assert_eq!(v.check(&fields(&addrs), Some(&p2), t(2)), Ok(Fresh::New));
-        v.accept("master-0", Some(&p2));
-        // An older one: a replay; the same sequence number with another MAC too.
         assert_eq!(
-            v.check(&fields(&addrs), Some(&p1), t(2)),
+            v.check(&fields(&addrs), Some(&p2), true, t(2)),
+            Ok(Fresh::New)
+        );
+        v.accept("master-0", Some(&p2));
+        // An older one still among the last accepted: a duplicate too.
+        assert_eq!(
+            v.check(&fields(&addrs), Some(&p1), true, t(2)),
+            Ok(Fresh::Duplicate)
+        );
+        // One never accepted, older than the newest: a replay; the same sequence number
+        // with another MAC too.
+        let skipped = signer.sign(&fields(&addrs), t(2));
+        for _ in 0..RECENT {
+            let p = signer.sign(&fields(&addrs), t(2));
+            assert_eq!(
+                v.check(&fields(&addrs), Some(&p), true, t(2)),
+                Ok(Fresh::New)
+            );
+            v.accept("master-0", Some(&p));
+        }
+        assert_eq!(
+            v.check(&fields(&addrs), Some(&skipped), true, t(2)),
+            Err(Reject::Replay)
+        );
+        // p1 and p2 are no longer among the last accepted.
+        assert_eq!(
+            v.check(&fields(&addrs), Some(&p1), true, t(2)),
             Err(Reject::Replay)
         );
         let mut other_addrs = fields(&addrs);
         other_addrs.version = "0.2.0";
         let same_seq = Keys::sign(&keys(1), &other_addrs, p2.time_ms, p2.seq);
         assert_eq!(
-            v.check(&other_addrs, Some(&same_seq), t(2)),
+            v.check(&other_addrs, Some(&same_seq), true, t(2)),
             Err(Reject::Replay)
         );
         let p3 = signer.sign(&fields(&addrs), t(2));
         // No proof; another key; a changed field; a tampered MAC; another op.
-        assert_eq!(v.check(&fields(&addrs), None, t(2)), Err(Reject::NoMac));
+        assert_eq!(
+            v.check(&fields(&addrs), None, true, t(2)),
+            Err(Reject::NoMac)
+        );
         let mut goodbye = fields(&addrs);
         goodbye.op = Op::Delete;
-        assert_eq!(v.check(&goodbye, Some(&p3), t(2)), Err(Reject::BadMac));
+        assert_eq!(
+            v.check(&goodbye, Some(&p3), true, t(2)),
+            Err(Reject::BadMac)
+        );
         let other = Signer::new(keys(2), t(0)).sign(&fields(&addrs), t(2));
         assert_eq!(
-            v.check(&fields(&addrs), Some(&other), t(2)),
+            v.check(&fields(&addrs), Some(&other), true, t(2)),
             Err(Reject::BadMac)
         );
         let moved: Vec<IpAddr> = vec!["10.0.0.66".parse().unwrap()];
         assert_eq!(
-            v.check(&fields(&moved), Some(&p3), t(2)),
+            v.check(&fields(&moved), Some(&p3), true, t(2)),
             Err(Reject::BadMac)
         );
         let mut bad = p3.clone();
         bad.mac
             .replace_range(0..2, if &bad.mac[0..2] == "00" { "11" } else { "00" });
         assert_eq!(
-            v.check(&fields(&addrs), Some(&bad), t(2)),
+            v.check(&fields(&addrs), Some(&bad), true, t(2)),
             Err(Reject::BadMac)
         );
         let mut later = p3.clone();
         later.seq += 100;
         assert_eq!(
-            v.check(&fields(&addrs), Some(&later), t(2)),
+            v.check(&fields(&addrs), Some(&later), true, t(2)),
             Err(Reject::BadMac),
             "seq is signed"
         );
         // Too old, too new; a narrower window.
         assert_eq!(
-            v.check(&fields(&addrs), Some(&p3), t(2 + 121)),
+            v.check(&fields(&addrs), Some(&p3), true, t(2 + 121)),
             Err(Reject::Stale)
         );
         assert_eq!(
-            v.check(&fields(&addrs), Some(&p3), t(2 + 119)),
+            v.check(&fields(&addrs), Some(&p3), true, t(2 + 119)),
             Ok(Fresh::New)
         );
         let future = signer.sign(&fields(&addrs), t(500));
         assert_eq!(
-            v.check(&fields(&addrs), Some(&future), t(2)),
+            v.check(&fields(&addrs), Some(&future), true, t(2)),
             Err(Reject::Stale)
         );
         let narrow = Verifier::new(Some(keys(1))).with_window(Duration::from_secs(5));
         assert_eq!(
-            narrow.check(&fields(&addrs), Some(&p3), t(8)),
+            narrow.check(&fields(&addrs), Some(&p3), true, t(8)),
             Err(Reject::Stale)
+        );
+        // Signed, but heard from elsewhere.
+        assert_eq!(
+            v.check(&fields(&addrs), Some(&p3), false, t(2)),
+            Err(Reject::AddressMismatch)
         );
         // Without keys everything passes.
         assert_eq!(
-            Verifier::new(None).check(&fields(&addrs), None, t(0)),
+            Verifier::new(None).check(&fields(&addrs), None, true, t(0)),
             Ok(Fresh::New)
         );
         v.drops.count(Reject::Replay);
@@ -619,7 +680,10 @@ mod tests {
         let addrs: Vec<IpAddr> = vec!["10.0.0.11".parse().unwrap()];
         let old = Signer::new(keys(2), t(0)).sign(&fields(&addrs), t(0));
         let v = Verifier::new(Some(both.clone()));
-        assert_eq!(v.check(&fields(&addrs), Some(&old), t(0)), Ok(Fresh::New));
+        assert_eq!(
+            v.check(&fields(&addrs), Some(&old), true, t(0)),
+            Ok(Fresh::New)
+        );
         assert_eq!(
             both.signing_id(),
             keelson_ignition::membership::key_id(&[1; 32])
