@@ -225,34 +225,11 @@ impl Net {
 
     /// `keelson-agent status --json` of node `i`.
     fn status(&self, i: usize) -> serde_json::Value {
-        let out = Command::new(BIN)
-            .args(["status", "--json", "--socket"])
-            .arg(self.socket(i))
-            .output()
-            .unwrap();
-        serde_json::from_slice(&out.stdout).unwrap_or_default()
+        status_at(&self.socket(i))
     }
 
     fn view(&self, i: usize) -> View {
-        let st = self.status(i);
-        let vrrp_destinations = st["services"]["vrrp"]
-            .as_object()
-            .map(|o| {
-                o.iter()
-                    .map(|(name, inst)| serde_json::json!({name: inst["destinations"]}))
-                    .collect()
-            })
-            .unwrap_or_default();
-        let mut proxy_backends: Vec<String> = st["services"]["proxy"]["backends"]
-            .as_array()
-            .map(|a| a.iter().map(|b| b["addr"].to_string()).collect())
-            .unwrap_or_default();
-        proxy_backends.sort();
-        View {
-            members: st["members"].clone(),
-            vrrp_destinations,
-            proxy_backends,
-        }
+        view_at(&self.socket(i))
     }
 
     fn member_names(&self, i: usize) -> Vec<String> {
@@ -281,28 +258,45 @@ impl Net {
 
     /// `dig` from the forger at master-0's DNS server: the answer section for `name`.
     fn dig(&self, name: &str) -> String {
-        let out = Command::new("ip")
-            .args(["netns", "exec", &self.seg.nodes[FORGER], "dig"])
-            .args(["+time=2", "+tries=2", "+noall", "+comments", "+answer"])
-            .arg(format!("@{}", self.ip(M0)))
-            .arg(format!("{name}.{ZONE}"))
-            .output()
-            .unwrap();
-        let text = String::from_utf8_lossy(&out.stdout);
-        // The status line and the answers; not the query id or the timing.
-        let mut lines: Vec<String> = text
-            .lines()
-            .filter(|l| l.contains("status:") || (!l.starts_with(';') && !l.trim().is_empty()))
-            .map(|l| {
-                if let Some(i) = l.find("status:") {
-                    l[i..].split(',').next().unwrap_or("").to_string()
-                } else {
-                    l.split_whitespace().collect::<Vec<_>>().join(" ")
+        dig_at(&self.seg.nodes[FORGER], self.ip(M0), name)
+    }
+
+    /// Watches both masters' views and master-0's DNS answers from now until the watch is
+    /// ended, against what they are now: a forged member lives until the expiry, so one
+    /// believed even for a moment is seen.
+    fn watch(&self) -> Watch {
+        let sockets = [self.socket(M0), self.socket(M1)];
+        let (ns, server) = (self.seg.nodes[FORGER].clone(), self.ip(M0));
+        let names = ["master-0", "master-1", "master-9"];
+        let views = sockets.clone().map(|s| view_at(&s));
+        let dns = names.map(|n| dig_at(&ns, server, n));
+        let stop = Arc::new(AtomicBool::new(false));
+        let stop2 = stop.clone();
+        let (views2, dns2) = (views.clone(), dns.clone());
+        let thread = std::thread::spawn(move || {
+            let mut seen = Vec::new();
+            while !stop2.load(Ordering::Relaxed) {
+                let now = sockets.clone().map(|s| view_at(&s));
+                if now != views2 {
+                    seen.push(format!("views {now:?}"));
                 }
-            })
-            .collect();
-        lines.sort();
-        lines.join("\n")
+                let answers = names.map(|n| dig_at(&ns, server, n));
+                if answers != dns2 {
+                    seen.push(format!("DNS {answers:?}"));
+                }
+                std::thread::sleep(Duration::from_millis(200));
+            }
+            seen
+        });
+        eprintln!("before: {views:?}\n{dns:?}");
+        assert!(dns[1].contains("10.0.0.11"), "{}", dns[1]);
+        assert!(dns[2].contains("NXDOMAIN"), "{}", dns[2]);
+        Watch {
+            stop,
+            thread: Some(thread),
+            views,
+            dns,
+        }
     }
 
     fn wait(&self, what: &str, limit: Duration, mut cond: impl FnMut() -> bool) -> Duration {
@@ -349,6 +343,100 @@ impl Net {
                 eprintln!("{l}");
             }
         }
+    }
+}
+
+/// `keelson-agent status --json` at status socket `socket`.
+fn status_at(socket: &std::path::Path) -> serde_json::Value {
+    let out = Command::new(BIN)
+        .args(["status", "--json", "--socket"])
+        .arg(socket)
+        .output()
+        .unwrap();
+    serde_json::from_slice(&out.stdout).unwrap_or_default()
+}
+
+/// What the node at status socket `socket` sees: members, VRRP destinations, backends.
+fn view_at(socket: &std::path::Path) -> View {
+    let st = status_at(socket);
+    let vrrp_destinations = st["services"]["vrrp"]
+        .as_object()
+        .map(|o| {
+            o.iter()
+                .map(|(name, inst)| serde_json::json!({name: inst["destinations"]}))
+                .collect()
+        })
+        .unwrap_or_default();
+    let mut proxy_backends: Vec<String> = st["services"]["proxy"]["backends"]
+        .as_array()
+        .map(|a| a.iter().map(|b| b["addr"].to_string()).collect())
+        .unwrap_or_default();
+    proxy_backends.sort();
+    View {
+        members: st["members"].clone(),
+        vrrp_destinations,
+        proxy_backends,
+    }
+}
+
+/// `dig` from namespace `ns` at `server`: the status and the answers for `name`.
+fn dig_at(ns: &str, server: Ipv4Addr, name: &str) -> String {
+    let out = Command::new("ip")
+        .args(["netns", "exec", ns, "dig"])
+        .args(["+time=2", "+tries=2", "+noall", "+comments", "+answer"])
+        .arg(format!("@{server}"))
+        .arg(format!("{name}.{ZONE}"))
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    // The status line and the answers; not the query id or the timing.
+    let mut lines: Vec<String> = text
+        .lines()
+        .filter(|l| l.contains("status:") || (!l.starts_with(';') && !l.trim().is_empty()))
+        .map(|l| {
+            if let Some(i) = l.find("status:") {
+                l[i..].split(',').next().unwrap_or("").to_string()
+            } else {
+                l.split_whitespace().collect::<Vec<_>>().join(" ")
+            }
+        })
+        .collect();
+    lines.sort();
+    lines.join("\n")
+}
+
+/// What [`Net::watch`] saw.
+struct Watch {
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<Vec<String>>>,
+    views: [View; 2],
+    dns: [String; 3],
+}
+
+impl Watch {
+    /// Ends the watch and asserts that nothing changed at any moment, nor now.
+    fn assert_unchanged(mut self, net: &Net) {
+        self.stop.store(true, Ordering::Relaxed);
+        let seen = self.thread.take().unwrap().join().unwrap();
+        assert!(
+            seen.is_empty(),
+            "changed during the attacks (before: {:?} {:?}): {seen:#?}",
+            self.views,
+            self.dns
+        );
+        assert_eq!(
+            [net.view(M0), net.view(M1)],
+            self.views,
+            "members, VRRP destinations or proxy backends changed"
+        );
+        let names = ["master-0", "master-1", "master-9"];
+        assert_eq!(names.map(|n| net.dig(n)), self.dns, "DNS answers changed");
+    }
+}
+
+impl Drop for Watch {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
     }
 }
 
@@ -588,11 +676,7 @@ fn unicast_forger_without_the_key_changes_nothing() {
     assert!(b.seq > a.seq, "{a:?} {b:?}");
     let _c = capture.next();
 
-    let before = [net.view(M0), net.view(M1)];
-    let dns_before = ["master-0", "master-1", "master-9"].map(|n| net.dig(n));
-    assert!(dns_before[1].contains("10.0.0.11"), "{}", dns_before[1]);
-    assert!(dns_before[2].contains("NXDOMAIN"), "{}", dns_before[2]);
-    eprintln!("before: {before:?}\n{dns_before:?}");
+    let watch = net.watch();
 
     let path = "/keelson/v1/members";
     let fake = serde_json::json!({"name": "master-9", "role": "master",
@@ -637,13 +721,7 @@ fn unicast_forger_without_the_key_changes_nothing() {
 
     // Nothing moved, two renewals later.
     std::thread::sleep(Duration::from_secs(2 * RENEW_S + 1));
-    let after = [net.view(M0), net.view(M1)];
-    assert_eq!(
-        after, before,
-        "members, VRRP destinations or proxy backends changed"
-    );
-    let dns_after = ["master-0", "master-1", "master-9"].map(|n| net.dig(n));
-    assert_eq!(dns_after, dns_before, "DNS answers changed");
+    watch.assert_unchanged(&net);
     let drops = net.drops_now(M0);
     eprintln!("master-0 drops: {drops}");
     assert_eq!(
@@ -900,11 +978,7 @@ fn mdns_forger_without_the_key_changes_nothing() {
     // master-0 heard b too (it is multicast); give it a moment.
     std::thread::sleep(Duration::from_millis(300));
 
-    let before = [net.view(M0), net.view(M1)];
-    let dns_before = ["master-0", "master-1", "master-9"].map(|n| net.dig(n));
-    assert!(dns_before[1].contains("10.0.0.11"), "{}", dns_before[1]);
-    assert!(dns_before[2].contains("NXDOMAIN"), "{}", dns_before[2]);
-    eprintln!("before: {before:?}\n{dns_before:?}");
+    let watch = net.watch();
 
     let key_id = keelson_ignition::membership::key_id(&net.key);
     // 1. A fake master, no MAC.
@@ -922,13 +996,7 @@ fn mdns_forger_without_the_key_changes_nothing() {
     mdns_send(&net, M1, b.clone());
 
     std::thread::sleep(Duration::from_secs(2 * RENEW_S + 1));
-    let after = [net.view(M0), net.view(M1)];
-    assert_eq!(
-        after, before,
-        "members, VRRP destinations or proxy backends changed"
-    );
-    let dns_after = ["master-0", "master-1", "master-9"].map(|n| net.dig(n));
-    assert_eq!(dns_after, dns_before, "DNS answers changed");
+    watch.assert_unchanged(&net);
     let drops = net.drops_now(M0);
     eprintln!("master-0 drops: {drops} (b was seq {b_seq})");
     assert_eq!(
