@@ -725,6 +725,46 @@ mod tests {
     }
 
     #[test]
+    fn membership_settings_are_checked_and_optional() {
+        let base = example();
+        assert_eq!(
+            base.members.key_id, None,
+            "install-config alone names no key"
+        );
+        assert_eq!(
+            base.members.max_clock_skew(),
+            std::time::Duration::from_secs(120)
+        );
+        // Absent fields stay absent in the JSON (clusters built before them read the same).
+        let json = String::from_utf8(base.to_json()).unwrap();
+        assert!(!json.contains("keyId") && !json.contains("maxClockSkewSecs"));
+        let ok = base
+            .with_merge_patch(&serde_json::json!({"members": {"keyId": "0123456789abcdef", "maxClockSkewSecs": 30}}))
+            .unwrap();
+        assert_eq!(ok.members.key_id.as_deref(), Some("0123456789abcdef"));
+        assert_eq!(
+            ok.members.max_clock_skew(),
+            std::time::Duration::from_secs(30)
+        );
+        let e = base
+            .with_merge_patch(&serde_json::json!({"members": {"keyId": "not-a-key-id"}}))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("members.keyId") && e.contains("16 lowercase hex"),
+            "{e}"
+        );
+        let e = base
+            .with_merge_patch(&serde_json::json!({"members": {"maxClockSkewSecs": 0}}))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("members.maxClockSkewSecs") && e.contains("1 to 3600"),
+            "{e}"
+        );
+    }
+
+    #[test]
     fn health_check_fields_are_camel_case() {
         let k: HealthCheckKind = serde_json::from_str(
             r#"{"type":"http","url":"https://127.0.0.1:6443/readyz","expectStatus":200}"#,

@@ -134,3 +134,39 @@ impl ConfigSource for RenderSource {
         )?))
     }
 }
+
+#[cfg(all(test, feature = "build"))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_cluster_naming_a_membership_key_is_not_served_without_it() {
+        let dir = tempfile::tempdir().unwrap();
+        for name in ["ca.crt", "server.crt", "server.key"] {
+            std::fs::write(dir.path().join(name), "pem\n").unwrap();
+        }
+        let agent = dir.path().join("agent");
+        std::fs::write(&agent, b"\x7fELF").unwrap();
+        let mut cluster = crate::install_config::InstallConfig::parse(include_str!(
+            "../../../examples/install-config.yaml"
+        ))
+        .unwrap()
+        .cluster_config();
+        // Without a key named: served as before.
+        assert!(RenderSource::from_files(cluster.clone(), dir.path(), &agent).is_ok());
+        let key = crate::membership::generate().unwrap();
+        cluster.members.key_id = Some(crate::membership::key_id(
+            &crate::membership::parse_key(&key).unwrap(),
+        ));
+        let e = RenderSource::from_files(cluster.clone(), dir.path(), &agent)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("membership.key: missing"), "{e}");
+        std::fs::write(dir.path().join("membership.key"), &key).unwrap();
+        let source = RenderSource::from_files(cluster, dir.path(), &agent).unwrap();
+        assert_eq!(
+            source.assets.membership_keys.get("membership.key"),
+            Some(&key)
+        );
+    }
+}
