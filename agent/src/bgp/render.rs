@@ -238,13 +238,9 @@ pub fn frr_conf(plan: &NodePlan, hostname: &str) -> String {
         t = plan.table,
     );
     let fams = families(plan);
-    for &v4 in &fams {
-        let _ = writeln!(
-            s,
-            "{} import-table {}",
-            if v4 { "ip" } else { "ipv6" },
-            plan.table
-        );
+    if fams.contains(&true) {
+        // FRR 8.4 has no IPv6 form of this (nor of `redistribute table`).
+        let _ = writeln!(s, "ip import-table {}", plan.table);
     }
     s.push_str("!\n");
     for &v4 in &fams {
@@ -295,12 +291,19 @@ pub fn frr_conf(plan: &NodePlan, hostname: &str) -> String {
     }
     for &v4 in &fams {
         let fam = if v4 { "v4" } else { "v6" };
-        let _ = writeln!(
-            s,
-            " !\n address-family {} unicast\n  redistribute table {} route-map keelson-export-{fam}",
-            family(v4),
-            plan.table
-        );
+        let _ = writeln!(s, " !\n address-family {} unicast", family(v4));
+        if v4 {
+            let _ = writeln!(
+                s,
+                "  redistribute table {} route-map keelson-export-{fam}",
+                plan.table
+            );
+        }
+        // The VIP's address on lo is a connected route to zebra, which wins over the
+        // imported table route (distance 0 against 15), and zebra redistributes only the
+        // routes it selects: so the VIP also goes out as a connected route, through the same
+        // route-map. The agent adds the address only while it announces the VIP.
+        let _ = writeln!(s, "  redistribute connected route-map keelson-export-{fam}");
         for p in peers.iter().filter(|p| p.address.is_ipv4() == v4) {
             let a = p.address;
             // The redistribution's route-map already picks the VIPs and sets the prepend
