@@ -530,26 +530,30 @@ impl Fabric {
         std::fs::create_dir_all(&etc)?;
         std::fs::write(etc.join("vtysh.conf"), "")?;
         sh(&["chown", "-R", "frr:frr", &run.display().to_string()])?;
-        for d in ["zebra", "bgpd", "bfdd"] {
+        // One after the other, each once the one before answers: bgpd registers its BFD
+        // peers with bfdd through zebra, and FRR 8.4 loses registrations made before
+        // that path is up (the sessions never appear).
+        for (d, ready) in [
+            ("zebra", "zserv.api"),
+            ("bfdd", "bfdd.vty"),
+            ("bgpd", "bgpd.vty"),
+        ] {
             self.spawn(
                 ns,
                 &format!("{ns}-{d}.log"),
                 Path::new(&format!("/usr/lib/frr/{d}")),
                 &["-N", ns],
             )?;
-        }
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while !["zebra", "bgpd", "bfdd"]
-            .iter()
-            .all(|d| run.join(format!("{d}.vty")).exists())
-        {
-            if Instant::now() > deadline {
-                bail!(
-                    "FRR in {ns} did not start (logs in {})",
-                    self.work.path().display()
-                );
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while !run.join(ready).exists() {
+                if Instant::now() > deadline {
+                    bail!(
+                        "FRR {d} in {ns} did not start (logs in {})",
+                        self.work.path().display()
+                    );
+                }
+                std::thread::sleep(Duration::from_millis(20));
             }
-            std::thread::sleep(Duration::from_millis(50));
         }
         let out = Command::new("vtysh")
             .args(["-N", ns, "-f"])
@@ -824,6 +828,41 @@ impl Fabric {
     /// The spine's next hops for `vip` (ToR addresses).
     pub fn spine_nexthops(&self, vip: &str) -> Vec<String> {
         self.nexthops(SPINE, vip)
+    }
+
+    /// Whether the BFD session of router namespace `ns` with `peer` is up.
+    pub fn bfd_up(&self, ns: &str, peer: &str) -> bool {
+        let out = match self.daemon {
+            Daemon::Bird => Command::new("birdc")
+                .arg("-s")
+                .arg(self.work.path().join(format!("{ns}.ctl")))
+                .args(["show", "bfd", "sessions"])
+                .output(),
+            Daemon::Frr => Command::new("vtysh")
+                .args(["-N", ns, "-c", "show bfd peers brief"])
+                .output(),
+        };
+        let Ok(out) = out else { return false };
+        String::from_utf8_lossy(&out.stdout).lines().any(|l| {
+            let w: Vec<&str> = l.split_whitespace().collect();
+            w.contains(&peer) && w.iter().any(|x| x.eq_ignore_ascii_case("up"))
+        })
+    }
+
+    /// Waits until every ToR's BFD sessions with its masters are up (so a death is noticed
+    /// by BFD, not by the BGP hold timer).
+    pub fn wait_bfd(&self, limit: Duration) -> Result<()> {
+        let deadline = Instant::now() + limit;
+        for m in &self.masters {
+            let tor = self.tor_ns(m.rack);
+            while !(self.bfd_up(tor, &m.v4) && self.bfd_up(tor, &m.v6)) {
+                if Instant::now() > deadline {
+                    bail!("{tor}: BFD with {} not up within {limit:?}", m.name);
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+        Ok(())
     }
 
     /// Master `i`'s agent status document.

@@ -169,6 +169,7 @@ fn bgp_anycast_vips_through_bird() {
     // 3. m2 (alone in rack B) dies: link cut, every process killed. BFD at ToR B takes its
     //    routes away, the spine sends everything to rack A; requests fail only after the
     //    cut, and stop failing.
+    f.wait_bfd(CONVERGE).unwrap();
     let probes = [VIP4, VIP6].map(|v| Prober::start(SPINE, vip_addr(v), PERIOD, TIMEOUT));
     std::thread::sleep(Duration::from_secs(2));
     let cut = f.kill_master(2).unwrap();
