@@ -383,4 +383,56 @@ mod tests {
             bird_conf(&node_plan(Role::Master))
         );
     }
+
+    /// The real daemons parse what we render: `bird -p` and FRR's `vtysh -C` (both from
+    /// `scripts/setup.sh`), for a master (prepends, communities, both families, a multihop
+    /// peer, a password) and a bootstrap.
+    #[test]
+    fn the_daemons_accept() {
+        let have = |c: &str| {
+            std::process::Command::new(c)
+                .arg("--version")
+                .output()
+                .is_ok()
+        };
+        if !(have("bird") && have("vtysh")) {
+            assert!(
+                std::env::var("CI").is_err(),
+                "CI has BIRD and FRR (scripts/setup.sh)"
+            );
+            eprintln!("skipping: needs bird and vtysh");
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        for role in [Role::Master, Role::Bootstrap] {
+            let plan = node_plan(role);
+            let bird = dir.path().join("bird.conf");
+            std::fs::write(&bird, bird_conf(&plan)).unwrap();
+            let out = std::process::Command::new("bird")
+                .arg("-p")
+                .arg("-c")
+                .arg(&bird)
+                .output()
+                .unwrap();
+            assert!(
+                out.status.success(),
+                "bird -p: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            let frr = dir.path().join("frr.conf");
+            std::fs::write(&frr, frr_conf(&plan, "master-0")).unwrap();
+            let out = std::process::Command::new("vtysh")
+                .arg("-C")
+                .arg("-f")
+                .arg(&frr)
+                .output()
+                .unwrap();
+            assert!(
+                out.status.success(),
+                "vtysh -C: {}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+    }
 }
