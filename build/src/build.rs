@@ -125,6 +125,10 @@ pub struct ConfigArgs {
     /// install-config.yaml.
     #[arg(long)]
     pub config: PathBuf,
+    /// A cluster.json merge patch to check as well (as for build; its misspelt or wrong
+    /// fields are named).
+    #[arg(long, value_name = "PATCH.json")]
+    pub cluster_patch: Option<PathBuf>,
 }
 
 /// Reads and checks an install-config; errors name the file.
@@ -260,8 +264,19 @@ pub fn validate(args: ConfigArgs) -> anyhow::Result<()> {
     for note in &ic.notes {
         eprintln!("note: {note}");
     }
-    let cluster = ic.cluster_config();
+    let cluster = match &args.cluster_patch {
+        Some(patch) => cluster_config(&ic, SpecVersion::DEFAULT, Some(patch), &[])?,
+        None => ic.cluster_config(),
+    };
     cluster.check()?;
+    if let Some(bgp) = &cluster.bgp {
+        println!(
+            "bgp: {} announced by BGP (AS{}, {} peers)",
+            bgp.vips.join(", "),
+            bgp.local_asn,
+            bgp.peers.len()
+        );
+    }
     println!(
         "{}: cluster {} ({} masters, {} workers), API VIP {:?}, ingress VIP {:?}: valid",
         args.config.display(),
