@@ -21,5 +21,5 @@ for c in bird birdc vtysh keepalived; do
 done
 make -s agent >/dev/null
 cargo build -q --release -p keelson-qemu-tests --bin bgp-failover --bin kube-standin
-echo "$(bird --version 2>&1 | head -1); FRR $(vtysh --version | head -1 | awk '{print $2}'); $(keepalived -v 2>&1 | head -1)"
+echo "$(bird --version 2>&1 | head -1); $(/usr/lib/frr/zebra --version 2>&1 | head -1); $(keepalived -v 2>&1 | head -1)"
 KEELSON_STANDIN_BIN="$PWD/target/release/kube-standin" nice -n 10 target/release/bgp-failover "$RUNS"
