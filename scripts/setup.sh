@@ -47,6 +47,11 @@ REQUIRED=(
   "openssl openssl"
   # Real peers the tests and benchmarks run against.
   "keepalived keepalived"
+  # Routing daemons: the appliance image carries BIRD for bgp-mode VIPs; the BGP fabric test
+  # and bench/bgp_failover.sh run BIRD and FRR as top-of-rack routers (docs/bgp.md).
+  "bird bird2"
+  "birdc bird2"
+  "vtysh frr"
   "haproxy haproxy"
   "nsd nsd"
   "dnsmasq dnsmasq-base"

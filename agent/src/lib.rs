@@ -5,6 +5,7 @@
 //! and netlink code at each module's edge so it can be tested without either.
 
 pub mod apply;
+pub mod bgp;
 pub mod context;
 pub mod dns;
 pub mod health;

@@ -11,6 +11,8 @@ use std::net::{IpAddr, SocketAddr};
 use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
 
+pub use crate::bgp::BgpSettings;
+
 /// The only `cluster.json` version this code reads and writes.
 pub const CLUSTER_JSON_VERSION: u32 = 1;
 
@@ -117,6 +119,9 @@ pub struct ClusterConfig {
     /// Extra processes the appliance supervisor runs (operator-defined).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub services: Vec<ServiceSpec>,
+    /// VIPs announced by BGP instead of VRRP (`docs/bgp.md`); absent: every VIP uses VRRP.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bgp: Option<BgpSettings>,
 }
 
 /// VRRP settings for all instances.
@@ -590,7 +595,15 @@ impl ClusterConfig {
                 }
             }
         }
+        if let Some(bgp) = &self.bgp {
+            bgp.check(self)?;
+        }
         Ok(())
+    }
+
+    /// Whether the VIP of `vrrp.instances[]` entry `name` is announced by BGP (not VRRP).
+    pub fn bgp_mode(&self, name: &str) -> bool {
+        self.bgp.as_ref().is_some_and(|b| b.announces(name))
     }
 
     /// The instance named `name`, if any.

@@ -3,6 +3,7 @@
 
 pub mod cluster;
 pub mod configdrive;
+pub mod fabric;
 pub mod netns;
 pub mod neutron;
 pub mod probe;

@@ -120,6 +120,11 @@ pub fn summary(doc: &serde_json::Value) -> String {
         doc["ignitionRunning"],
         list(&doc["dnsUpstreams"]),
     );
+    if let Ok(bgp) =
+        serde_json::from_value::<crate::bgp::status::BgpStatus>(doc["services"]["bgp"].clone())
+    {
+        out.push_str(&crate::bgp::status::summary(&bgp));
+    }
     if let Some(members) = doc["members"].as_array() {
         out.push_str(&format!("members ({}):\n", members.len()));
         for m in members {

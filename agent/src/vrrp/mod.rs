@@ -26,7 +26,8 @@ use tokio_util::sync::CancellationToken;
 use crate::context::AgentContext;
 
 /// The instances this node takes part in, resolved against its identity: those whose
-/// priorities name this node's role and whose VIP family the node has an address in.
+/// priorities name this node's role and whose VIP family the node has an address in, and
+/// that are not announced by BGP (`cluster.json` `bgp.vips`).
 pub async fn specs(ctx: &AgentContext) -> anyhow::Result<Vec<instance::Spec>> {
     let node = &ctx.node;
     let mut out = Vec::new();
@@ -34,6 +35,10 @@ pub async fn specs(ctx: &AgentContext) -> anyhow::Result<Vec<instance::Spec>> {
         let Some(base) = cfg.priorities.for_role(node.role) else {
             continue;
         };
+        // Announced by BGP instead (`bgp` service).
+        if ctx.cluster.bgp_mode(&cfg.name) {
+            continue;
+        }
         let v6 = cfg.vip.is_ipv6();
         let Some(addr) = node.address(v6) else {
             tracing::warn!(

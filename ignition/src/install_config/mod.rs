@@ -481,6 +481,7 @@ impl InstallConfig {
                 expiry_secs: 35,
             },
             ssh_authorized_keys: self.ssh_keys.clone(),
+            bgp: None,
             services: vec![],
         }
     }
