@@ -3,8 +3,10 @@
 
 pub mod cluster;
 pub mod configdrive;
+pub mod guest;
 pub mod netns;
 pub mod probe;
 pub mod scenarios;
 pub mod segment;
+pub mod standin;
 pub mod vm;

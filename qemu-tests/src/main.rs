@@ -10,7 +10,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use keelson_qemu_tests::cluster::Cluster;
+use keelson_qemu_tests::cluster::{self, Cluster, ImageKind};
 use keelson_qemu_tests::scenarios;
 use keelson_qemu_tests::segment::{Segment, TapBridge};
 
@@ -19,9 +19,11 @@ fn main() {
     let result = match args.next().as_deref() {
         // Debug aid: bridge a segment into an existing namespace until killed.
         Some("bridge") => bridge(args.collect()),
+        // Builds (or finds in the cache) the RHCOS stand-in and prints what it is.
+        Some("standin") => standin().map(|_| ()),
         None => run(),
         Some(other) => Err(anyhow::anyhow!(
-            "unknown argument {other:?}; usage: qemu-cluster [bridge GROUP PORT NETNS]"
+            "unknown argument {other:?}; usage: qemu-cluster [standin | bridge GROUP PORT NETNS]"
         )),
     };
     if let Err(e) = result {
@@ -45,6 +47,38 @@ fn bridge(args: Vec<String>) -> Result<()> {
     }
 }
 
+/// The RHCOS stand-in for the masters: built on first use, then taken from `.cache/standin/`.
+fn standin() -> Result<keelson_qemu_tests::standin::StandinImage> {
+    let apiserver = env_path(
+        "KEELSON_STANDIN_BIN",
+        "target/x86_64-unknown-linux-gnu/release/kube-standin",
+    );
+    let cache = env_path("STANDIN_CACHE", ".cache/standin");
+    let (image, times) = keelson_qemu_tests::standin::ensure(&cache, &apiserver)?;
+    let m = &image.manifest;
+    let mib = |b: u64| b as f64 / (1024.0 * 1024.0);
+    let took = |d: Option<Duration>| {
+        d.map(|d| format!("built in {:.1} s", d.as_secs_f64()))
+            .unwrap_or_else(|| "cached".into())
+    };
+    eprintln!(
+        "standin: {} (kernel {}, ignition {}, {} packages): root files {:.0} MiB, root.qcow2 {:.0} MiB, \
+         kernel {:.1} MiB, initramfs {:.1} MiB; base {}, image {}; {:.1} s in all",
+        image.dir.display(),
+        m.kernel_release,
+        m.ignition_version,
+        m.packages,
+        mib(m.bytes.root_files),
+        mib(m.bytes.root_qcow2),
+        mib(m.bytes.kernel),
+        mib(m.bytes.initrd),
+        took(times.base),
+        took(times.image),
+        times.total.as_secs_f64()
+    );
+    Ok(image)
+}
+
 fn workspace() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
@@ -60,23 +94,33 @@ fn env_path(var: &str, default: &str) -> PathBuf {
 
 /// The operator services of the test cluster: the stand-in kube-apiserver on the control
 /// plane and, with `--plain` on :1936, the ingress router's readiness endpoint on workers.
-/// Both are the `kube-standin` build asset. The API stand-in binds the node's own address,
-/// not the wildcard, so the agent's proxy can bind VIP:6443 on the VIP holder (on RHCOS,
-/// where kube-apiserver holds *:6443, see docs/proxy.md).
-const CLUSTER_PATCH: &str = r#"{
+/// Both are the `kube-standin` build asset. On appliance nodes the API stand-in binds the
+/// node's own address, not the wildcard, so the agent's proxy can bind VIP:6443 itself (the
+/// appliance has no `nft` for the redirect). The RHCOS stand-in masters run their own
+/// apiserver on `*:6443` from systemd, as RHCOS runs kube-apiserver, so the agent there
+/// runs none and reaches VIP:6443 through its nftables redirect (docs/proxy.md).
+fn cluster_patch(masters: ImageKind) -> String {
+    let api_roles = match masters {
+        ImageKind::Appliance => r#"["bootstrap", "master"]"#,
+        ImageKind::Standin => r#"["bootstrap"]"#,
+    };
+    format!(
+        r#"{{
   "services": [
-    {"name": "kube-apiserver", "path": "/usr/local/bin/kube-standin",
-     "args": ["--listen", "${KEELSON_NODE_ADDRESS}:6443"], "roles": ["bootstrap", "master"],
-     "asset": "kube-standin"},
-    {"name": "router", "path": "/usr/local/bin/kube-standin",
+    {{"name": "kube-apiserver", "path": "/usr/local/bin/kube-standin",
+     "args": ["--listen", "${{KEELSON_NODE_ADDRESS}}:6443"], "roles": {api_roles},
+     "asset": "kube-standin"}},
+    {{"name": "router", "path": "/usr/local/bin/kube-standin",
      "args": ["--plain", "--listen", "0.0.0.0:1936"], "roles": ["worker"],
-     "asset": "kube-standin"}
+     "asset": "kube-standin"}}
   ]
+}}
+"#
+    )
 }
-"#;
 
 /// `keelson build` of the example cluster with the stand-ins; returns the output directory.
-fn build(work: &Path) -> Result<PathBuf> {
+fn build(work: &Path, masters: ImageKind) -> Result<PathBuf> {
     let keelson = env_path("KEELSON_BIN", "target/debug/keelson");
     let agent = env_path(
         "KEELSON_AGENT_BIN",
@@ -101,7 +145,7 @@ fn build(work: &Path) -> Result<PathBuf> {
     let asset = assets.join("kube-standin");
     std::fs::copy(&standin, &asset).context("copying the stand-in")?;
     let patch = work.join("cluster-patch.json");
-    std::fs::write(&patch, CLUSTER_PATCH)?;
+    std::fs::write(&patch, cluster_patch(masters))?;
     let out = work.join("out");
     let _ = std::fs::remove_dir_all(&out);
     let status = Command::new(&keelson)
@@ -209,9 +253,18 @@ fn run() -> Result<()> {
         "qemu-cluster: building the cluster's payloads and image in {}",
         work.display()
     );
-    let out = build(&work)?;
+    let masters = cluster::master_image()?;
+    let out = build(&work, masters)?;
     let image = out.join("keelson.qcow2");
-    let mut cluster = Cluster::new(&work, &out, &image)?;
+    let standin = match masters {
+        ImageKind::Standin => Some(standin()?),
+        ImageKind::Appliance => None,
+    };
+    eprintln!(
+        "qemu-cluster: bootstrap and workers boot the appliance, masters the {}",
+        masters.as_str()
+    );
+    let mut cluster = Cluster::new(&work, &out, &image, cluster::plan(masters), standin)?;
     let mut report = Report { rows: Vec::new() };
     let all = [
         "bootstrap",
@@ -227,6 +280,8 @@ fn run() -> Result<()> {
         "2 dns",
         "3 api",
         "4 pivot",
+        "4b dns",
+        "4c api",
         "5 failover",
         "6 rejoin",
     ];
@@ -258,6 +313,15 @@ fn run() -> Result<()> {
             "4b dns",
             &all[1..],
             |c| scenarios::dns(c, &everyone),
+            |d| d.clone(),
+        )?;
+        // The API through the VIP again, now that a master holds it: on the RHCOS stand-in
+        // its apiserver owns *:6443 and the VIP goes through the agent's nftables redirect.
+        report.run(
+            &mut cluster,
+            "4c api",
+            &all[1..4],
+            |c| scenarios::api_on_rhcos(c),
             |d| d.clone(),
         )?;
         let (dead, _) = report.run(

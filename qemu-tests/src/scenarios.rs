@@ -42,9 +42,14 @@ pub fn boot(c: &mut Cluster) -> Result<String> {
     let masters = names(c, "master");
     c.wait_ready(&masters, BOOT_TIMEOUT.saturating_sub(start.elapsed()))?;
     let masters_at = start.elapsed();
+    let mut standin_notes = Vec::new();
     for m in &masters {
-        let console = c.vms[m].console_text();
         let url = format!("https://{API_VIP}:22623/config/master");
+        if c.is_standin(m) {
+            standin_notes.push(standin_first_boot(c, m, &url)?);
+            continue;
+        }
+        let console = c.vms[m].console_text();
         ensure!(
             console.contains(&format!("fetched config {url}")),
             "{m} did not log fetching {url}"
@@ -71,12 +76,136 @@ pub fn boot(c: &mut Cluster) -> Result<String> {
         );
         told.push(w);
     }
+    let standin = if standin_notes.is_empty() {
+        String::new()
+    } else {
+        format!("; RHCOS stand-ins: {}", standin_notes.join("; "))
+    };
     Ok(format!(
-        "{holder} ready in {} and holds {API_VIP} at {}; 3 masters ready at {} (configs from :22623); {} retrying on 500",
+        "{holder} ready in {} and holds {API_VIP} at {}; 3 masters ready at {} (configs from :22623); {} retrying on 500{standin}",
         secs(bootstrap),
         secs(vip_at),
         secs(masters_at),
         told.join(", ")
+    ))
+}
+
+/// How long a command inside a node may take.
+const GUEST_TIMEOUT: Duration = Duration::from_secs(30);
+
+fn guest(c: &Cluster, name: &str) -> Result<crate::guest::GuestAgent> {
+    c.vms
+        .get(name)
+        .and_then(|vm| vm.guest.clone())
+        .with_context(|| format!("{name} has no guest agent"))
+}
+
+/// Runs `argv` in `name` and returns its output.
+pub fn in_node(c: &Cluster, name: &str, argv: &[&str]) -> Result<String> {
+    guest(c, name)?
+        .output(argv, GUEST_TIMEOUT)
+        .with_context(|| format!("on {name}"))
+}
+
+/// The seconds since kernel start of a `journalctl -o short-monotonic` line.
+fn monotonic(line: &str) -> Option<f64> {
+    let rest = line.trim_start().strip_prefix('[')?;
+    rest.split(']').next()?.trim().parse().ok()
+}
+
+/// Journal entries of `ident` in `-o short-monotonic` (this boot only with `this_boot`).
+fn journal(c: &Cluster, name: &str, ident: &str, this_boot: bool) -> Result<Vec<String>> {
+    let mut argv = vec![
+        "journalctl",
+        "--no-pager",
+        "-q",
+        "-o",
+        "short-monotonic",
+        "-t",
+        ident,
+    ];
+    if this_boot {
+        argv.push("-b");
+    }
+    Ok(in_node(c, name, &argv)?
+        .lines()
+        .filter(|l| monotonic(l).is_some())
+        .map(str::to_owned)
+        .collect())
+}
+
+/// What an RHCOS node's first boot must show: the unmodified Ignition fetched the full
+/// config from `url` (the pointer's merge, through the API VIP, trusting the pointer's CA)
+/// and finished; NetworkManager, not the agent, owns the NIC; systemd runs the agent as
+/// Ignition enabled it. Returns "name: Ignition X s, ready Y s".
+pub fn standin_first_boot(c: &Cluster, name: &str, url: &str) -> Result<String> {
+    let g = guest(c, name)?;
+    g.wait(Duration::from_secs(60))?;
+    let log = journal(c, name, "ignition", false)?;
+    ensure!(
+        log.iter()
+            .any(|l| l.contains(&format!("fetched referenced config at {url}"))),
+        "{name}: Ignition's log has no \"fetched referenced config at {url}\":\n{}",
+        log.join("\n")
+    );
+    let finished = log
+        .iter()
+        .rev()
+        .find(|l| l.contains("Ignition finished successfully"))
+        .with_context(|| format!("{name}: Ignition never finished:\n{}", log.join("\n")))?;
+    let ignition =
+        monotonic(finished).unwrap_or(0.0) - log.first().and_then(|l| monotonic(l)).unwrap_or(0.0);
+    for unit in [
+        "keelson-agent.service",
+        "NetworkManager.service",
+        "kube-apiserver.service",
+    ] {
+        let state = in_node(c, name, &["systemctl", "is-active", unit]).unwrap_or_default();
+        ensure!(
+            state.trim() == "active",
+            "{name}: {unit} is {state:?}, expected active"
+        );
+    }
+    let enabled = in_node(
+        c,
+        name,
+        &["systemctl", "is-enabled", "keelson-agent.service"],
+    )?;
+    ensure!(
+        enabled.trim() == "enabled",
+        "{name}: keelson-agent.service is {enabled:?}: Ignition's preset did not enable it"
+    );
+    // NetworkManager holds the NIC with the node's address.
+    let address = c.node(name)?.address.to_string();
+    let devices = in_node(
+        c,
+        name,
+        &["nmcli", "-t", "-f", "DEVICE,TYPE,STATE", "device"],
+    )?;
+    let nic = devices
+        .lines()
+        .find(|l| l.contains(":ethernet:connected"))
+        .and_then(|l| l.split(':').next())
+        .with_context(|| {
+            format!("{name}: NetworkManager manages no connected ethernet device:\n{devices}")
+        })?
+        .to_owned();
+    let addrs = in_node(
+        c,
+        name,
+        &["nmcli", "-g", "IP4.ADDRESS", "device", "show", &nic],
+    )?;
+    ensure!(
+        addrs.contains(&format!("{address}/")),
+        "{name}: NetworkManager's {nic} has {addrs:?}, expected {address}"
+    );
+    let ready = journal(c, name, "keelson-agent", true)?
+        .iter()
+        .find(|l| l.contains("keelson-agent ready:"))
+        .and_then(|l| monotonic(l))
+        .with_context(|| format!("{name}: no ready line in the agent's journal"))?;
+    Ok(format!(
+        "{name}: Ignition {ignition:.1} s in the initramfs, agent ready {ready:.1} s after kernel start, NIC {nic} by NetworkManager"
     ))
 }
 
@@ -129,11 +258,74 @@ pub fn dns(c: &Cluster, nodes: &[String]) -> Result<String> {
             "dig @{server} nosuchnode.{ZONE}: {missing:?}, expected NXDOMAIN"
         );
         checked += 2;
+        if c.is_standin(node) {
+            checked += own_resolver(c, node)?;
+        }
     }
     Ok(format!(
         "{checked} answers from {} nodes ({})",
         nodes.len(),
         nodes.join(", ")
+    ))
+}
+
+/// The node's own resolver (glibc, through the resolv.conf NetworkManager wrote from the
+/// payload's profile) answers cluster names from the agent: `api-int` by FQDN and, through
+/// the search domain, by its short name. Returns the number of names checked.
+fn own_resolver(c: &Cluster, node: &str) -> Result<usize> {
+    let resolv = in_node(c, node, &["cat", "/etc/resolv.conf"])?;
+    ensure!(
+        resolv.contains("Generated by NetworkManager"),
+        "{node}: /etc/resolv.conf was not written by NetworkManager:\n{resolv}"
+    );
+    let first = resolv.lines().find(|l| l.starts_with("nameserver"));
+    ensure!(
+        first == Some("nameserver 127.0.0.1") && resolv.contains(&format!("search {ZONE}")),
+        "{node}: /etc/resolv.conf does not ask the agent first for {ZONE}:\n{resolv}"
+    );
+    for name in [
+        format!("api-int.{ZONE}"),
+        "api-int".to_owned(),
+        format!("{node}.{ZONE}"),
+    ] {
+        let want = if name.starts_with("api") {
+            API_VIP.to_owned()
+        } else {
+            c.node(node)?.address.to_string()
+        };
+        let got = in_node(c, node, &["getent", "hosts", &name])?;
+        ensure!(
+            got.split_whitespace().next() == Some(want.as_str()),
+            "{node}: getent hosts {name} gave {got:?}, expected {want}"
+        );
+    }
+    Ok(3)
+}
+
+/// 4c. API through VIP:6443 on an RHCOS master: the holder's kube-apiserver owns `*:6443`, so
+///     the agent reaches the VIP through its nftables redirect to the proxy; requests
+///     through the VIP are spread over every master (the local apiserver alone would only
+///     ever name the holder).
+pub fn api_on_rhcos(c: &Cluster) -> Result<String> {
+    let holder = c.wait_holder(API_VIP, Duration::from_secs(30), |h| {
+        h.starts_with("master-")
+    })?;
+    if !c.is_standin(&holder) {
+        return api_spread(c);
+    }
+    let listeners = in_node(c, &holder, &["ss", "-Hltnp", "sport = :6443"])?;
+    ensure!(
+        listeners.contains("0.0.0.0:6443") && listeners.contains("kube-standin"),
+        "{holder}: *:6443 is not the apiserver's: {listeners:?}"
+    );
+    let table = in_node(c, &holder, &["nft", "list", "table", "inet", "keelson_api"])?;
+    ensure!(
+        table.contains(&format!("ip daddr {API_VIP} tcp dport 6443 redirect to :")),
+        "{holder}: no VIP:6443 redirect in nftables:\n{table}"
+    );
+    let spread = api_spread(c)?;
+    Ok(format!(
+        "{holder} holds {API_VIP}, its apiserver owns *:6443, nftables redirects the VIP to the proxy; {spread}"
     ))
 }
 
@@ -370,6 +562,11 @@ pub fn rejoin(c: &mut Cluster, master: &str) -> Result<String> {
     c.boot(master)?;
     c.wait_ready(&[master.to_owned()], BOOT_TIMEOUT)?;
     let ready = start.elapsed();
+    let second_boot = if c.is_standin(master) {
+        standin_second_boot(c, master)?
+    } else {
+        String::new()
+    };
     let other = names(c, "master")
         .into_iter()
         .find(|m| m != master && c.vms.contains_key(m))
@@ -390,9 +587,67 @@ pub fn rejoin(c: &mut Cluster, master: &str) -> Result<String> {
     let dns_at = dns_at.with_context(|| format!("{other}'s DNS never answered {name}"))?;
     let api_at = api_at.with_context(|| format!("the API VIP never sent a request to {master}"))?;
     Ok(format!(
-        "{master} ready in {}; in {other}'s DNS at {}; serving through the API VIP at {}",
+        "{master} ready in {}{second_boot}; in {other}'s DNS at {}; serving through the API VIP at {}",
         secs(ready),
         secs(dns_at),
         secs(api_at)
     ))
+}
+
+/// A stand-in's second boot: the disk Ignition wrote is kept, no Ignition runs (no
+/// `ignition.firstboot`, no Ignition entry in this boot's journal while the first boot's are
+/// still there), and systemd started the agent again on its own.
+fn standin_second_boot(c: &Cluster, name: &str) -> Result<String> {
+    guest(c, name)?.wait(Duration::from_secs(60))?;
+    let cmdline = in_node(c, name, &["cat", "/proc/cmdline"])?;
+    ensure!(
+        !cmdline
+            .split_whitespace()
+            .any(|w| w == "ignition.firstboot"),
+        "{name}: the second boot has ignition.firstboot: {cmdline}"
+    );
+    let this_boot = journal(c, name, "ignition", true)?;
+    ensure!(
+        this_boot.is_empty(),
+        "{name}: Ignition ran on the second boot:\n{}",
+        this_boot.join("\n")
+    );
+    let all = journal(c, name, "ignition", false)?;
+    ensure!(
+        all.iter()
+            .any(|l| l.contains("Ignition finished successfully")),
+        "{name}: the first boot's Ignition entries are gone: the disk was not kept"
+    );
+    let state = in_node(
+        c,
+        name,
+        &["systemctl", "is-active", "keelson-agent.service"],
+    )?;
+    ensure!(
+        state.trim() == "active",
+        "{name}: keelson-agent.service is {state:?}"
+    );
+    let ready = journal(c, name, "keelson-agent", true)?
+        .iter()
+        .find(|l| l.contains("keelson-agent ready:"))
+        .and_then(|l| monotonic(l))
+        .unwrap_or(0.0);
+    Ok(format!(
+        " (second boot: no Ignition, systemd started the agent, ready {ready:.1} s after kernel start)"
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn monotonic_timestamps_of_journal_lines() {
+        assert_eq!(
+            monotonic("[    4.123456] master-0 ignition[312]: Ignition 2.14.0"),
+            Some(4.123456)
+        );
+        assert_eq!(monotonic("-- No entries --"), None);
+        assert_eq!(monotonic("[abc] x"), None);
+    }
 }

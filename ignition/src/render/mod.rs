@@ -170,6 +170,13 @@ pub fn full_model(cluster: &ClusterConfig, role: Role, assets: &NodeAssets) -> M
         ),
         inline(paths::CA, 0o644, assets.ca_pem.as_bytes()),
         inline(paths::TRUST_ANCHOR, 0o644, assets.ca_pem.as_bytes()),
+        // The node's resolver asks the local agent first, through NetworkManager (RHCOS);
+        // the appliance writes its own resolv.conf and never reads this file.
+        inline(
+            crate::resolver::PROFILE_PATH,
+            0o600,
+            crate::resolver::networkmanager_profile(&cluster.zone()).as_bytes(),
+        ),
     ];
     // The bootstrap serves configs now and masters after the pivot; workers never do, so
     // they never hold the server key.
