@@ -47,6 +47,7 @@ pub struct Manifest {
 
 /// Checksums of the image's parts (hex).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
 pub struct Sha256Sums {
     /// The ext4 root file system (raw, before qcow2).
     pub root: String,
@@ -58,6 +59,7 @@ pub struct Sha256Sums {
 
 /// Sizes of the image's parts in bytes.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
 pub struct Sizes {
     /// Files in the root (`du`).
     pub root_files: u64,
@@ -152,6 +154,7 @@ pub fn ensure(cache: &Path, apiserver: &Path) -> Result<(StandinImage, BuildTime
         let t = Instant::now();
         build_base(&base, &sources)?;
         times.base = Some(t.elapsed());
+        prune(cache, "base", &base);
     }
     let apiserver_bytes = std::fs::read(apiserver)
         .with_context(|| format!("reading the stand-in apiserver {}", apiserver.display()))?;
@@ -161,6 +164,7 @@ pub fn ensure(cache: &Path, apiserver: &Path) -> Result<(StandinImage, BuildTime
         let t = Instant::now();
         build_image(&base, &dir, &base_key, &image_key, &apiserver_bytes)?;
         times.image = Some(t.elapsed());
+        prune(cache, "image", &dir);
     }
     let manifest: Manifest = serde_json::from_slice(&std::fs::read(dir.join("manifest.json"))?)
         .context("reading the stand-in's manifest.json")?;
@@ -200,7 +204,50 @@ impl Staging {
 
 impl Drop for Staging {
     fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
+        remove_unless_mounted(&self.0);
+    }
+}
+
+/// Mount points at or under `dir` (`/proc/self/mountinfo`).
+fn mounts_under(dir: &Path) -> Vec<String> {
+    let text = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    let prefix = dir.to_string_lossy().into_owned();
+    text.lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .filter(|m| *m == prefix || m.starts_with(&format!("{prefix}/")))
+        .map(str::to_owned)
+        .collect()
+}
+
+/// Removes a build directory, unless something is still mounted inside it: mmdebstrap
+/// mounts /proc, /sys and /dev into its chroot, and a tree walk through a live /dev mount
+/// would delete the host's device nodes. Then it says so and leaves the directory.
+fn remove_unless_mounted(dir: &Path) {
+    let mounts = mounts_under(dir);
+    if mounts.is_empty() {
+        let _ = std::fs::remove_dir_all(dir);
+    } else {
+        eprintln!(
+            "standin: not removing {}: still mounted there: {}",
+            dir.display(),
+            mounts.join(", ")
+        );
+    }
+}
+
+/// Removes the cache's other layers of the same kind (`base-*` or `image-*`) once a new one
+/// is in place: each is hundreds of MiB and no key ever comes back but by rebuilding.
+fn prune(cache: &Path, kind: &str, keep: &Path) {
+    let Ok(entries) = std::fs::read_dir(cache) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let path = e.path();
+        let name = e.file_name().to_string_lossy().into_owned();
+        if name.starts_with(&format!("{kind}-")) && path != keep {
+            eprintln!("standin: removing the stale {}", path.display());
+            remove_unless_mounted(&path);
+        }
     }
 }
 
@@ -283,6 +330,9 @@ fn build_image(
         Command::new("cp").arg("-al").arg(&rootfs).arg(&tree),
         "cp -al",
     )?;
+    for d in recipe::IMAGE_DIRS {
+        std::fs::create_dir_all(tree.join(d))?;
+    }
     let bin = tree.join(recipe::APISERVER_BIN);
     std::fs::create_dir_all(bin.parent().context("apiserver path")?)?;
     std::fs::write(&bin, apiserver)?;

@@ -40,6 +40,13 @@ pub const PACKAGES: &[&str] = &[
     // file systems (`e2fsprogs`).
     "passwd",
     "e2fsprogs",
+    // Debian's Ignition is built with SELinux relabeling on: its `files` stage reads
+    // `/etc/selinux/config` and runs `setfiles` (which dracut copies into the initramfs) on
+    // what it wrote. The reference policy gives it real file contexts; the kernel never loads
+    // it (Debian's kernel starts AppArmor, `SELINUX=disabled`): labels on disk, no
+    // enforcement (docs/rhcos.md, "SELinux").
+    "policycoreutils",
+    "selinux-policy-default",
     // How the harness looks inside a node (`getent`, `nmcli`, `nft`, `journalctl` through
     // `guest-exec` on a virtio-serial port): no SSH, no network path of its own.
     "qemu-guest-agent",
@@ -86,6 +93,11 @@ pub const APISERVER_UNIT_PATH: &str = "etc/systemd/system/kube-apiserver.service
 pub const APISERVER_WANTS: &str =
     "etc/systemd/system/multi-user.target.wants/kube-apiserver.service";
 
+/// Directories the image layer adds to the base root. `/var/log/journal` makes the journal
+/// persistent, as on RHCOS: Ignition's log from the first boot (flushed from the
+/// initramfs) is still there on the next boot.
+pub const IMAGE_DIRS: &[&str] = &["var/log/journal"];
+
 /// The `mmdebstrap` arguments that build the root into `dir` from the apt `sources` file.
 /// `--mode=root` (the harness runs as root, and maintainer scripts need real chroot mounts);
 /// no recommends; no documentation, manuals or translations (a test root nobody reads).
@@ -118,7 +130,8 @@ pub fn mmdebstrap_args(dir: &str, sources: &str) -> Vec<String> {
     args.push(
         "--customize-hook=rm -f \"$1/etc/hostname\" \"$1/etc/resolv.conf\"; \
          echo uninitialized > \"$1/etc/machine-id\"; \
-         printf 'LABEL=root / ext4 rw,relatime 0 1\\n' > \"$1/etc/fstab\""
+         printf 'LABEL=root / ext4 rw,relatime 0 1\\n' > \"$1/etc/fstab\"; \
+         printf 'SELINUX=disabled\\nSELINUXTYPE=default\\n' > \"$1/etc/selinux/config\""
             .into(),
     );
     args.push(SUITE.into());
@@ -151,6 +164,10 @@ pub fn image_key(base_key: &str, apiserver: &[u8]) -> String {
     let mut h = Sha256::new();
     h.update(base_key.as_bytes());
     h.update(APISERVER_UNIT.as_bytes());
+    for d in IMAGE_DIRS {
+        h.update(d.as_bytes());
+        h.update(b"\n");
+    }
     h.update(Sha256::digest(apiserver));
     hex::encode(&h.finalize()[..8])
 }
@@ -200,6 +217,10 @@ pub fn cmdline(boot: &BootSpec) -> String {
         "ignition.platform.id=openstack".into(),
         "rd.neednet=1".into(),
         format!("systemd.hostname={}", boot.hostname),
+        // One machine ID for the initramfs and the real root (and every boot), so the
+        // journal the initramfs wrote (Ignition's log) is flushed into the root's persistent
+        // journal with the rest, and `journalctl -t ignition` finds it after switch-root.
+        format!("systemd.machine_id={}", machine_id(&boot.hostname)),
         "systemd.journald.forward_to_console=1".into(),
     ];
     args.push(match &boot.network {
@@ -218,6 +239,11 @@ pub fn cmdline(boot: &BootSpec) -> String {
         args.push("ignition.firstboot".into());
     }
     args.join(" ")
+}
+
+/// The node's machine ID: 32 hex digits derived from its host name.
+pub fn machine_id(hostname: &str) -> String {
+    hex::encode(&Sha256::digest(format!("keelson-standin {hostname}").as_bytes())[..16])
 }
 
 #[cfg(test)]
@@ -245,6 +271,9 @@ mod tests {
         assert!(words.contains(&"ignition.platform.id=openstack"));
         assert!(words.contains(&"ip=10.0.0.11:::255.255.0.0:master-0::none"));
         assert!(words.contains(&"systemd.hostname=master-0"));
+        let id = machine_id("master-0");
+        assert_eq!(id.len(), 32);
+        assert!(first.contains(&format!("systemd.machine_id={id}")));
         let later = cmdline(&boot(false, net));
         assert!(!later.split(' ').any(|w| w == "ignition.firstboot"));
         // The platform and the network are permanent arguments.
