@@ -8,7 +8,7 @@ export KEELSON_AGENT_BIN := $(abspath $(AGENT_BIN))
 # The QEMU cluster's stand-in kube-apiserver, shipped in its test image.
 export KEELSON_STANDIN_BIN := $(abspath target/$(TARGET)/$(AGENT_PROFILE)/kube-standin)
 
-.PHONY: all setup agent build image test lint qemu-cluster bench fuzz clean
+.PHONY: all setup agent build image test lint qemu-cluster standin bench fuzz clean
 
 all: build
 
@@ -36,9 +36,16 @@ test: setup agent
 
 # Bootstrap, three masters and two workers under QEMU (TCG; ACCEL=kvm where KVM works),
 # checked from a network namespace on their segment; prints a table (docs/qemu-cluster.md).
+# The masters boot the RHCOS stand-in (QEMU_CLUSTER_MASTERS=appliance: the appliance).
 qemu-cluster: setup agent
 	cargo build -p keelson -p keelson-qemu-tests --bin keelson --bin qemu-cluster
 	KEELSON_BIN=$(abspath target/debug/keelson) target/debug/qemu-cluster
+
+# The RHCOS stand-in the masters of qemu-cluster boot (docs/rhcos.md): built with mmdebstrap
+# on first use (minutes), then taken from .cache/standin/. qemu-cluster builds it itself.
+standin: setup agent
+	cargo build -p keelson-qemu-tests --bin qemu-cluster
+	target/debug/qemu-cluster standin
 
 bench: setup agent
 	@for b in bench/*.sh; do echo "== $$b"; bash $$b || exit 1; done
