@@ -7,10 +7,12 @@ pub const KERNEL: &str = "vmlinuz";
 pub const INITRD: &str = "initrd.img";
 
 /// The kernel command line. Both consoles, serial last so `/dev/console` (the agent's log) is
-/// the serial port OpenStack's console log and our tests read; `panic=10` reboots instead of
+/// the serial port OpenStack's console log and our tests read; `no_timer_check` skips the
+/// kernel's IO-APIC timer check, which fails ("IO-APIC + timer doesn't work!", a panic) when
+/// a virtual machine's host is busy, as cloud images set it; `panic=10` reboots instead of
 /// hanging should the kernel itself fail.
 pub fn cmdline(extra: &str) -> String {
-    let base = "console=tty0 console=ttyS0,115200n8 panic=10";
+    let base = "console=tty0 console=ttyS0,115200n8 no_timer_check panic=10";
     if extra.trim().is_empty() {
         base.to_owned()
     } else {
@@ -56,7 +58,7 @@ mod tests {
         assert!(bios.contains("TIMEOUT 0") && loader_conf().contains("timeout 0"));
         assert_eq!(
             cmdline("  "),
-            "console=tty0 console=ttyS0,115200n8 panic=10"
+            "console=tty0 console=ttyS0,115200n8 no_timer_check panic=10"
         );
     }
 }
