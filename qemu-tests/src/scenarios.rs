@@ -15,6 +15,9 @@ pub const ZONE: &str = "ocp4.osd2019.local";
 /// How long a node may take from QEMU start to its ready line under TCG with six VMs on a
 /// small host.
 pub const BOOT_TIMEOUT: Duration = Duration::from_secs(300);
+/// The same for an RHCOS stand-in: Ignition in the initramfs, then a systemd root (about
+/// twice an appliance's boot under TCG, and far more on a loaded host).
+pub const STANDIN_BOOT_TIMEOUT: Duration = Duration::from_secs(600);
 const ACCEPT_32: &str = "Accept: application/vnd.coreos.ignition+json;version=3.2.0, */*;q=0.1";
 
 fn names(c: &Cluster, role: &str) -> Vec<String> {
@@ -23,6 +26,15 @@ fn names(c: &Cluster, role: &str) -> Vec<String> {
         .filter(|n| n.role == role)
         .map(|n| n.name.clone())
         .collect()
+}
+
+/// How long `nodes` may take to boot: longer when one is a stand-in.
+fn boot_timeout(c: &Cluster, nodes: &[String]) -> Duration {
+    if nodes.iter().any(|n| c.is_standin(n)) {
+        STANDIN_BOOT_TIMEOUT
+    } else {
+        BOOT_TIMEOUT
+    }
 }
 
 fn secs(d: Duration) -> String {
@@ -40,7 +52,10 @@ pub fn boot(c: &mut Cluster) -> Result<String> {
     let holder = c.wait_holder(API_VIP, Duration::from_secs(60), |h| h == "bootstrap")?;
     let vip_at = start.elapsed();
     let masters = names(c, "master");
-    c.wait_ready(&masters, BOOT_TIMEOUT.saturating_sub(start.elapsed()))?;
+    c.wait_ready(
+        &masters,
+        boot_timeout(c, &masters).saturating_sub(start.elapsed()),
+    )?;
     let masters_at = start.elapsed();
     let mut standin_notes = Vec::new();
     for m in &masters {
@@ -560,7 +575,7 @@ pub fn failover(c: &mut Cluster) -> Result<(String, String)> {
 pub fn rejoin(c: &mut Cluster, master: &str) -> Result<String> {
     let start = Instant::now();
     c.boot(master)?;
-    c.wait_ready(&[master.to_owned()], BOOT_TIMEOUT)?;
+    c.wait_ready(&[master.to_owned()], boot_timeout(c, &[master.to_owned()]))?;
     let ready = start.elapsed();
     let second_boot = if c.is_standin(master) {
         standin_second_boot(c, master)?

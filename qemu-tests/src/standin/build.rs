@@ -330,6 +330,15 @@ fn build_image(
         Command::new("cp").arg("-al").arg(&rootfs).arg(&tree),
         "cp -al",
     )?;
+    // Files of the base are hard links: replace, never write through them.
+    let machine_id = tree.join("etc/machine-id");
+    let _ = std::fs::remove_file(&machine_id);
+    std::fs::write(&machine_id, recipe::MACHINE_ID)?;
+    for unit in recipe::MASKED_UNITS {
+        let link = tree.join("etc/systemd/system").join(unit);
+        let _ = std::fs::remove_file(&link);
+        std::os::unix::fs::symlink("/dev/null", &link)?;
+    }
     for d in recipe::IMAGE_DIRS {
         std::fs::create_dir_all(tree.join(d))?;
     }

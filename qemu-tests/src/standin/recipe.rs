@@ -98,15 +98,32 @@ pub const APISERVER_WANTS: &str =
 /// initramfs) is still there on the next boot.
 pub const IMAGE_DIRS: &[&str] = &["var/log/journal"];
 
+/// Units of Debian's packages a cluster node has no use for, masked in the image layer so a
+/// first boot under TCG does not spend minutes on them (RHCOS ships none of them either).
+pub const MASKED_UNITS: &[&str] = &[
+    "apt-daily.timer",
+    "apt-daily-upgrade.timer",
+    "dpkg-db-backup.timer",
+    "e2scrub_all.timer",
+    "e2scrub_reap.service",
+    "fstrim.timer",
+];
+
+/// `/etc/machine-id` of the image: "uninitialized", so systemd treats a node's first boot as
+/// its first boot (`ConditionFirstBoot`) and applies the presets, among them the one
+/// Ignition writes for the units it enables (`keelson-agent.service`), as on RHCOS. An empty
+/// file (what mmdebstrap leaves) gets a machine ID but no first boot, and the agent never
+/// starts.
+pub const MACHINE_ID: &str = "uninitialized\n";
+
 /// The `mmdebstrap` arguments that build the root into `dir` from the apt `sources` file.
 /// `--mode=root` (the harness runs as root, and maintainer scripts need real chroot mounts);
 /// no recommends; no documentation, manuals or translations (a test root nobody reads).
 /// The setup hook writes the dracut configuration before the kernel's postinst runs dracut,
 /// so the one initramfs built is already the Ignition one. The customize hook leaves what
 /// must differ per node to the node's first boot: no host name (the kernel command line
-/// gives it), no `resolv.conf` (NetworkManager writes it), `machine-id` "uninitialized" so
-/// systemd treats the first boot as first boot and applies the presets Ignition writes for
-/// the units it enables, as on RHCOS.
+/// gives it), no `resolv.conf` (NetworkManager writes it). `machine-id` is the image
+/// layer's ([`MACHINE_ID`]): mmdebstrap empties it after the hooks.
 pub fn mmdebstrap_args(dir: &str, sources: &str) -> Vec<String> {
     let mut args: Vec<String> = [
         "--mode=root",
@@ -129,7 +146,6 @@ pub fn mmdebstrap_args(dir: &str, sources: &str) -> Vec<String> {
     args.push(format!("--include={}", PACKAGES.join(",")));
     args.push(
         "--customize-hook=rm -f \"$1/etc/hostname\" \"$1/etc/resolv.conf\"; \
-         echo uninitialized > \"$1/etc/machine-id\"; \
          printf 'LABEL=root / ext4 rw,relatime 0 1\\n' > \"$1/etc/fstab\"; \
          printf 'SELINUX=disabled\\nSELINUXTYPE=default\\n' > \"$1/etc/selinux/config\""
             .into(),
@@ -164,6 +180,10 @@ pub fn image_key(base_key: &str, apiserver: &[u8]) -> String {
     let mut h = Sha256::new();
     h.update(base_key.as_bytes());
     h.update(APISERVER_UNIT.as_bytes());
+    h.update(MACHINE_ID.as_bytes());
+    for u in MASKED_UNITS {
+        h.update(format!("mask {u}\n"));
+    }
     for d in IMAGE_DIRS {
         h.update(d.as_bytes());
         h.update(b"\n");
