@@ -354,6 +354,25 @@ fn build_image(
     std::fs::create_dir_all(wants.parent().context("wants path")?)?;
     std::os::unix::fs::symlink("/etc/systemd/system/kube-apiserver.service", &wants)?;
 
+    // Every time in the tree at most SOURCE_DATE_EPOCH: maintainer scripts and this build
+    // stamp files with the wall clock, and mkfs.ext4 -d copies the times into the inodes.
+    // (The base's inodes are shared through the hard links: clamping is idempotent.)
+    let epoch = source_date_epoch().to_string();
+    tool_output(
+        Command::new("find")
+            .arg(&tree)
+            .args([
+                "-newermt",
+                &format!("@{epoch}"),
+                "-exec",
+                "touch",
+                "-h",
+                "-d",
+            ])
+            .arg(format!("@{epoch}"))
+            .args(["{}", "+"]),
+        "find -exec touch (clamping times)",
+    )?;
     let kernel_release = std::fs::read_dir(rootfs.join("usr/lib/modules"))?
         .filter_map(|e| e.ok())
         .map(|e| e.file_name().to_string_lossy().into_owned())
@@ -374,7 +393,6 @@ fn build_image(
 
     let raw = staging.0.join("root.raw");
     let uuid = uuid_from(image_key);
-    let epoch = source_date_epoch().to_string();
     tool_output(
         Command::new("mkfs.ext4")
             .args(["-q", "-F", "-L", recipe::ROOT_LABEL, "-U", &uuid])

@@ -181,6 +181,7 @@ pub fn image_key(base_key: &str, apiserver: &[u8]) -> String {
     h.update(base_key.as_bytes());
     h.update(APISERVER_UNIT.as_bytes());
     h.update(MACHINE_ID.as_bytes());
+    h.update(b"times clamped to SOURCE_DATE_EPOCH\n");
     for u in MASKED_UNITS {
         h.update(format!("mask {u}\n"));
     }
