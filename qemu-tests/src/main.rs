@@ -310,7 +310,7 @@ fn run() -> Result<()> {
         let everyone: Vec<String> = all[1..].iter().map(|s| s.to_string()).collect();
         report.run(
             &mut cluster,
-            "4b dns",
+            order[4],
             &all[1..],
             |c| scenarios::dns(c, &everyone),
             |d| d.clone(),
@@ -319,21 +319,21 @@ fn run() -> Result<()> {
         // its apiserver owns *:6443 and the VIP goes through the agent's nftables redirect.
         report.run(
             &mut cluster,
-            "4c api",
+            order[5],
             &all[1..4],
             |c| scenarios::api_on_rhcos(c),
             |d| d.clone(),
         )?;
         let (dead, _) = report.run(
             &mut cluster,
-            order[4],
+            order[6],
             &all[1..],
             scenarios::failover,
             |(_, d)| d.clone(),
         )?;
         report.run(
             &mut cluster,
-            order[5],
+            order[7],
             &all[1..4],
             |c| scenarios::rejoin(c, &dead),
             |d| d.clone(),

@@ -107,6 +107,12 @@ pub const MASKED_UNITS: &[&str] = &[
     "e2scrub_all.timer",
     "e2scrub_reap.service",
     "fstrim.timer",
+    // Debian's systemd presets enable systemd-networkd, which the first boot's preset-all
+    // would start beside NetworkManager; its wait-online then holds network-online.target
+    // (and so the agent) for its full 120 s timeout. RHCOS has no networkd.
+    "systemd-networkd.service",
+    "systemd-networkd.socket",
+    "systemd-networkd-wait-online.service",
 ];
 
 /// `/etc/machine-id` of the image: "uninitialized", so systemd treats a node's first boot as
