@@ -591,7 +591,10 @@ pub fn rejoin(c: &mut Cluster, master: &str) -> Result<String> {
     let name = format!("{master}.{ZONE}");
     let mut dns_at = None;
     let mut api_at = None;
-    while start.elapsed() < Duration::from_secs(180) && (dns_at.is_none() || api_at.is_none()) {
+    // From the ready line on: members and the proxy's checks need their time after the boot,
+    // however long the boot took.
+    let deadline = Instant::now() + Duration::from_secs(180);
+    while Instant::now() < deadline && (dns_at.is_none() || api_at.is_none()) {
         if dns_at.is_none() && probe::dig(&c.netns, &server, &name, "A").records == want {
             dns_at = Some(start.elapsed());
         }
