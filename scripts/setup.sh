@@ -25,7 +25,11 @@ REQUIRED=(
   "depmod kmod"
   "mkfs.ext4 e2fsprogs"
   "dpkg-deb dpkg"
+  "dpkg-query dpkg"
   "apt-get apt"
+  # The RHCOS stand-in the QEMU cluster's masters boot (qemu-tests/src/standin/): a Debian
+  # root built with mmdebstrap, made into ext4 without mounting it (mkfs.ext4 -d).
+  "mmdebstrap mmdebstrap"
   # Payloads: ignition-validate checks every config we write (spec 3.0-3.3).
   "ignition-validate ignition"
   "systemd-analyze systemd"
@@ -69,6 +73,8 @@ REQUIRED_FILES=(
   "/usr/share/ovmf/OVMF.fd ovmf"
   "/usr/lib/syslinux/mbr/gptmbr.bin syslinux-common"
   "/usr/lib/systemd/boot/efi/systemd-bootx64.efi systemd-boot-efi"
+  # The Ignition program itself (the test of the Accept header Ignition 2.14 sends).
+  "/usr/lib/dracut/modules.d/30ignition/ignition ignition"
 )
 # Cargo subcommands `make lint` runs: "command crate".
 REQUIRED_CARGO=(

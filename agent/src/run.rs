@@ -180,8 +180,18 @@ pub fn stop_on_signals(stop: CancellationToken) -> anyhow::Result<()> {
 pub async fn cli(args: RunArgs) -> anyhow::Result<()> {
     let bytes = std::fs::read(&args.cluster)
         .with_context(|| format!("reading {}", args.cluster.display()))?;
-    let cluster =
+    let mut cluster =
         ClusterConfig::from_json(&bytes).with_context(|| format!("{}", args.cluster.display()))?;
+    // Outside the appliance the host's network manager owns /etc/resolv.conf (on RHCOS,
+    // NetworkManager, which the payload's profile points at the agent: docs/dns.md); the
+    // agent writing it there would fight NetworkManager and, under the unit's
+    // ProtectSystem=strict, fail.
+    if cluster.dns.manage_resolv_conf {
+        tracing::info!(
+            "dns: leaving /etc/resolv.conf to the host (dns.manageResolvConf applies to the appliance)"
+        );
+        cluster.dns.manage_resolv_conf = false;
+    }
     let node = match &args.node {
         Some(path) => NodeIdentity::load(path)?,
         None => crate::node::from_system(&cluster, std::path::Path::new("/"), None)?,

@@ -397,6 +397,13 @@ pub fn sha256sums(dir: &Path, names: &[String]) -> anyhow::Result<String> {
     Ok(out)
 }
 
+/// What `keelson build` says when it writes a bootstrap.ign without `--agent-url`.
+pub const NO_AGENT_URL_WARNING: &str = "bootstrap.ign is for the keelson appliance image \
+(keelson.qcow2, whose PID 1 is the agent); an RHCOS bootstrap booted from it would run no \
+keelson-agent, so no API VIP and no Ignition server for the masters. For an RHCOS bootstrap \
+pass --agent-url URL, where the bootstrap can download the agent binary (out/assets/keelson-agent, \
+sha512-verified).";
+
 /// Runs `keelson build`.
 pub fn build(args: BuildArgs) -> anyhow::Result<()> {
     let say = |m: &str| {
@@ -429,10 +436,10 @@ pub fn build(args: BuildArgs) -> anyhow::Result<()> {
         Some(url) => say(&format!(
             "bootstrap.ign fetches the agent from {url} (RHCOS bootstrap; sha512-verified)"
         )),
-        None => say(
-            "bootstrap.ign is for the keelson appliance image, which already holds the agent \
-             (--agent-url URL for an RHCOS bootstrap)",
-        ),
+        // A warning, not progress: shown with --quiet too. An RHCOS bootstrap booted from
+        // this config comes up without the agent, so without VIPs and without the Ignition
+        // server the masters fetch their configs from; nothing else would say so.
+        None => eprintln!("keelson: warning: {}", NO_AGENT_URL_WARNING),
     }
     let mut names = write_outputs(
         staging.path(),

@@ -447,8 +447,31 @@ fn build_says_which_bootstrap_its_config_is_for() {
     };
     let appliance = run(&work.path().join("a").display().to_string(), None);
     assert!(
-        appliance.contains("for the keelson appliance image"),
+        appliance.contains("warning: bootstrap.ign is for the keelson appliance image"),
         "{appliance}"
+    );
+    assert!(
+        appliance.contains("pass --agent-url URL"),
+        "the warning says what to pass: {appliance}"
+    );
+    // A warning is not progress: --quiet keeps it.
+    let quiet_out = work.path().join("q").display().to_string();
+    let quiet = keelson(&[
+        "build",
+        "--config",
+        EXAMPLE,
+        "--out",
+        &quiet_out,
+        "--agent",
+        &agent,
+        "--no-image",
+        "--quiet",
+    ]);
+    ok(&quiet);
+    assert!(
+        String::from_utf8_lossy(&quiet.stderr).contains("--agent-url"),
+        "{}",
+        String::from_utf8_lossy(&quiet.stderr)
     );
     let rhcos = run(
         &work.path().join("b").display().to_string(),
@@ -458,6 +481,7 @@ fn build_says_which_bootstrap_its_config_is_for() {
         rhcos.contains("fetches the agent from https://objects.example/keelson-agent"),
         "{rhcos}"
     );
+    assert!(!rhcos.contains("warning"), "{rhcos}");
 }
 
 #[test]

@@ -18,6 +18,7 @@ pub mod negotiate;
 #[cfg(feature = "build")]
 pub mod pki;
 pub mod render;
+pub mod resolver;
 pub mod routes;
 pub mod server;
 pub mod unit;
