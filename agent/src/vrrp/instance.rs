@@ -141,6 +141,50 @@ pub struct InstanceStatus {
     pub checks: Vec<CheckState>,
     /// Counters.
     pub counters: Counters,
+    /// When it entered its current state.
+    #[serde(skip)]
+    pub state_since: Option<Instant>,
+}
+
+impl InstanceStatus {
+    /// The typed status section of this instance (`status`, `/metrics`).
+    pub fn view(&self, now: Instant) -> crate::status::model::VrrpInstance {
+        use crate::status::model::{HealthCheck, VrrpInstance, VrrpState};
+        let c = &self.counters;
+        VrrpInstance {
+            name: self.name.clone(),
+            vip: self.vip,
+            vrid: self.vrid,
+            state: match self.state {
+                State::Initialize => VrrpState::Initialize,
+                State::Backup => VrrpState::Backup,
+                State::Master => VrrpState::Master,
+            },
+            state_seconds: self
+                .state_since
+                .map(|t| now.saturating_duration_since(t).as_secs_f64())
+                .unwrap_or_default(),
+            base_priority: self.base_priority,
+            priority: self.priority,
+            master: self.master,
+            master_priority: self.master_priority,
+            transitions: c.transitions,
+            adverts_received: c.adverts_in,
+            adverts_sent: c.adverts_out,
+            announcements: c.announcements,
+            drops: c.drops.iter().map(|(k, v)| (k.to_string(), *v)).collect(),
+            checks: self
+                .checks
+                .iter()
+                .map(|ch| HealthCheck {
+                    name: ch.name.clone(),
+                    passing: ch.passing,
+                    weight: ch.weight,
+                    transitions: ch.transitions,
+                })
+                .collect(),
+        }
+    }
 }
 
 /// Shared status of all instances, republished as the `vrrp` snapshot.
@@ -157,6 +201,10 @@ struct Runner {
     origin: Instant,
     checks: watch::Receiver<Vec<CheckState>>,
     status: StatusMap,
+    /// The state last published and since when.
+    state_seen: (State, Instant),
+    /// The master that last said goodbye (priority 0): its adverts stopping is no death.
+    master_left: Option<IpAddr>,
 }
 
 impl Runner {
@@ -219,7 +267,27 @@ impl Runner {
             }
         }
         self.counters.transitions = self.machine.transitions();
+        if self.machine.state() != self.state_seen.0 {
+            self.state_seen = (self.machine.state(), Instant::now());
+        }
         self.publish();
+    }
+
+    /// After a timer: when this backup took over because the master's adverts stopped (not
+    /// after its goodbye), tell the proxy that node is gone; called before the takeover's
+    /// actions run, so the proxy knows before the VIP frontend opens.
+    fn hint_master_down(&self, before: (State, Option<(IpAddr, u8)>)) {
+        if let (State::Backup, Some((addr, _))) = before
+            && self.machine.state() == State::Master
+            && !self.spec.own.contains(&addr)
+            && self.master_left != Some(addr)
+        {
+            tracing::info!(
+                "vrrp {}: adverts from {addr} stopped; taking over",
+                self.spec.config.name
+            );
+            self.ctx.bus.vrrp_peer_down.send_replace(Some(addr));
+        }
     }
 
     async fn send_advert(&mut self, priority: u8) {
@@ -269,6 +337,7 @@ impl Runner {
             master_priority,
             checks: self.checks.borrow().clone(),
             counters: self.counters.clone(),
+            state_since: Some(self.state_seen.1),
         };
         let snapshot = {
             let mut map = self.status.lock().unwrap_or_else(|p| p.into_inner());
@@ -331,6 +400,8 @@ pub async fn run(
         origin: Instant::now(),
         checks,
         status,
+        state_seen: (State::Initialize, Instant::now()),
+        master_left: None,
     };
     let now = r.now();
     let actions = r.machine.startup(now);
@@ -353,6 +424,11 @@ pub async fn run(
                 match r.spec.validate(&pkt) {
                     Ok(advert) => {
                         r.counters.adverts_in += 1;
+                        if advert.priority == 0 {
+                            r.master_left = Some(pkt.src);
+                        } else if r.master_left == Some(pkt.src) {
+                            r.master_left = None;
+                        }
                         let now = r.now();
                         let actions = r.machine.on_advert(now, pkt.src, &advert);
                         r.execute(actions).await;
@@ -366,7 +442,9 @@ pub async fn run(
             }
             _ = sleep_until(deadline) => {
                 let now = r.now();
+                let before = (r.machine.state(), r.machine.master());
                 let actions = r.machine.on_timer(now);
+                r.hint_master_down(before);
                 r.execute(actions).await;
             }
             _ = sleep_until(next_refresh) => {
