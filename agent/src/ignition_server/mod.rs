@@ -243,12 +243,24 @@ impl Drop for Running {
 /// Runs this subsystem until `stop` is cancelled.
 pub async fn run(ctx: AgentContext, stop: CancellationToken) -> anyhow::Result<()> {
     // The node renders what it serves from its own cluster.json and TLS files, with the
-    // running agent as the binary masters and workers fetch.
+    // running agent as the binary masters and workers fetch. `KEELSON_TLS_DIR` moves the
+    // TLS files elsewhere: tests running whole agents in network namespaces share the
+    // host's /etc.
+    let tls_dir = std::env::var_os("KEELSON_TLS_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(TLS_DIR));
     let exe = std::env::current_exe().context("locating the agent's own binary")?;
-    let source =
-        RenderSource::from_files((*ctx.cluster).clone(), std::path::Path::new(TLS_DIR), &exe)
-            .map_err(|e| anyhow::anyhow!("{e}"))?;
-    IgnitionService::new(source).run(ctx, stop).await
+    let source = RenderSource::from_files((*ctx.cluster).clone(), &tls_dir, &exe)
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    let paths = Paths {
+        cert: tls_dir.join(keelson_ignition::tls_files::SERVER_CERT),
+        key: tls_dir.join(keelson_ignition::tls_files::SERVER_KEY),
+        ..Paths::default()
+    };
+    IgnitionService::new(source)
+        .with_paths(paths)
+        .run(ctx, stop)
+        .await
 }
 
 #[cfg(test)]
