@@ -59,6 +59,12 @@ WORK=$(mktemp -d)
 for b in "$AGENT" "$STANDIN"; do [ -x "$b" ] || { echo "build first: make agent ($b)" >&2; exit 1; }; done
 for c in keepalived haproxy nft curl python3; do command -v $c >/dev/null || { echo "$c not installed (scripts/setup.sh)" >&2; exit 1; }; done
 
+# OpenShift sets maxconn 20000; haproxy needs ~2 descriptors per connection and will not
+# start when it cannot raise RLIMIT_NOFILE that far (containers often cap it at 20000):
+# then a lower maxconn (a handful of connections are open here either way).
+HARD_NOFILE=$(ulimit -Hn)
+if [[ $HARD_NOFILE == unlimited ]] || ((HARD_NOFILE >= 40100)); then MAXCONN=20000; else MAXCONN=$(((HARD_NOFILE - 100) / 2)); fi
+
 ns() { echo "$P-m$1"; }
 ip_of() { echo "10.85.0.$((10 + $1))"; }
 
@@ -108,9 +114,9 @@ start_openshift() { # settings
         done
         cat >"$d/haproxy.cfg" <<EOF
 global
-  maxconn 20000
+  maxconn $MAXCONN
 defaults
-  maxconn 20000
+  maxconn $MAXCONN
   mode    tcp
   option  dontlognull
   retries 3
