@@ -3,7 +3,9 @@
 
   api_client.py new  HOST PORT OUT   a new TLS connection every 50 ms, GET /readyz, 1 s timeout
   api_client.py long HOST PORT OUT   one keep-alive TLS connection, GET /readyz every 200 ms,
-                                     1 s timeout; on a failure reconnect (as a watch does)
+                                     1 s timeout; on a failure reconnect (as a watch does);
+                                     a reused connection closed before any answer is
+                                     retried at once on a new one (Go's net/http does)
   api_client.py report KILL_MS NEW LONG NODE   the figures of one run (one line of JSON)
 
 Each request is written to OUT as `sent_ms ok done_ms node` (node: the X-Node header of
@@ -96,6 +98,12 @@ def run_new(host, port, path, stop):
         time.sleep(TIMEOUT + 0.2)
 
 
+def connect(host, port, ctx, deadline):
+    raw = socket.create_connection((host, port), timeout=max(0.001, deadline - time.time()))
+    raw.settimeout(max(0.001, deadline - time.time()))
+    return ctx.wrap_socket(raw)
+
+
 def run_long(host, port, path, stop):
     ctx = tls_context()
     conn = None
@@ -105,12 +113,21 @@ def run_long(host, port, path, stop):
             deadline = time.time() + TIMEOUT
             ok, node = 0, "-"
             try:
-                if conn is None:
-                    raw = socket.create_connection((host, port), timeout=TIMEOUT)
-                    raw.settimeout(max(0.001, deadline - time.time()))
-                    conn = ctx.wrap_socket(raw)
-                conn.sendall(REQUEST)
-                node = read_response(conn, deadline)
+                try:
+                    reused = conn is not None
+                    if conn is None:
+                        conn = connect(host, port, ctx, deadline)
+                    conn.sendall(REQUEST)
+                    node = read_response(conn, deadline)
+                except ConnectionError as e:
+                    # Go's net/http (client-go) retries a request at once on a new
+                    # connection when a reused one was closed before any answer.
+                    if not (reused and str(e) == "closed"):
+                        raise
+                    conn.close()
+                    conn = connect(host, port, ctx, deadline)
+                    conn.sendall(REQUEST)
+                    node = read_response(conn, deadline)
                 ok = 1
             except Exception:
                 if conn is not None:

@@ -216,7 +216,8 @@ EOF
 
 holder() {
     for m in "${MASTERS[@]}"; do
-        if ip -n "$(ns "$m")" -o addr show dev eth0 | grep -q " $VIP/"; then echo "$m"; return; fi
+        # Not `| grep -q`: with pipefail, ip dying of SIGPIPE would read as "not held".
+        if [[ $(ip -n "$(ns "$m")" -o addr show dev eth0) == *" $VIP/"* ]]; then echo "$m"; return; fi
     done
     echo none
 }
@@ -257,6 +258,7 @@ one_run() { # stack case -> one JSON line
     local clong=$!
     sleep 3
     h=$(holder)
+    [ "$h" != none ] || { echo "no VIP holder before the $case" >&2; return 1; }
     local n d
     n=$(ns "$h")
     d="$WORK/run/$n"

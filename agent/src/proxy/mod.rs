@@ -619,6 +619,10 @@ pub fn mark_node_down(pool: &Pool, ip: IpAddr) -> usize {
     flipped
 }
 
+/// How long a stopping proxy keeps serving the VIP for VRRP to hand it over (VRRP waits
+/// at most Master_Down_Interval, under 4 s at the default 1 s adverts).
+const HANDOVER_WAIT: Duration = Duration::from_secs(5);
+
 /// Runs this subsystem until `stop` is cancelled.
 pub async fn run(ctx: AgentContext, stop: CancellationToken) -> anyhow::Result<()> {
     let cfg = ProxyConfig::from_settings(&ctx.cluster.api);
@@ -697,6 +701,13 @@ pub async fn run(ctx: AgentContext, stop: CancellationToken) -> anyhow::Result<(
             _ = healthy.changed() => {}
             _ = tick.tick() => {}
         }
+    }
+    // A clean stop: VRRP hands the VIP over before it removes it (see
+    // `vrrp::instance`); until then clients still come here and are served.
+    let api_vips: BTreeSet<IpAddr> = ctx.cluster.api_vips.iter().copied().collect();
+    let released = vips.wait_for(|held| held.is_disjoint(&api_vips));
+    if tokio::time::timeout(HANDOVER_WAIT, released).await.is_err() {
+        tracing::warn!("the API VIP is still held {HANDOVER_WAIT:?} after stop; closing anyway");
     }
     vip_frontends.sync(&proxy, &BTreeSet::new()).await;
     inner_stop.cancel();

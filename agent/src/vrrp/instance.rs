@@ -19,6 +19,10 @@ use super::{announce, vip};
 use crate::context::AgentContext;
 use crate::health::{self, CheckState};
 
+/// How long a stopping master keeps the VIP after its successor's first advert: that
+/// advert and the successor's gratuitous ARP go out together; hosts need a moment.
+const HANDOVER_GRACE: Duration = Duration::from_millis(200);
+
 /// Per-instance counters.
 #[derive(Debug, Clone, Default, Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -347,6 +351,44 @@ impl Runner {
         self.ctx.bus.publish_status("vrrp", snapshot);
     }
 
+    /// After our goodbye (priority 0), keeps the VIP until another router has taken over
+    /// (its first advert as master) and a moment more for hosts to act on its gratuitous
+    /// ARP, at most `limit`: the VIP is never without a holder during a clean stop, so no
+    /// client connect goes unanswered (keepalived drops it at once, and requests sent in
+    /// the backup's skew time fail).
+    async fn await_successor(&mut self, limit: Duration) {
+        let started = Instant::now();
+        let deadline = tokio::time::Instant::now() + limit;
+        loop {
+            let pkt = tokio::select! {
+                () = tokio::time::sleep_until(deadline) => {
+                    tracing::info!(
+                        "vrrp {}: no successor within {limit:?}; removing {} anyway",
+                        self.spec.config.name, self.spec.config.vip
+                    );
+                    return;
+                }
+                r = self.sock.recv() => match r {
+                    Ok(p) => p,
+                    Err(_) => return,
+                },
+            };
+            if let Ok(advert) = self.spec.validate(&pkt)
+                && advert.priority > 0
+            {
+                tracing::info!(
+                    "vrrp {}: {} took over after {:?}; removing {}",
+                    self.spec.config.name,
+                    pkt.src,
+                    started.elapsed(),
+                    self.spec.config.vip
+                );
+                tokio::time::sleep(HANDOVER_GRACE).await;
+                return;
+            }
+        }
+    }
+
     fn drop_packet(&mut self, reason: &'static str) {
         *self.counters.drops.entry(reason).or_default() += 1;
     }
@@ -466,8 +508,17 @@ pub async fn run(
         }
     }
     check_stop.cancel();
+    let master_down = r.machine.master_down_interval();
     let actions = r.machine.shutdown();
-    r.execute(actions).await;
+    let handing_over = actions.contains(&Action::RemoveVip);
+    let (remove, first): (Vec<Action>, Vec<Action>) = actions
+        .into_iter()
+        .partition(|a| *a == Action::RemoveVip);
+    r.execute(first).await;
+    if handing_over {
+        r.await_successor(master_down).await;
+    }
+    r.execute(remove).await;
     // Whatever the state, leave no VIP behind.
     if let Err(e) = r.vip.remove().await {
         tracing::warn!("vrrp {}: {e}", r.spec.config.name);
