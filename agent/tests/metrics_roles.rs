@@ -58,7 +58,14 @@ fn in_ns(ns: &str, args: &[&str]) -> std::process::Output {
 fn scrape(client: &str, node_ip: &str, extra: &[&str]) -> (String, String) {
     let url = format!("http://{node_ip}:22625/metrics");
     let mut args = vec![
-        "curl", "-sS", "--max-time", "5", "-o", "-", "-w", "\n%{http_code}",
+        "curl",
+        "-sS",
+        "--max-time",
+        "5",
+        "-o",
+        "-",
+        "-w",
+        "\n%{http_code}",
     ];
     args.extend_from_slice(extra);
     args.push(&url);
@@ -127,7 +134,10 @@ fn wait_ready(dir: &Path, name: &str, limit: Duration) {
         if text.contains("keelson-agent ready:") {
             return;
         }
-        assert!(t.elapsed() < limit, "{name} not ready in {limit:?}:\n{text}");
+        assert!(
+            t.elapsed() < limit,
+            "{name} not ready in {limit:?}:\n{text}"
+        );
         std::thread::sleep(Duration::from_millis(100));
     }
 }
@@ -153,7 +163,14 @@ fn every_role_serves_metrics_that_promtool_accepts_and_that_move_with_traffic() 
     // The master's "kube-apiserver": a plain HTTP server on :6443 (the proxy checks TCP).
     let _apiserver = Proc(
         Command::new("ip")
-            .args(["netns", "exec", &seg.nodes[1], "python3", "-m", "http.server"])
+            .args([
+                "netns",
+                "exec",
+                &seg.nodes[1],
+                "python3",
+                "-m",
+                "http.server",
+            ])
             .args(["--bind", "0.0.0.0", "6443", "--directory"])
             .arg(dir.path())
             .stdout(Stdio::null())
@@ -170,7 +187,16 @@ fn every_role_serves_metrics_that_promtool_accepts_and_that_move_with_traffic() 
         wait_ready(dir.path(), name, Duration::from_secs(30));
     }
     // The client's second address, outside the allowed /25.
-    sh(&["ip", "-n", &client, "addr", "add", "10.84.0.200/24", "dev", "eth0"]);
+    sh(&[
+        "ip",
+        "-n",
+        &client,
+        "addr",
+        "add",
+        "10.84.0.200/24",
+        "dev",
+        "eth0",
+    ]);
 
     // Wait for the steady state: the bootstrap holds the API VIP and its proxy has
     // the master as a backend that is up.
@@ -180,8 +206,10 @@ fn every_role_serves_metrics_that_promtool_accepts_and_that_move_with_traffic() 
         let up = format!("keelson_proxy_backend_up{{backend=\"{master_ip}:6443\"}}");
         if code == "200"
             && value(&text, &up) == Some(1.0)
-            && value(&text, "keelson_vrrp_state{vrrp_instance=\"api\",state=\"master\"}")
-                == Some(1.0)
+            && value(
+                &text,
+                "keelson_vrrp_state{vrrp_instance=\"api\",state=\"master\"}",
+            ) == Some(1.0)
         {
             break;
         }
@@ -204,14 +232,20 @@ fn every_role_serves_metrics_that_promtool_accepts_and_that_move_with_traffic() 
         } else {
             format!("http://{VIP}:6443/cluster.json")
         };
-        let out = in_ns(&client, &["curl", "-sf", "--max-time", "5", "-o", "/dev/null", &url]);
+        let out = in_ns(
+            &client,
+            &["curl", "-sf", "--max-time", "5", "-o", "/dev/null", &url],
+        );
         assert!(out.status.success(), "GET {url}: {out:?}");
     }
     for (n, t) in [(4, "A"), (3, "AAAA")] {
         for _ in 0..n {
             let name = format!("api.{ZONE}");
             let at = format!("@{worker_ip}");
-            let out = in_ns(&client, &["dig", "+short", "+tries=1", "+time=2", &at, &name, t]);
+            let out = in_ns(
+                &client,
+                &["dig", "+short", "+tries=1", "+time=2", &at, &name, t],
+            );
             assert!(out.status.success());
         }
     }
@@ -219,8 +253,17 @@ fn every_role_serves_metrics_that_promtool_accepts_and_that_move_with_traffic() 
         let url = format!("http://{bootstrap_ip}:22624/config/master");
         let out = in_ns(
             &client,
-            &["curl", "-sf", "--max-time", "5", "-o", "/dev/null", "-H",
-              "Accept: application/vnd.coreos.ignition+json;version=3.2.0", &url],
+            &[
+                "curl",
+                "-sf",
+                "--max-time",
+                "5",
+                "-o",
+                "/dev/null",
+                "-H",
+                "Accept: application/vnd.coreos.ignition+json;version=3.2.0",
+                &url,
+            ],
         );
         assert!(out.status.success(), "GET {url}");
     }
@@ -258,7 +301,9 @@ fn every_role_serves_metrics_that_promtool_accepts_and_that_move_with_traffic() 
     assert_eq!(
         moved(
             0,
-            &format!("keelson_proxy_frontend_accepted_total{{frontend=\"{VIP}:6443\",kind=\"vip\"}}")
+            &format!(
+                "keelson_proxy_frontend_accepted_total{{frontend=\"{VIP}:6443\",kind=\"vip\"}}"
+            )
         ),
         3.0
     );
@@ -273,7 +318,10 @@ fn every_role_serves_metrics_that_promtool_accepts_and_that_move_with_traffic() 
     );
     assert_eq!(moved(2, "keelson_dns_queries_total{qtype=\"A\"}"), 4.0);
     assert_eq!(moved(2, "keelson_dns_queries_total{qtype=\"AAAA\"}"), 3.0);
-    assert_eq!(moved(2, "keelson_dns_responses_total{rcode=\"NOERROR\"}"), 7.0);
+    assert_eq!(
+        moved(2, "keelson_dns_responses_total{rcode=\"NOERROR\"}"),
+        7.0
+    );
     assert_eq!(moved(2, "keelson_dns_authoritative_total"), 7.0);
     assert_eq!(
         moved(
@@ -283,8 +331,18 @@ fn every_role_serves_metrics_that_promtool_accepts_and_that_move_with_traffic() 
         2.0
     );
     // Each role exports what it runs.
-    assert!(value(&after[1], "keelson_vrrp_state{vrrp_instance=\"api\",state=\"backup\"}") == Some(1.0));
-    assert!(value(&after[2], "keelson_vrrp_state{vrrp_instance=\"ingress\",state=\"master\"}") == Some(1.0));
+    assert!(
+        value(
+            &after[1],
+            "keelson_vrrp_state{vrrp_instance=\"api\",state=\"backup\"}"
+        ) == Some(1.0)
+    );
+    assert!(
+        value(
+            &after[2],
+            "keelson_vrrp_state{vrrp_instance=\"ingress\",state=\"master\"}"
+        ) == Some(1.0)
+    );
     assert!(!after[2].contains("keelson_proxy_"), "workers run no proxy");
     for (i, role) in ["bootstrap", "master", "worker"].iter().enumerate() {
         assert!(
@@ -292,9 +350,15 @@ fn every_role_serves_metrics_that_promtool_accepts_and_that_move_with_traffic() 
             "keelson_node_info of {role}"
         );
         assert_eq!(
-            value(&after[i], "keelson_members{role=\"master\",source=\"mdns\"}").map(|v| v
-                + value(&after[i], "keelson_members{role=\"master\",source=\"self\"}")
-                    .unwrap_or(0.0)),
+            value(
+                &after[i],
+                "keelson_members{role=\"master\",source=\"mdns\"}"
+            )
+            .map(|v| v + value(
+                &after[i],
+                "keelson_members{role=\"master\",source=\"self\"}"
+            )
+            .unwrap_or(0.0)),
             Some(1.0),
             "{role} knows the master"
         );
@@ -307,7 +371,10 @@ fn every_role_serves_metrics_that_promtool_accepts_and_that_move_with_traffic() 
         &["-H", "Accept: application/openmetrics-text;version=1.0.0"],
     );
     assert_eq!(code, "200");
-    assert!(om.ends_with("# EOF\n") && om.contains("# TYPE keelson_dns_queries counter"), "{om}");
+    assert!(
+        om.ends_with("# EOF\n") && om.contains("# TYPE keelson_dns_queries counter"),
+        "{om}"
+    );
     // Outside the allowed networks: refused, as :22623 refuses it.
     let (code, body) = scrape(&client, &worker_ip, &["--interface", "10.84.0.200"]);
     assert_eq!(code, "403", "{body}");

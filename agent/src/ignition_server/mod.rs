@@ -52,9 +52,12 @@ impl Default for Paths {
     }
 }
 
+/// What one count of [`RequestCounts`] is for: route, pool, served spec, status.
+type RequestKey = (&'static str, &'static str, String, u16);
+
 /// Requests answered, by route, pool, served spec and status (all bounded).
 #[derive(Debug, Default)]
-pub struct RequestCounts(Mutex<BTreeMap<(&'static str, &'static str, String, u16), u64>>);
+pub struct RequestCounts(Mutex<BTreeMap<RequestKey, u64>>);
 
 impl RequestObserver for RequestCounts {
     fn observe(&self, r: &RequestRecord) {

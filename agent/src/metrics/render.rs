@@ -958,6 +958,52 @@ mod tests {
     }
 
     #[test]
+    fn docs_list_every_metric() {
+        let docs = include_str!("../../../docs/metrics.md");
+        let text = render(&sample(), Format::Prometheus).unwrap();
+        let families: Vec<&str> = text
+            .lines()
+            .filter_map(|l| l.strip_prefix("# TYPE "))
+            .filter_map(|l| l.split(' ').next())
+            .collect();
+        assert!(families.len() > 60, "the sample has one of everything");
+        for family in families {
+            assert!(
+                docs.contains(&format!("`{family}`")),
+                "docs/metrics.md does not list {family}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_dashboard_asks_only_for_metrics_that_exist() {
+        let dash: serde_json::Value =
+            serde_json::from_str(include_str!("../../../docs/grafana-dashboard.json")).unwrap();
+        let text = render(&sample(), Format::Prometheus).unwrap();
+        let mut exprs = 0;
+        for panel in dash["panels"].as_array().unwrap() {
+            for target in panel["targets"].as_array().into_iter().flatten() {
+                let expr = target["expr"].as_str().unwrap();
+                exprs += 1;
+                for word in expr.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')) {
+                    if word.starts_with("keelson_") || word.starts_with("process_") {
+                        let base = word
+                            .trim_end_matches("_bucket")
+                            .trim_end_matches("_count")
+                            .trim_end_matches("_sum");
+                        assert!(
+                            text.contains(&format!("# TYPE {base} ")),
+                            "panel {:?} asks for {word}, which /metrics does not have",
+                            panel["title"]
+                        );
+                    }
+                }
+            }
+        }
+        assert!(exprs > 20);
+    }
+
+    #[test]
     fn renders_openmetrics_on_request() {
         let text = render(&sample(), Format::OpenMetrics).unwrap();
         assert!(text.ends_with("# EOF\n") && text.matches("# EOF").count() == 1);

@@ -511,9 +511,8 @@ pub async fn run(
     let master_down = r.machine.master_down_interval();
     let actions = r.machine.shutdown();
     let handing_over = actions.contains(&Action::RemoveVip);
-    let (remove, first): (Vec<Action>, Vec<Action>) = actions
-        .into_iter()
-        .partition(|a| *a == Action::RemoveVip);
+    let (remove, first): (Vec<Action>, Vec<Action>) =
+        actions.into_iter().partition(|a| *a == Action::RemoveVip);
     r.execute(first).await;
     if handing_over {
         r.await_successor(master_down).await;
