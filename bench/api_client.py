@@ -158,9 +158,13 @@ def report(kill_ms, new_path, long_path, killed_node):
     # The VIP answers again when the first request sent after the kill succeeds (the
     # earliest answer: a request sent earlier may still succeed later, on a retransmitted
     # SYN). Failures of requests sent after that moment are what the bar forbids.
-    oks = [r[2] for r in after if r[1]]
+    # Requests that were still on their way when the link went may succeed: the outage
+    # begins at the first failure.
+    first_fail = min((r[0] for r in fails), default=None)
+    oks = [r[2] for r in after if r[1] and first_fail is not None and r[0] >= first_fail]
     back = min(oks) if oks else None
-    back_ms = back - kill_ms if back is not None else None
+    # No failure at all: the VIP never stopped answering.
+    back_ms = back - kill_ms if back is not None else (0.0 if not fails else None)
     last_fail_ms = (max(r[2] for r in fails) - kill_ms) if fails else 0.0
     after_back = [r for r in fails if back is not None and r[0] > back]
     longs = load(long_path)

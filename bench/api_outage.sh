@@ -262,11 +262,13 @@ one_run() { # stack case -> one JSON line
     local n d
     n=$(ns "$h")
     d="$WORK/run/$n"
-    t0=$(now_ms)
     if [ "$case" = kill ]; then
         ip -n $BR link set "${P}v$h" down
+        # The clock starts once the link is cut (forking ip takes tens of ms under load).
+        t0=$(now_ms)
         kill_ns "$n"
     else
+        t0=$(now_ms)
         # A clean stop of the load balancer stack, then the rest of the node goes away.
         kill -TERM $(cat "$d/lb.pids") 2>/dev/null || true
         for pid in $(cat "$d/lb.pids"); do

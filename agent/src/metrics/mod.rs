@@ -64,23 +64,12 @@ pub fn respond(
         return text(StatusCode::NOT_FOUND, "not found: try /metrics\n".into());
     }
     let format = Format::negotiate(accept);
-    match render(&status(), format) {
-        Ok(body) => {
-            let mut r = Response::new(Full::new(Bytes::from(body)));
-            r.headers_mut().insert(
-                header::CONTENT_TYPE,
-                header::HeaderValue::from_static(format.content_type()),
-            );
-            r
-        }
-        Err(e) => {
-            tracing::error!(error = %e, "rendering metrics failed");
-            text(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                format!("rendering metrics failed: {e}\n"),
-            )
-        }
-    }
+    let mut r = Response::new(Full::new(Bytes::from(render(&status(), format))));
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        header::HeaderValue::from_static(format.content_type()),
+    );
+    r
 }
 
 /// Binds `[::]:port` (every address, IPv4 too), or `0.0.0.0:port` where the kernel has no
@@ -129,44 +118,54 @@ pub async fn serve_on(
     started: Instant,
     stop: CancellationToken,
 ) {
-    let access = Arc::new(AccessList::new(
-        default_allowed_networks(&ctx.cluster),
-        true,
-    ));
+    let access = AccessList::new(default_allowed_networks(&ctx.cluster), true);
     tracing::info!(addr = ?listener.local_addr().ok(), "metrics: serving /metrics");
+    let handler: Handler = Arc::new(move |req, peer| {
+        let accept = req
+            .headers()
+            .get(header::ACCEPT)
+            .and_then(|v| v.to_str().ok());
+        respond(
+            req.method(),
+            req.uri().path(),
+            accept,
+            peer,
+            &access,
+            || crate::status::collect(&ctx, started),
+        )
+    });
+    serve_http(listener, handler, stop).await;
+}
+
+/// Answers one request from a client (its address, IPv4 unmapped).
+pub type Handler =
+    Arc<dyn Fn(&Request<hyper::body::Incoming>, IpAddr) -> Response<Full<Bytes>> + Send + Sync>;
+
+/// Serves plain HTTP/1.1 on `listener` with `handler` until `stop`. Shared by `/metrics`
+/// and the proxy's monitor: one copy of hyper's connection code for both in the static
+/// agent (each service type instantiates all of it).
+pub async fn serve_http(listener: TcpListener, handler: Handler, stop: CancellationToken) {
     loop {
         let (stream, peer) = tokio::select! {
             () = stop.cancelled() => return,
             r = listener.accept() => match r {
                 Ok(x) => x,
                 Err(e) => {
-                    tracing::debug!(error = %e, "metrics: accept failed");
+                    tracing::debug!(error = %e, "http accept failed");
                     tokio::time::sleep(Duration::from_millis(50)).await;
                     continue;
                 }
             },
         };
-        let (ctx, access, stop) = (ctx.clone(), access.clone(), stop.clone());
-        // A v4 client on the dual-stack socket shows as ::ffff:a.b.c.d.
+        // A v4 client on a dual-stack socket shows as ::ffff:a.b.c.d.
         let peer_ip = match peer.ip() {
             IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(IpAddr::V6(v6), IpAddr::V4),
             v4 => v4,
         };
+        let (handler, stop) = (handler.clone(), stop.clone());
         tokio::spawn(async move {
             let svc = service_fn(move |req: Request<hyper::body::Incoming>| {
-                let accept = req
-                    .headers()
-                    .get(header::ACCEPT)
-                    .and_then(|v| v.to_str().ok())
-                    .map(str::to_owned);
-                let r = respond(
-                    req.method(),
-                    req.uri().path(),
-                    accept.as_deref(),
-                    peer_ip,
-                    &access,
-                    || crate::status::collect(&ctx, started),
-                );
+                let r = handler(&req, peer_ip);
                 async move { Ok::<_, Infallible>(r) }
             });
             let conn = hyper::server::conn::http1::Builder::new()

@@ -1,21 +1,11 @@
 //! The status document as Prometheus metrics: every metric of `docs/metrics.md`, built
-//! from one [`AgentStatus`] (the one `keelson-agent status` shows), encoded by
-//! `fastmetrics` as the Prometheus text format 0.0.4 or OpenMetrics 1.0.
+//! from one [`AgentStatus`] (the one `keelson-agent status` shows), written as the
+//! Prometheus text format 0.0.4 or OpenMetrics 1.0.
 //!
 //! Pure: a status in, text out. Labels are bounded by construction: instance, check,
 //! frontend and backend names come from `cluster.json` and the members (masters), question
 //! types and response codes from fixed tables, Ignition pools and routes from a fixed set;
 //! no client address ever becomes a label.
-
-use std::borrow::Cow;
-
-use fastmetrics::encoder::{EncodeMetric, MetricEncoder};
-use fastmetrics::format::text::{self, TextProfile};
-use fastmetrics::metrics::counter::ConstCounter;
-use fastmetrics::metrics::gauge::ConstGauge;
-use fastmetrics::raw::bucket::Bucket;
-use fastmetrics::raw::{MetricLabelSet, MetricType, TypedMetric};
-use fastmetrics::registry::Registry;
 
 use crate::status::histogram::HistogramSnapshot;
 use crate::status::model::{AgentStatus, VrrpState};
@@ -64,132 +54,122 @@ impl Format {
 
 type Labels = Vec<(&'static str, String)>;
 
-/// A metric family given as rows of labels and values (fastmetrics' `Family` is for live
-/// instrumentation; ours is a snapshot).
-struct Rows<M> {
-    rows: Vec<(Labels, M)>,
+/// A sample value: integers print as integers, floats in Prometheus' spelling.
+#[derive(Debug, Clone, Copy)]
+enum Value {
+    Int(i128),
+    Float(f64),
 }
 
-impl<M> Rows<M> {
-    fn new() -> Self {
-        Self { rows: Vec::new() }
-    }
-
-    fn push(&mut self, labels: Labels, m: M) {
-        self.rows.push((labels, m));
-    }
-}
-
-impl<M: TypedMetric> TypedMetric for Rows<M> {
-    const TYPE: MetricType = M::TYPE;
-}
-
-impl<M> MetricLabelSet for Rows<M> {
-    type LabelSet = ();
-}
-
-impl<M: EncodeMetric> EncodeMetric for Rows<M> {
-    fn encode(&self, encoder: &mut dyn MetricEncoder) -> fastmetrics::error::Result<()> {
-        for (labels, m) in &self.rows {
-            encoder.encode(labels, m)?;
+impl std::fmt::Display for Value {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match *self {
+            Value::Int(n) => write!(f, "{n}"),
+            Value::Float(x) if x.is_nan() => f.write_str("NaN"),
+            Value::Float(x) if x == f64::INFINITY => f.write_str("+Inf"),
+            Value::Float(x) if x == f64::NEG_INFINITY => f.write_str("-Inf"),
+            // Rust's shortest round-trip form, never an exponent: 0.0005, 1700000000.5.
+            Value::Float(x) => write!(f, "{x}"),
         }
-        Ok(())
-    }
-
-    fn is_empty(&self) -> bool {
-        self.rows.is_empty()
     }
 }
 
-/// A histogram from a [`HistogramSnapshot`].
-struct Hist(HistogramSnapshot);
-
-impl TypedMetric for Hist {
-    const TYPE: MetricType = MetricType::Histogram;
-}
-
-impl MetricLabelSet for Hist {
-    type LabelSet = ();
-}
-
-impl EncodeMetric for Hist {
-    fn encode(&self, encoder: &mut dyn MetricEncoder) -> fastmetrics::error::Result<()> {
-        // Per-bucket counts: the encoder accumulates them.
-        let bounds = self.0.bounds.iter().copied().chain([f64::INFINITY]);
-        let buckets: Vec<Bucket> = bounds
-            .zip(&self.0.counts)
-            .map(|(le, n)| Bucket::new(le, *n))
-            .collect();
-        encoder.encode_histogram(&buckets, None, self.0.count(), self.0.sum_seconds, None)
-    }
-}
-
-/// Encodes families one by one, in the order they are added: fastmetrics' registry keeps
-/// a hash map, and the same status must give the same bytes.
+/// Writes the families in the order they are added, in either format.
+///
+/// Hand-written rather than through an exposition crate: `fastmetrics` (the one crate that
+/// writes both the 0.0.4 text `promtool` reads and OpenMetrics; `prometheus-client` writes
+/// OpenMetrics only) put the static agent over its 12 MiB bar (DESIGN §6,
+/// `docs/decisions.md`), and what is needed here — counters, gauges and histograms from
+/// a snapshot, label escaping, the two naming rules for counters — is short.
 struct Builder {
-    profile: TextProfile,
+    format: Format,
     out: String,
-    error: Option<fastmetrics::error::Error>,
+}
+
+/// Escapes a label value (both formats) or, with `quote` false, a 0.0.4 HELP text.
+fn escape(s: &str, quote: bool) -> std::borrow::Cow<'_, str> {
+    if !s.contains(['\\', '\n', '"']) {
+        return s.into();
+    }
+    let mut out = String::with_capacity(s.len() + 4);
+    for c in s.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '"' if quote => out.push_str("\\\""),
+            c => out.push(c),
+        }
+    }
+    out.into()
 }
 
 impl Builder {
-    /// Encodes one family. Counters are named without `_total` here: OpenMetrics names the
-    /// family so and its samples `_total` (the encoder adds it), while the 0.0.4 text has
-    /// no such rule and Prometheus' convention is `_total` on both, so it is added here.
-    fn add<M: fastmetrics::registry::Metric>(
-        &mut self,
-        name: &'static str,
-        help: &'static str,
-        metric: M,
-    ) {
-        let name: Cow<'static, str> =
-            if M::TYPE == MetricType::Counter && self.profile == TextProfile::PrometheusV0_0_4 {
-                Cow::Owned(format!("{name}_total"))
-            } else {
-                Cow::Borrowed(name)
-            };
-        if self.error.is_some() || metric.is_empty() {
+    /// `# HELP` and `# TYPE` of a family. Counters: the 0.0.4 text names the family like
+    /// its samples (`x_total`, Prometheus' convention); OpenMetrics names it `x` and only
+    /// the samples `x_total`.
+    fn header(&mut self, name: &str, help: &str, kind: &str) {
+        use std::fmt::Write as _;
+        let suffix = if kind == "counter" && self.format == Format::Prometheus {
+            "_total"
+        } else {
+            ""
+        };
+        // OpenMetrics escapes quotes in HELP too.
+        let help = escape(help, self.format == Format::OpenMetrics);
+        let _ = writeln!(self.out, "# HELP {name}{suffix} {help}");
+        let _ = writeln!(self.out, "# TYPE {name}{suffix} {kind}");
+    }
+
+    fn sample(&mut self, name: &str, suffix: &str, labels: &[(&str, String)], v: Value) {
+        use std::fmt::Write as _;
+        let _ = write!(self.out, "{name}{suffix}");
+        if !labels.is_empty() {
+            self.out.push('{');
+            for (i, (k, val)) in labels.iter().enumerate() {
+                if i > 0 {
+                    self.out.push(',');
+                }
+                let _ = write!(self.out, "{k}=\"{}\"", escape(val, true));
+            }
+            self.out.push('}');
+        }
+        let _ = writeln!(self.out, " {v}");
+    }
+
+    fn family(&mut self, name: &str, help: &str, kind: &str, rows: Vec<(Labels, Value)>) {
+        if rows.is_empty() {
             return;
         }
-        let mut registry = Registry::default();
-        let result = registry
-            .register(name, Cow::Borrowed(help), metric)
-            .map(|_| ())
-            .and_then(|()| {
-                let mut one = String::new();
-                text::encode_with(&mut one, &registry, self.profile, || ())?;
-                // OpenMetrics ends every exposition with `# EOF`: once, at the very end.
-                self.out
-                    .push_str(one.strip_suffix("# EOF\n").unwrap_or(&one));
-                Ok(())
-            });
-        if let Err(e) = result {
-            self.error = Some(e);
+        self.header(name, help, kind);
+        let suffix = if kind == "counter" { "_total" } else { "" };
+        for (labels, v) in rows {
+            self.sample(name, suffix, &labels, v);
         }
     }
 
+    /// A counter family; `name` without `_total`.
     fn counter(&mut self, name: &'static str, help: &'static str, rows: Vec<(Labels, u64)>) {
-        let mut r = Rows::new();
-        for (l, v) in rows {
-            r.push(l, ConstCounter::new(v));
-        }
-        self.add(name, help, r);
+        let rows = rows
+            .into_iter()
+            .map(|(l, v)| (l, Value::Int(v.into())))
+            .collect();
+        self.family(name, help, "counter", rows);
     }
 
     fn gauge(&mut self, name: &'static str, help: &'static str, rows: Vec<(Labels, i64)>) {
-        let mut r = Rows::new();
-        for (l, v) in rows {
-            r.push(l, ConstGauge::new(v));
-        }
-        self.add(name, help, r);
+        let rows = rows
+            .into_iter()
+            .map(|(l, v)| (l, Value::Int(v.into())))
+            .collect();
+        self.family(name, help, "gauge", rows);
     }
 
     fn gauge_f(&mut self, name: &'static str, help: &'static str, rows: Vec<(Labels, f64)>) {
-        let mut r = Rows::new();
-        for (l, v) in rows {
-            r.push(l, ConstGauge::new(v));
-        }
-        self.add(name, help, r);
+        let rows = rows
+            .into_iter()
+            .map(|(l, v)| (l, Value::Float(v)))
+            .collect();
+        self.family(name, help, "gauge", rows);
     }
 
     fn histogram(
@@ -198,11 +178,29 @@ impl Builder {
         help: &'static str,
         rows: Vec<(Labels, HistogramSnapshot)>,
     ) {
-        let mut r = Rows::new();
-        for (l, v) in rows {
-            r.push(l, Hist(v));
+        if rows.is_empty() {
+            return;
         }
-        self.add(name, help, r);
+        self.header(name, help, "histogram");
+        for (labels, h) in rows {
+            for (le, n) in h.cumulative() {
+                let mut l = labels.clone();
+                l.push(("le", Value::Float(le).to_string()));
+                self.sample(name, "_bucket", &l, Value::Int(n.into()));
+            }
+            self.sample(name, "_count", &labels, Value::Int(h.count().into()));
+            self.sample(name, "_sum", &labels, Value::Float(h.sum_seconds));
+        }
+    }
+
+    /// `process_cpu_seconds_total`: a float counter.
+    fn counter_f_seconds(&mut self, secs: f64) {
+        self.family(
+            "process_cpu_seconds",
+            "Total user and system CPU time spent, seconds.",
+            "counter",
+            vec![(none(), Value::Float(secs))],
+        );
     }
 }
 
@@ -219,15 +217,10 @@ fn i(v: u64) -> i64 {
 }
 
 /// Renders `st` in `format`.
-pub fn render(st: &AgentStatus, format: Format) -> Result<String, fastmetrics::error::Error> {
-    let profile = match format {
-        Format::Prometheus => TextProfile::PrometheusV0_0_4,
-        Format::OpenMetrics => TextProfile::default(),
-    };
+pub fn render(st: &AgentStatus, format: Format) -> String {
     let mut m = Builder {
-        profile,
-        out: String::new(),
-        error: None,
+        format,
+        out: String::with_capacity(16 * 1024),
     };
     process(&mut m, st);
     vrrp(&mut m, st);
@@ -235,14 +228,10 @@ pub fn render(st: &AgentStatus, format: Format) -> Result<String, fastmetrics::e
     dns(&mut m, st);
     members(&mut m, st);
     ignition(&mut m, st);
-    if let Some(e) = m.error {
-        return Err(e);
-    }
-    let mut out = m.out;
     if format == Format::OpenMetrics {
-        out.push_str("# EOF\n");
+        m.out.push_str("# EOF\n");
     }
-    Ok(out)
+    m.out
 }
 
 fn process(m: &mut Builder, st: &AgentStatus) {
@@ -321,19 +310,6 @@ fn process(m: &mut Builder, st: &AgentStatus) {
         "Threads of the process.",
         vec![(none(), i(p.threads))],
     );
-}
-
-impl Builder {
-    /// `process_cpu_seconds_total`: a float counter.
-    fn counter_f_seconds(&mut self, secs: f64) {
-        let mut r = Rows::new();
-        r.push(none(), ConstCounter::new(secs));
-        self.add(
-            "process_cpu_seconds",
-            "Total user and system CPU time spent, seconds.",
-            r,
-        );
-    }
 }
 
 fn vrrp(m: &mut Builder, st: &AgentStatus) {
@@ -919,10 +895,10 @@ mod tests {
     #[test]
     fn renders_the_0_0_4_text_promtool_reads() {
         let st = sample();
-        let text = render(&st, Format::Prometheus).unwrap();
+        let text = render(&st, Format::Prometheus);
         assert_eq!(
             text,
-            render(&st, Format::Prometheus).unwrap(),
+            render(&st, Format::Prometheus),
             "same status, same bytes"
         );
         for line in [
@@ -960,7 +936,7 @@ mod tests {
     #[test]
     fn docs_list_every_metric() {
         let docs = include_str!("../../../docs/metrics.md");
-        let text = render(&sample(), Format::Prometheus).unwrap();
+        let text = render(&sample(), Format::Prometheus);
         let families: Vec<&str> = text
             .lines()
             .filter_map(|l| l.strip_prefix("# TYPE "))
@@ -979,7 +955,7 @@ mod tests {
     fn the_dashboard_asks_only_for_metrics_that_exist() {
         let dash: serde_json::Value =
             serde_json::from_str(include_str!("../../../docs/grafana-dashboard.json")).unwrap();
-        let text = render(&sample(), Format::Prometheus).unwrap();
+        let text = render(&sample(), Format::Prometheus);
         let mut exprs = 0;
         for panel in dash["panels"].as_array().unwrap() {
             for target in panel["targets"].as_array().into_iter().flatten() {
@@ -1005,13 +981,30 @@ mod tests {
 
     #[test]
     fn renders_openmetrics_on_request() {
-        let text = render(&sample(), Format::OpenMetrics).unwrap();
+        let text = render(&sample(), Format::OpenMetrics);
         assert!(text.ends_with("# EOF\n") && text.matches("# EOF").count() == 1);
         assert!(
             text.contains("# TYPE keelson_vrrp_transitions counter\n"),
             "{text}"
         );
         assert!(text.contains("keelson_vrrp_transitions_total{vrrp_instance=\"api\"} 2\n"));
+    }
+
+    #[test]
+    fn label_values_and_help_are_escaped() {
+        assert_eq!(escape("plain", true), "plain");
+        assert_eq!(escape("a\"b\\c\nd", true), "a\\\"b\\\\c\\nd");
+        assert_eq!(escape("say \"hi\"\n", false), "say \"hi\"\\n");
+        let mut st = sample();
+        st.build.commit = "we\"ird\n".into();
+        let text = render(&st, Format::Prometheus);
+        assert!(
+            text.contains("keelson_build_info{version=\"0.1.0\",commit=\"we\\\"ird\\n\"} 1\n"),
+            "{text}"
+        );
+        assert_eq!(Value::Float(f64::INFINITY).to_string(), "+Inf");
+        assert_eq!(Value::Float(0.0005).to_string(), "0.0005");
+        assert_eq!(Value::Float(1.7e9).to_string(), "1700000000");
     }
 
     #[test]
@@ -1035,7 +1028,7 @@ mod tests {
         let mut st = sample();
         st.proxy = None;
         st.dns = None;
-        let text = render(&st, Format::Prometheus).unwrap();
+        let text = render(&st, Format::Prometheus);
         assert!(!text.contains("keelson_proxy_") && !text.contains("keelson_dns_"));
         assert!(text.contains("keelson_vrrp_state{"));
     }
