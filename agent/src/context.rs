@@ -1,5 +1,6 @@
-//! What the agent's subsystems share: the configuration, this node's identity, and the
-//! watch channels through which one subsystem's state reaches the others.
+//! What the agent's subsystems share: the configuration, this node's identity and files,
+//! the watch channels through which one subsystem's state reaches the others, and the
+//! members registry (kept by `members`, served by `ignition_server`).
 //!
 //! Producers own one channel each: `members` publishes the member list, `proxy` whether it
 //! has a healthy backend, `vrrp` which VIPs this node holds, `ignition_server` whether it
@@ -9,6 +10,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
 use keelson_ignition::{ClusterConfig, Role};
@@ -203,6 +205,30 @@ impl Bus {
     }
 }
 
+/// Where the node's TLS files are (written by its Ignition config).
+pub const TLS_DIR: &str = "/etc/keelson/tls";
+
+/// Where the agent keeps state across restarts.
+pub const STATE_DIR: &str = "/var/lib/keelson";
+
+/// The node's directories (overridable so several agents share one host in tests).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodePaths {
+    /// The cluster CA and the Ignition server's certificate and key.
+    pub tls_dir: PathBuf,
+    /// State kept across restarts (the unicast members' remembered masters).
+    pub state_dir: PathBuf,
+}
+
+impl Default for NodePaths {
+    fn default() -> Self {
+        Self {
+            tls_dir: PathBuf::from(TLS_DIR),
+            state_dir: PathBuf::from(STATE_DIR),
+        }
+    }
+}
+
 /// Everything a subsystem needs to run.
 #[derive(Debug, Clone)]
 pub struct AgentContext {
@@ -210,17 +236,33 @@ pub struct AgentContext {
     pub cluster: Arc<ClusterConfig>,
     /// This node.
     pub node: Arc<NodeIdentity>,
+    /// The node's directories.
+    pub paths: Arc<NodePaths>,
     /// The shared channels.
     pub bus: Arc<Bus>,
+    /// The unicast members registry: filled by `members`, served by `ignition_server`
+    /// (unicast transport). Outlives restarts of either.
+    pub member_registry: Arc<crate::members::registry::Registry>,
 }
 
 impl AgentContext {
-    /// A context with a fresh bus.
+    /// A context with a fresh bus and the default paths.
     pub fn new(cluster: ClusterConfig, node: NodeIdentity) -> Self {
+        let expiry = std::time::Duration::from_secs(u64::from(cluster.members.expiry_secs.max(1)));
+        let registry = crate::members::registry::Registry::new(&cluster.zone(), expiry)
+            .with_own(crate::members::member_of(&node));
         Self {
             cluster: Arc::new(cluster),
             node: Arc::new(node),
+            paths: Arc::new(NodePaths::default()),
             bus: Arc::new(Bus::default()),
+            member_registry: Arc::new(registry),
         }
+    }
+
+    /// Uses `paths` instead of the defaults.
+    pub fn with_paths(mut self, paths: NodePaths) -> Self {
+        self.paths = Arc::new(paths);
+        self
     }
 }

@@ -16,6 +16,7 @@ pub mod metrics;
 pub mod net;
 pub mod node;
 pub mod proxy;
+pub mod retry;
 pub mod run;
 pub mod status;
 pub mod supervisor;

@@ -28,6 +28,12 @@ pub struct RunArgs {
     /// Where to serve `keelson-agent status`.
     #[arg(long, default_value = crate::status::SOCKET)]
     pub status_socket: PathBuf,
+    /// The cluster CA and the Ignition server's certificate and key.
+    #[arg(long, default_value = crate::context::TLS_DIR)]
+    pub tls_dir: PathBuf,
+    /// State kept across restarts (the masters the unicast members transport remembers).
+    #[arg(long, default_value = crate::context::STATE_DIR)]
+    pub state_dir: PathBuf,
 }
 
 /// The services, in start order: members first (the others read the member list), the
@@ -176,7 +182,10 @@ pub async fn cli(args: RunArgs) -> anyhow::Result<()> {
         node.interface,
         node.addresses
     );
-    let ctx = AgentContext::new(cluster, node);
+    let ctx = AgentContext::new(cluster, node).with_paths(crate::context::NodePaths {
+        tls_dir: args.tls_dir,
+        state_dir: args.state_dir,
+    });
     let stop = CancellationToken::new();
     stop_on_signals(stop.clone())?;
     run_node(ctx, &args.only, args.status_socket, stop).await

@@ -30,12 +30,26 @@ fn ip(args: &[&str]) {
 
 /// A tiny HTTP server in the namespace serving `routes` (path -> body), 404 otherwise.
 fn serve_in(ns: &str, routes: Vec<(&'static str, String)>) {
+    serve_on(ns, None, routes)
+}
+
+/// [`serve_in`] on 169.254.169.254:80, or on `[fe80::a9fe:a9fe%<link>]:80` with a link.
+fn serve_on(ns: &str, link_local_on: Option<&str>, routes: Vec<(&'static str, String)>) {
     let path = format!("/run/netns/{ns}");
+    let link = link_local_on.map(str::to_owned);
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         let file = std::fs::File::open(&path).unwrap();
         nix::sched::setns(&file, nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
-        let listener = TcpListener::bind("169.254.169.254:80").unwrap();
+        let listener = match link {
+            None => TcpListener::bind("169.254.169.254:80").unwrap(),
+            Some(link) => {
+                let index = nix::net::if_::if_nametoindex(link.as_str()).unwrap();
+                let addr =
+                    std::net::SocketAddrV6::new("fe80::a9fe:a9fe".parse().unwrap(), 80, 0, index);
+                TcpListener::bind(addr).unwrap()
+            }
+        };
         tx.send(()).unwrap();
         for conn in listener.incoming() {
             let Ok(mut conn) = conn else { continue };
@@ -135,6 +149,61 @@ fn metadata_service_on_the_link_local_address() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("169.254.169.254:8775"), "{err}");
+}
+
+/// Nova's metadata service over IPv6 (`fe80::a9fe:a9fe` on the instance's link), for
+/// networks without IPv4: the agent reaches it with the NIC as the address's zone.
+#[test]
+fn metadata_service_on_the_ipv6_link_local_address() {
+    if !root_or_skip() {
+        return;
+    }
+    let id = std::process::id() % 100_000;
+    let (srv, cli) = (Netns(format!("kmd6s{id}")), Netns(format!("kmd6c{id}")));
+    for ns in [&srv.0, &cli.0] {
+        let _ = Command::new("ip").args(["netns", "del", ns]).output();
+        ip(&["netns", "add", ns]);
+    }
+    ip(&[
+        "-n", &srv.0, "link", "add", "mdsrv", "type", "veth", "peer", "name", "eth0", "netns",
+        &cli.0,
+    ]);
+    ip(&[
+        "-n",
+        &srv.0,
+        "addr",
+        "add",
+        "fe80::a9fe:a9fe/64",
+        "dev",
+        "mdsrv",
+        "nodad",
+    ]);
+    ip(&["-n", &srv.0, "link", "set", "mdsrv", "up"]);
+    ip(&["-n", &cli.0, "link", "set", "eth0", "up"]);
+    serve_on(
+        &srv.0,
+        Some("mdsrv"),
+        vec![(
+            "/openstack/latest/meta_data.json",
+            r#"{"uuid":"u-6","name":"master-6"}"#.to_owned(),
+        )],
+    );
+    // The client's own link-local address needs DAD to finish before it can connect: the
+    // command retries until then.
+    let out = Command::new("ip")
+        .args(["netns", "exec", &cli.0, BIN, "metadata", "--source", "http"])
+        .args(["--url", "http://[fe80::a9fe:a9fe%eth0]", "--timeout", "20"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let md: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(md["source"], "http://[fe80::a9fe:a9fe%eth0]");
+    assert_eq!(md["meta_data"]["name"], "master-6");
+    assert!(md["network_data"].is_null(), "404: no network_data");
 }
 
 #[test]

@@ -213,3 +213,112 @@ fn dhcp_lease_renew_and_release_against_dnsmasq() {
             .contains("dhcp-test")
     });
 }
+
+/// Issue 19: the DHCP client's interface is deleted under it (netlink calls fail, sends fail
+/// with ENODEV) and comes back later with the same MAC: the client looks for it by MAC and
+/// gets a lease again, instead of ending and leaving the node without an address.
+#[test]
+fn dhcp_recovers_when_its_interface_is_deleted_and_comes_back() {
+    if !root_or_skip() {
+        return;
+    }
+    let id = std::process::id() % 10_000;
+    let (srv, cli) = (format!("kinr{id}s"), format!("kinr{id}c"));
+    let _ns = Namespaces::new(&[&srv, &cli]);
+    const MAC: &str = "52:54:00:78:00:01";
+    sh(&["ip", "-n", &srv, "link", "add", "br0", "type", "bridge"]);
+    sh(&[
+        "ip",
+        "-n",
+        &srv,
+        "addr",
+        "add",
+        "10.78.0.1/24",
+        "dev",
+        "br0",
+    ]);
+    sh(&["ip", "-n", &srv, "link", "set", "br0", "up"]);
+    let plug = || {
+        sh(&[
+            "ip", "-n", &srv, "link", "add", "p0", "type", "veth", "peer", "name", "eth0", "netns",
+            &cli,
+        ]);
+        sh(&["ip", "-n", &cli, "link", "set", "eth0", "address", MAC]);
+        sh(&["ip", "-n", &srv, "link", "set", "p0", "master", "br0", "up"]);
+    };
+    plug();
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("log");
+    let _dnsmasq = Dnsmasq(
+        Command::new("ip")
+            .args([
+                "netns",
+                "exec",
+                &srv,
+                "dnsmasq",
+                "--no-daemon",
+                "--conf-file=/dev/null",
+            ])
+            .args([
+                "--interface=br0",
+                "--bind-interfaces",
+                "--port=0",
+                "--log-dhcp",
+            ])
+            .args(["--dhcp-range=10.78.0.50,10.78.0.60,255.255.255.0,2m"])
+            .arg(format!(
+                "--dhcp-leasefile={}",
+                dir.path().join("leases").display()
+            ))
+            .arg(format!("--log-facility={}", log.display()))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    wait_for("dnsmasq to start", Duration::from_secs(10), || {
+        std::fs::read_to_string(&log)
+            .unwrap_or_default()
+            .contains("DHCP, IP range")
+    });
+    let stop = tokio_util::sync::CancellationToken::new();
+    let client = {
+        let stop = stop.clone();
+        in_netns(&cli, move || {
+            runtime().block_on(async move {
+                let netlink = Netlink::connect().unwrap();
+                let links = netlink.links().await.unwrap();
+                let eth0 = links.into_iter().find(|l| l.name == "eth0").unwrap();
+                netlink.set_up(eth0.index, None).await.unwrap();
+                let (dns_tx, _) = tokio::sync::watch::channel(Vec::new());
+                dhcp::run(netlink, eth0, None, None, dns_tx, stop).await
+            })
+        })
+    };
+    let addr = || {
+        Command::new("ip")
+            .args(["-n", &cli, "-4", "addr", "show", "dev", "eth0"])
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+            .unwrap_or_default()
+    };
+    wait_for("the first lease", Duration::from_secs(20), || {
+        addr().contains("inet 10.78.0.")
+    });
+    // The interface goes away (a driver reset, a hot-unplug): netlink and sends fail.
+    sh(&["ip", "-n", &cli, "link", "del", "eth0"]);
+    std::thread::sleep(Duration::from_secs(4));
+    assert!(
+        !client.is_finished(),
+        "the client kept running without its interface"
+    );
+    plug();
+    let took = wait_for(
+        "a lease on the interface that came back",
+        Duration::from_secs(30),
+        || addr().contains("inet 10.78.0."),
+    );
+    eprintln!("lease again {took:?} after the interface came back");
+    stop.cancel();
+    client.join().unwrap().unwrap();
+}

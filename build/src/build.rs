@@ -276,13 +276,12 @@ pub fn render_cmd(args: RenderArgs) -> anyhow::Result<()> {
     let bytes = if args.pointer {
         render::render_pointer(&cluster, args.role, args.spec, &pki.ca_cert_pem)?
     } else {
-        let agent_path = crate::image::find_agent(args.agent.as_deref())?;
-        let agent = std::fs::read(&agent_path).with_context(|| agent_path.display().to_string())?;
+        let agent = crate::image::find_agent(args.agent.as_deref())?;
         render::render_full(
             &cluster,
             args.role,
             args.spec,
-            &assets_for(&pki, &agent, args.agent_url),
+            &assets_for(&pki, &agent.bytes, args.agent_url),
         )?
     };
     use std::io::Write;
@@ -366,8 +365,9 @@ pub fn build(args: BuildArgs) -> anyhow::Result<()> {
     }
     let assets = load_assets(&args.assets)?;
     let cluster = cluster_config(&ic, args.spec, args.cluster_patch.as_deref(), &assets)?;
-    let agent_path = crate::image::find_agent(args.agent.as_deref())?;
-    let agent = std::fs::read(&agent_path).with_context(|| agent_path.display().to_string())?;
+    let agent_binary = crate::image::find_agent(args.agent.as_deref())?;
+    say(&format!("agent: {}", agent_binary.describe()));
+    let agent = &agent_binary.bytes;
 
     std::fs::create_dir_all(&args.out).with_context(|| args.out.display().to_string())?;
     let staging = tempfile::Builder::new()
@@ -393,7 +393,7 @@ pub fn build(args: BuildArgs) -> anyhow::Result<()> {
         staging.path(),
         &cluster,
         &pki,
-        &agent,
+        agent,
         args.spec,
         args.agent_url.clone(),
         &assets,
@@ -407,7 +407,7 @@ pub fn build(args: BuildArgs) -> anyhow::Result<()> {
                 .iter()
                 .map(|a| (format!("{IMAGE_ASSETS_DIR}/{}", a.name), a.path.clone()))
                 .collect(),
-            ..keelson_image::ImageOptions::new(staging.path(), &agent_path)
+            ..keelson_image::ImageOptions::new(staging.path(), &agent_binary.path)
         };
         let manifest = keelson_image::build(&opts)?;
         names.push(manifest.file.clone());

@@ -3,6 +3,7 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
+use sha2::Digest;
 
 /// `keelson image --out DIR`.
 #[derive(Debug, clap::Args)]
@@ -39,52 +40,130 @@ fn parse_extra(text: &str) -> Result<(String, PathBuf), String> {
     Ok((inside.to_owned(), PathBuf::from(host)))
 }
 
-/// The agent binary to put into images and configs: `--agent`, else `keelson-agent` next to
-/// this executable, else the Makefile's static build.
-pub fn find_agent(explicit: Option<&Path>) -> anyhow::Result<PathBuf> {
+/// The agent binary that goes into images and is served to nodes: always a static executable.
+#[derive(Debug, Clone)]
+pub struct AgentBinary {
+    /// Where it was found.
+    pub path: PathBuf,
+    /// Its bytes.
+    pub bytes: Vec<u8>,
+}
+
+impl AgentBinary {
+    /// `PATH (N bytes, sha256 HEX)`, for the line `keelson build` prints.
+    pub fn describe(&self) -> String {
+        format!(
+            "{} ({} bytes, sha256 {})",
+            self.path.display(),
+            self.bytes.len(),
+            hex::encode(sha2::Sha256::digest(&self.bytes))
+        )
+    }
+}
+
+/// Why an executable cannot be the appliance's `/init` or an RHCOS node's agent.
+fn not_static(bytes: &[u8]) -> Option<String> {
+    let elf = match goblin::elf::Elf::parse(bytes) {
+        Ok(elf) => elf,
+        Err(e) => return Some(format!("not an ELF executable ({e})")),
+    };
+    if elf.header.e_machine != goblin::elf::header::EM_X86_64 {
+        return Some(format!(
+            "built for machine {}, expected x86_64",
+            goblin::elf::header::machine_to_str(elf.header.e_machine)
+        ));
+    }
+    // A static-pie executable has a dynamic section of its own (for self-relocation) but no
+    // interpreter and no needed libraries; those two are what a kernel cannot run as /init.
+    if let Some(interp) = elf.interpreter {
+        return Some(format!(
+            "dynamically linked (interpreter {interp}, needs {})",
+            elf.libraries.join(", ")
+        ));
+    }
+    if !elf.libraries.is_empty() {
+        return Some(format!(
+            "dynamically linked (needs {})",
+            elf.libraries.join(", ")
+        ));
+    }
+    None
+}
+
+/// Reads `path` and checks that it is a static x86_64 executable.
+pub fn load_static_agent(path: &Path) -> anyhow::Result<AgentBinary> {
+    let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+    if let Some(why) = not_static(&bytes) {
+        anyhow::bail!(
+            "{}: {why}; the agent in an image or served to nodes must be the static build \
+             (`make agent` writes target/x86_64-unknown-linux-gnu/release/keelson-agent)",
+            path.display()
+        );
+    }
+    Ok(AgentBinary {
+        path: path.to_path_buf(),
+        bytes,
+    })
+}
+
+/// The agent binary to put into images and configs: `--agent`, else the first static one of
+/// `KEELSON_AGENT_BIN`, the Makefile's static builds (beside this program's target directory,
+/// then under the current directory) and `keelson-agent` next to this executable. A plain
+/// `cargo build` leaves a dynamically linked `keelson-agent` next to `keelson`: it is passed
+/// over for the static one, and refused when it is all there is.
+pub fn find_agent(explicit: Option<&Path>) -> anyhow::Result<AgentBinary> {
     if let Some(path) = explicit {
         anyhow::ensure!(path.is_file(), "--agent {}: no such file", path.display());
-        return Ok(path.to_path_buf());
+        return load_static_agent(path);
     }
     let mut candidates = Vec::new();
-    if let Ok(exe) = std::env::current_exe()
-        && let Some(dir) = exe.parent()
-    {
-        candidates.push(dir.join("keelson-agent"));
-    }
     if let Some(env) = std::env::var_os("KEELSON_AGENT_BIN") {
         candidates.push(PathBuf::from(env));
     }
+    let exe_dir = std::env::current_exe()
+        .ok()
+        .and_then(|exe| exe.parent().map(Path::to_path_buf));
     for profile in ["release", "ci-release"] {
-        candidates.push(PathBuf::from(format!(
-            "target/x86_64-unknown-linux-gnu/{profile}/keelson-agent"
-        )));
+        let static_build = format!("x86_64-unknown-linux-gnu/{profile}/keelson-agent");
+        // target/<profile>/keelson -> target/x86_64-unknown-linux-gnu/<profile>/keelson-agent
+        if let Some(target) = exe_dir.as_ref().and_then(|d| d.parent()) {
+            candidates.push(target.join(&static_build));
+        }
+        candidates.push(Path::new("target").join(&static_build));
     }
-    candidates
-        .iter()
-        .find(|p| p.is_file())
-        .cloned()
-        .with_context(|| {
-            format!(
-                "no keelson-agent found (looked at {}); build it with `make agent` or pass --agent",
-                candidates
-                    .iter()
-                    .map(|p| p.display().to_string())
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            )
-        })
+    if let Some(dir) = &exe_dir {
+        candidates.push(dir.join("keelson-agent"));
+    }
+    let mut refused = Vec::new();
+    for path in candidates.iter().filter(|p| p.is_file()) {
+        match load_static_agent(path) {
+            Ok(agent) => return Ok(agent),
+            Err(e) => refused.push(format!("{e:#}")),
+        }
+    }
+    if let Some(first) = refused.first() {
+        anyhow::bail!("no static keelson-agent found: {first}");
+    }
+    anyhow::bail!(
+        "no keelson-agent found (looked at {}); build it with `make agent` or pass --agent",
+        candidates
+            .iter()
+            .map(|p| p.display().to_string())
+            .collect::<Vec<_>>()
+            .join(", ")
+    )
 }
 
 /// Runs `keelson image`.
 pub fn run(args: ImageArgs) -> anyhow::Result<()> {
     let agent = find_agent(args.agent.as_deref())?;
+    eprintln!("keelson: agent {}", agent.describe());
     let opts = keelson_image::ImageOptions {
         kernel: args.kernel,
         modules: args.modules,
         extra_files: args.extra_files,
         cmdline_extra: args.cmdline,
-        ..keelson_image::ImageOptions::new(&args.out, agent)
+        ..keelson_image::ImageOptions::new(&args.out, agent.path)
     };
     eprintln!("keelson: building the appliance image (kernel, initramfs, disk, qcow2)");
     let manifest = keelson_image::build(&opts)?;

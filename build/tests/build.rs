@@ -30,9 +30,36 @@ fn ok(out: &Output) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
+/// A stand-in for the agent that passes `keelson`'s static-executable check: the smallest
+/// static x86_64 ELF (one PT_LOAD segment whose code is `exit(0)`), so the tests do not need
+/// the real agent's 12 MB built first.
+fn tiny_static_elf() -> Vec<u8> {
+    const BASE: u64 = 0x40_0000;
+    let code: &[u8] = &[0xb8, 0x3c, 0, 0, 0, 0x31, 0xff, 0x0f, 0x05]; // mov eax,60; xor edi,edi; syscall
+    let size = (64 + 56 + code.len()) as u64;
+    let mut elf = vec![0x7f, b'E', b'L', b'F', 2, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0];
+    elf.extend(2u16.to_le_bytes()); // ET_EXEC
+    elf.extend(0x3eu16.to_le_bytes()); // EM_X86_64
+    elf.extend(1u32.to_le_bytes());
+    elf.extend((BASE + 120).to_le_bytes()); // entry: the code after the headers
+    elf.extend(64u64.to_le_bytes()); // program headers right after this header
+    elf.extend(0u64.to_le_bytes()); // no section headers
+    elf.extend(0u32.to_le_bytes());
+    for half in [64u16, 56, 1, 64, 0, 0] {
+        elf.extend(half.to_le_bytes());
+    }
+    elf.extend(1u32.to_le_bytes()); // PT_LOAD
+    elf.extend(5u32.to_le_bytes()); // R+X
+    for word in [0, BASE, BASE, size, size, 0x1000] {
+        elf.extend(word.to_le_bytes());
+    }
+    elf.extend_from_slice(code);
+    elf
+}
+
 fn fake_agent(dir: &Path) -> String {
     let path = dir.join("keelson-agent");
-    std::fs::write(&path, b"\x7fELF not really an agent").unwrap();
+    std::fs::write(&path, tiny_static_elf()).unwrap();
     path.display().to_string()
 }
 
@@ -248,6 +275,60 @@ fn bad_input_exits_2_names_the_field_and_writes_nothing() {
     ]);
     assert_eq!(result.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&result.stderr).contains("/nonexistent/agent"));
+}
+
+#[test]
+fn a_dynamically_linked_agent_is_refused_and_the_static_one_named() {
+    let work = tempfile::tempdir().unwrap();
+    // What a plain `cargo build` leaves beside `keelson`: an executable with an interpreter.
+    let dynamic = ["/usr/bin/true", "/bin/true"]
+        .into_iter()
+        .find(|p| Path::new(p).exists())
+        .unwrap();
+    for command in ["build", "image"] {
+        let out = work.path().join(command);
+        let out_s = out.display().to_string();
+        let mut args = vec![command, "--out", &out_s, "--agent", dynamic];
+        if command == "build" {
+            args.extend(["--config", EXAMPLE, "--no-image"]);
+        }
+        let result = keelson(&args);
+        let stderr = String::from_utf8_lossy(&result.stderr);
+        assert!(!result.status.success(), "{command}: {stderr}");
+        assert!(
+            stderr.contains(dynamic)
+                && stderr.contains("dynamically linked")
+                && stderr.contains("make agent"),
+            "{command}: the error names the file, why and the fix: {stderr}"
+        );
+        assert!(!out.join("bootstrap.ign").exists() && !out.join("keelson.qcow2").exists());
+    }
+    // The static one is accepted, and `keelson build` says which agent it used.
+    let agent = fake_agent(work.path());
+    let out = work.path().join("ok");
+    let result = keelson(&[
+        "build",
+        "--config",
+        EXAMPLE,
+        "--out",
+        &out.display().to_string(),
+        "--agent",
+        &agent,
+        "--no-image",
+    ]);
+    ok(&result);
+    let stderr = String::from_utf8_lossy(&result.stderr);
+    let sha = {
+        use sha2::Digest;
+        hex::encode(sha2::Sha256::digest(tiny_static_elf()))
+    };
+    assert!(
+        stderr.contains(&format!(
+            "agent: {agent} ({} bytes, sha256 {sha})",
+            tiny_static_elf().len()
+        )),
+        "{stderr}"
+    );
 }
 
 #[test]

@@ -147,7 +147,8 @@ pub enum VrrpVersion {
 pub enum VrrpTransport {
     /// 224.0.0.18 / ff02::12.
     Multicast,
-    /// To each peer's address (static `unicastPeers` plus members of the cluster).
+    /// To each peer's address (static `unicastPeers`, live members of the cluster, and
+    /// routers heard from).
     Unicast,
 }
 
@@ -194,9 +195,15 @@ pub struct VrrpInstanceConfig {
     pub advert_interval_ms: u32,
     /// Multicast or unicast adverts.
     pub transport: VrrpTransport,
-    /// Static unicast peers (members add the others at run time).
+    /// Static unicast peers (members add the others at run time). Also registries the
+    /// unicast members transport registers with (docs/members.md).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub unicast_peers: Vec<IpAddr>,
+    /// Unicast transport: milliseconds a node waits, hearing no peer, before it claims the
+    /// VIP alone (docs/members.md). Default: 4 advert intervals plus one members renewal
+    /// interval ([`VrrpInstanceConfig::claim_grace`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub claim_grace_ms: Option<u32>,
     /// VRRPv2 simple password (`auth_type PASS`, at most 8 bytes).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub auth_pass: Option<String>,
@@ -209,6 +216,21 @@ pub struct VrrpInstanceConfig {
     /// Health checks whose weights add to the base priority while they pass.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub checks: Vec<HealthCheckConfig>,
+}
+
+impl VrrpInstanceConfig {
+    /// The unicast claim grace period: `claimGraceMs`, or by default four advert intervals
+    /// (Master_Down at its longest skew) plus one members renewal interval, so that a node
+    /// whose first registration fails still hears the holder before it would claim.
+    pub fn claim_grace(&self, members: &MembersSettings) -> std::time::Duration {
+        match self.claim_grace_ms {
+            Some(ms) => std::time::Duration::from_millis(u64::from(ms)),
+            None => {
+                std::time::Duration::from_millis(4 * u64::from(self.advert_interval_ms))
+                    + std::time::Duration::from_secs(u64::from(members.renew_interval_secs.max(1)))
+            }
+        }
+    }
 }
 
 /// A health check that moves a VRRP priority (like keepalived's `track_script`).
@@ -380,7 +402,8 @@ pub struct IgnitionServerSettings {
 pub enum MembersTransport {
     /// mDNS (RFC 6762/6763) on the node's segment.
     Mdns,
-    /// Register with the API VIP holder's Ignition server over TLS.
+    /// Register over TLS with every control-plane node's Ignition server that is known
+    /// (learned, remembered, configured, or reached through the API VIP).
     Unicast,
 }
 

@@ -24,6 +24,9 @@ pub const WANTED: &[&str] = &[
     // NICs OpenStack commonly exposes besides virtio.
     "e1000",
     "e1000e",
+    // The cloud's entropy source (Nova's `hw_rng_model=virtio`): without RDRAND or this, the
+    // kernel's CRNG fills only from interrupts and TLS waits for it.
+    "virtio_rng",
     // ACPI power button -> input event the agent reads for an orderly power-off.
     "button",
     "evdev",

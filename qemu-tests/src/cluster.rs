@@ -7,9 +7,10 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 
-use crate::configdrive::NodeDrive;
+use crate::configdrive::{NetworkMode, NodeDrive};
 use crate::netns::Netns;
-use crate::segment::{Segment, TapBridge};
+use crate::neutron::{Dhcp, DhcpHost, DhcpSettings, Instance, MetadataService};
+use crate::segment::{BridgeSegment, NicLink, Segment, TapBridge};
 use crate::vm::{Vm, VmSpec};
 
 /// The machine network of `examples/install-config.yaml`.
@@ -20,6 +21,87 @@ pub const API_VIP: &str = "10.0.0.5";
 pub const INGRESS_VIP: &str = "10.0.0.7";
 /// The host-side participant's address on the segment.
 pub const HOST_ADDRESS: &str = "10.0.0.250";
+/// The segment's MTU, as a VXLAN-backed Neutron network has it: handed out by DHCP (option
+/// 26) and in `network_data.json`.
+pub const MTU: u16 = 1450;
+/// The DHCP lease time: dnsmasq's shortest, so every node renews (T1 = 60 s) during a run.
+pub const LEASE_SECS: u32 = 120;
+
+/// Where a node's metadata comes from: the ways clouds give it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MetadataSource {
+    /// A config drive (ISO 9660, `config-2`) whose `network_data.json` says this.
+    ConfigDrive(NetworkMode),
+    /// No config drive (most clouds' default): DHCP, then the metadata service at
+    /// 169.254.169.254 with this `network_data.json`, showing this fault.
+    Service(NetworkMode, ServiceFault),
+}
+
+/// A metadata-service fault a node meets on its first boot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ServiceFault {
+    /// Answers at once.
+    None,
+    /// Every answer takes this long.
+    Slow(Duration),
+    /// Unreachable (its packets dropped) for this long after the VM starts.
+    UnreachableFor(Duration),
+}
+
+impl MetadataSource {
+    /// For the report: `config drive (ipv4_dhcp)`, `metadata service (no network_data, slow)`.
+    pub fn describe(&self) -> String {
+        let net = |m: &NetworkMode| match m {
+            NetworkMode::Static => "static ipv4",
+            NetworkMode::Dhcp => "ipv4_dhcp",
+            NetworkMode::Absent => "no network_data.json",
+        };
+        match self {
+            MetadataSource::ConfigDrive(m) => format!("config drive ({})", net(m)),
+            MetadataSource::Service(m, f) => format!(
+                "DHCP + metadata service ({}{})",
+                net(m),
+                match f {
+                    ServiceFault::None => String::new(),
+                    ServiceFault::Slow(d) => format!(", {} s per answer", d.as_secs()),
+                    ServiceFault::UnreachableFor(d) =>
+                        format!(", unreachable for {} s after the lease", d.as_secs()),
+                }
+            ),
+        }
+    }
+}
+
+/// Which configuration runs, on which segment (docs/qemu-cluster.md).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Config {
+    /// `cluster.json` as `keelson build` writes it: unicast VRRP and unicast members, on a
+    /// bridge that drops every multicast frame (the default).
+    Unicast,
+    /// VRRP multicast and mDNS members, on QEMU's multicast socket segment.
+    Multicast,
+}
+
+impl std::str::FromStr for Config {
+    type Err = anyhow::Error;
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "unicast" => Ok(Config::Unicast),
+            "multicast" => Ok(Config::Multicast),
+            other => bail!("configuration {other:?}: expected unicast or multicast"),
+        }
+    }
+}
+
+impl Config {
+    /// The name on the command line and in the report.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Config::Unicast => "unicast",
+            Config::Multicast => "multicast",
+        }
+    }
+}
 
 /// One VM of the cluster.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -32,67 +114,201 @@ pub struct NodePlan {
     pub address: Ipv4Addr,
     /// NIC MAC address.
     pub mac: String,
+    /// Where its metadata comes from.
+    pub source: MetadataSource,
 }
 
-/// Bootstrap 10.0.0.10, masters .11-.13, workers .21-.22.
+/// Bootstrap 10.0.0.10, masters .11-.13, workers .21-.22. Half the nodes boot as most clouds
+/// boot instances (no config drive: DHCP and the metadata service, with the service's usual
+/// faults), the rest from a config drive, static or DHCP.
 pub fn plan() -> Vec<NodePlan> {
-    let node = |name: String, role, host: u8| NodePlan {
+    use MetadataSource::{ConfigDrive, Service};
+    let node = |name: &str, role, host: u8, source| NodePlan {
         mac: format!("52:54:00:0a:00:{host:02x}"),
         address: Ipv4Addr::new(10, 0, 0, host),
-        name,
+        name: name.to_owned(),
         role,
+        source,
     };
-    let mut nodes = vec![node("bootstrap".into(), "bootstrap", 10)];
-    nodes.extend((0..3).map(|i| node(format!("master-{i}"), "master", 11 + i)));
-    nodes.extend((0..2).map(|i| node(format!("worker-{i}"), "worker", 21 + i)));
-    nodes
+    vec![
+        node(
+            "bootstrap",
+            "bootstrap",
+            10,
+            ConfigDrive(NetworkMode::Static),
+        ),
+        node("master-0", "master", 11, ConfigDrive(NetworkMode::Dhcp)),
+        node(
+            "master-1",
+            "master",
+            12,
+            Service(
+                NetworkMode::Dhcp,
+                ServiceFault::Slow(Duration::from_secs(2)),
+            ),
+        ),
+        node("master-2", "master", 13, ConfigDrive(NetworkMode::Static)),
+        node(
+            "worker-0",
+            "worker",
+            21,
+            Service(
+                NetworkMode::Static,
+                ServiceFault::UnreachableFor(Duration::from_secs(15)),
+            ),
+        ),
+        node(
+            "worker-1",
+            "worker",
+            22,
+            Service(NetworkMode::Absent, ServiceFault::None),
+        ),
+    ]
 }
 
-/// The running cluster: VMs, the segment and the host-side namespace bridged onto it.
+/// The running cluster: VMs, the segment and the host-side namespace on it.
 #[derive(Debug)]
 pub struct Cluster {
+    /// The configuration.
+    pub config: Config,
     /// Working directory (consoles, overlays, config drives, `out/`).
     pub work: PathBuf,
     /// The image every VM boots.
     pub image: PathBuf,
     /// The build output (`keelson build`).
     pub out: PathBuf,
-    /// The segment.
+    /// The multicast segment (multicast configuration).
     pub segment: Segment,
+    /// The bridge that drops multicast (unicast configuration).
+    pub bridge_segment: Option<BridgeSegment>,
+    /// The host-side participant's interface in [`Cluster::netns`].
+    pub host_iface: String,
     /// Running VMs by name.
     pub vms: BTreeMap<String, Vm>,
     /// The nodes.
     pub plan: Vec<NodePlan>,
     /// The host-side participant (dropped after the bridge).
     pub bridge: Option<TapBridge>,
+    /// The segment's DHCP server (in the namespace).
+    pub dhcp: Option<Dhcp>,
+    /// The metadata service (in the namespace).
+    pub metadata: Option<MetadataService>,
     /// Its namespace.
     pub netns: Netns,
 }
 
 impl Cluster {
-    /// Creates the namespace and bridges it onto a fresh segment.
-    pub fn new(work: &Path, out: &Path, image: &Path) -> Result<Self> {
+    /// Creates the namespace and the segment of `config`, with the host-side participant on
+    /// it, and starts the segment's DHCP server and metadata service there.
+    pub fn new(work: &Path, out: &Path, image: &Path, config: Config) -> Result<Self> {
+        crate::tools::require_all()?;
         let segment = Segment::for_this_process();
         let netns = Netns::create(&format!("kqc{}", std::process::id() % 100_000))?;
-        let bridge = TapBridge::start(segment, &netns.name, "kqtap0")?;
+        let (bridge, bridge_segment, host_iface) = match config {
+            Config::Multicast => (
+                Some(TapBridge::start(segment, &netns.name, "kqtap0")?),
+                None,
+                "kqtap0",
+            ),
+            Config::Unicast => (
+                None,
+                Some(BridgeSegment::create(&netns.name, "kqbr0")?),
+                "kqbr0",
+            ),
+        };
         netns.ip(&[
             "addr",
             "add",
             &format!("{HOST_ADDRESS}/{PREFIX}"),
             "dev",
-            "kqtap0",
+            host_iface,
         ])?;
-        netns.ip(&["link", "set", "kqtap0", "up"])?;
-        Ok(Cluster {
+        netns.ip(&["link", "set", host_iface, "mtu", &MTU.to_string(), "up"])?;
+        let mut cluster = Cluster {
+            config,
             work: work.to_path_buf(),
             image: image.to_path_buf(),
             out: out.to_path_buf(),
             segment,
+            bridge_segment,
+            host_iface: host_iface.to_string(),
             vms: BTreeMap::new(),
             plan: plan(),
-            bridge: Some(bridge),
+            bridge,
+            dhcp: None,
+            metadata: None,
             netns,
+        };
+        let hosts: Vec<DhcpHost> = cluster
+            .plan
+            .iter()
+            .map(|n| DhcpHost {
+                mac: n.mac.clone(),
+                address: n.address,
+                name: n.name.clone(),
+            })
+            .collect();
+        let settings = DhcpSettings {
+            interface: cluster.host_iface.clone(),
+            server: HOST_ADDRESS.parse()?,
+            prefix: PREFIX,
+            mtu: MTU,
+            lease_secs: LEASE_SECS,
+        };
+        cluster.dhcp = Some(Dhcp::start(&cluster.netns, &settings, &hosts, work)?);
+        let mut instances = BTreeMap::new();
+        for node in cluster.plan.clone() {
+            if let MetadataSource::Service(_, fault) = node.source {
+                let drive = cluster.drive(&node)?;
+                instances.insert(
+                    node.address,
+                    Instance {
+                        meta_data: serde_json::to_vec(&drive.meta_data())?,
+                        network_data: drive
+                            .network_data()
+                            .map(|d| serde_json::to_vec(&d))
+                            .transpose()?,
+                        user_data: drive.user_data.clone(),
+                        delay: match fault {
+                            ServiceFault::Slow(d) => d,
+                            _ => Duration::ZERO,
+                        },
+                    },
+                );
+            }
+        }
+        cluster.metadata = Some(MetadataService::start(
+            &cluster.netns,
+            &cluster.host_iface,
+            instances,
+        )?);
+        Ok(cluster)
+    }
+
+    /// What the node's config drive (or the metadata service) says about it.
+    fn drive(&self, node: &NodePlan) -> Result<NodeDrive> {
+        let network = match node.source {
+            MetadataSource::ConfigDrive(m) | MetadataSource::Service(m, _) => m,
+        };
+        Ok(NodeDrive {
+            name: node.name.clone(),
+            uuid: format!("00000000-0000-4000-8000-{:012x}", u32::from(node.address)),
+            mac: node.mac.clone(),
+            address: node.address,
+            prefix: PREFIX,
+            network,
+            mtu: MTU,
+            user_data: self.user_data(node.role)?,
+            meta: BTreeMap::new(),
         })
+    }
+
+    /// Multicast frames the unicast configuration's bridge dropped so far.
+    pub fn multicast_dropped(&self) -> Result<Option<u64>> {
+        self.bridge_segment
+            .as_ref()
+            .map(BridgeSegment::multicast_dropped)
+            .transpose()
     }
 
     /// The node's plan entry.
@@ -109,35 +325,105 @@ impl Cluster {
         std::fs::read(&path).with_context(|| format!("reading {}", path.display()))
     }
 
-    /// Boots (or reboots) one node.
+    /// Boots (or reboots) one node: with its config drive, or without one (then its metadata
+    /// comes from the service, with the fault its plan names on the first boot).
     pub fn boot(&mut self, name: &str) -> Result<()> {
         let node = self.node(name)?.clone();
-        let drive = NodeDrive {
-            name: node.name.clone(),
-            uuid: format!("00000000-0000-4000-8000-{:012x}", u32::from(node.address)),
-            mac: node.mac.clone(),
-            address: node.address,
-            prefix: PREFIX,
-            user_data: self.user_data(node.role)?,
-            meta: BTreeMap::new(),
+        let config_drive = match node.source {
+            MetadataSource::ConfigDrive(_) => {
+                let iso = self.work.join(format!("{name}-config.iso"));
+                self.drive(&node)?.write_iso(&self.work, &iso)?;
+                Some(iso)
+            }
+            MetadataSource::Service(..) => None,
         };
-        let iso = self.work.join(format!("{name}-config.iso"));
-        drive.write_iso(&self.work, &iso)?;
+        let first_boot = !self.vms.contains_key(name);
+        // The old VM (and with it its tap) goes first.
         self.vms.remove(name);
+        if first_boot
+            && let MetadataSource::Service(_, ServiceFault::UnreachableFor(d)) = node.source
+        {
+            self.drop_metadata_for(node.address, &node.mac, d)?;
+        }
+        let link: NicLink = match &self.bridge_segment {
+            Some(b) => b.tap(&format!("kqt-{name}"))?,
+            None => self.segment.into(),
+        };
         let vm = Vm::start(
             VmSpec {
                 name: node.name.clone(),
                 image: self.image.clone(),
-                config_drive: iso,
+                config_drive,
                 mac: node.mac,
                 memory_mib: 384,
                 uefi: false,
             },
-            self.segment,
+            link,
             &self.work,
         )?;
         self.vms.insert(name.to_owned(), vm);
         Ok(())
+    }
+
+    /// Drops `address`'s packets to the metadata service (an nftables rule in the namespace)
+    /// until `duration` after the node got its DHCP lease, so the node really meets the
+    /// outage however long its boot took (a timer thread removes the rule).
+    fn drop_metadata_for(&self, address: Ipv4Addr, mac: &str, duration: Duration) -> Result<()> {
+        let table = format!("kqfault{}", u32::from(address) & 0xff);
+        let rules = format!(
+            "table inet {table} {{ chain input {{ type filter hook input priority 0; \
+             ip saddr {address} ip daddr {} tcp dport 80 drop; }}; }}",
+            crate::neutron::METADATA_ADDRESS
+        );
+        let nft = crate::tools::require("nft")?;
+        let out = crate::netns::output_with_stdin(
+            self.netns.command_path(&nft).args(["-f", "-"]),
+            &rules,
+        )?;
+        if !out.status.success() {
+            bail!(
+                "nft (metadata fault for {address}): {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        let mut delete = self.netns.command_path(&nft);
+        delete.args(["delete", "table", "inet", &table]);
+        let log = self.dhcp.as_ref().context("no DHCP server")?.log.clone();
+        let mac = mac.to_owned();
+        std::thread::spawn(move || {
+            let start = Instant::now();
+            while start.elapsed() < Duration::from_secs(600)
+                && !std::fs::read_to_string(&log)
+                    .unwrap_or_default()
+                    .lines()
+                    .any(|l| l.contains("DHCPACK") && l.contains(&mac))
+            {
+                std::thread::sleep(Duration::from_millis(200));
+            }
+            std::thread::sleep(duration);
+            let _ = delete.output();
+        });
+        Ok(())
+    }
+
+    /// Which source each node's agent says its metadata came from (its console's
+    /// `metadata from ...` line), for the report.
+    pub fn metadata_sources(&self) -> Vec<(String, String)> {
+        self.plan
+            .iter()
+            .map(|n| {
+                let said = self
+                    .vms
+                    .get(&n.name)
+                    .and_then(|vm| {
+                        vm.console_text()
+                            .lines()
+                            .find_map(|l| l.split("metadata from ").nth(1).map(str::to_owned))
+                    })
+                    .unwrap_or_else(|| "(not booted)".into());
+                (n.name.clone(), said)
+            })
+            .collect()
     }
 
     /// Waits until every named VM printed its ready line; returns when the last one did.
@@ -154,19 +440,73 @@ impl Cluster {
         Ok(start.elapsed())
     }
 
-    /// Which node's MAC the host sees for `vip` right now (after a fresh ARP).
-    pub fn holder_of(&self, vip: &str) -> Option<String> {
+    /// Which node's MAC the host sees for `vip` right now (after a fresh ARP). An error when
+    /// `ping` could not run at all (missing, or exit status 2): that is not "nobody holds it".
+    pub fn holder_of(&self, vip: &str) -> Result<Option<String>> {
         self.netns.flush_neighbour(vip);
-        let _ = self
+        let out = self
             .netns
             .command("ping")
             .args(["-c", "1", "-W", "1", vip])
-            .output();
-        let mac = self.netns.neighbour_mac(vip)?;
-        self.plan
+            .output()
+            .context("running ping")?;
+        // ping: 0 answered, 1 no answer; anything else (2, ip's 255 for a failed exec) is an
+        // error of the tool, not of the cluster.
+        if !matches!(out.status.code(), Some(0 | 1)) {
+            bail!(
+                "ping {vip} failed ({}): {}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+        }
+        let Some(mac) = self.netns.neighbour_mac(vip) else {
+            return Ok(None);
+        };
+        Ok(self
+            .plan
             .iter()
             .find(|n| n.mac == mac)
-            .map(|n| n.name.clone())
+            .map(|n| n.name.clone()))
+    }
+
+    /// Every node answering ARP for `vip` right now (by MAC; an unknown MAC as itself).
+    pub fn holders_of(&self, vip: &str) -> Result<Vec<String>> {
+        let macs = crate::probe::arp_answers(
+            &self.netns,
+            &self.host_iface,
+            HOST_ADDRESS.parse()?,
+            vip.parse()?,
+            Duration::from_millis(500),
+        )?;
+        Ok(macs
+            .into_iter()
+            .map(|mac| {
+                self.plan
+                    .iter()
+                    .find(|n| n.mac == mac)
+                    .map(|n| n.name.clone())
+                    .unwrap_or(mac)
+            })
+            .collect())
+    }
+
+    /// Waits (up to `timeout`) until exactly one node answers ARP for `vip`, twice in a row
+    /// a second apart; returns it, or fails naming every holder (several holders is the
+    /// failure of issue 22: every node holding the VIP).
+    pub fn sole_holder(&self, vip: &str, timeout: Duration) -> Result<String> {
+        let start = Instant::now();
+        let mut last = Vec::new();
+        let mut seen: Option<String> = None;
+        while start.elapsed() < timeout {
+            last = self.holders_of(vip)?;
+            match (last.as_slice(), &seen) {
+                ([one], Some(prev)) if one == prev => return Ok(one.clone()),
+                ([one], _) => seen = Some(one.clone()),
+                _ => seen = None,
+            }
+            std::thread::sleep(Duration::from_millis(500));
+        }
+        bail!("{vip}: answered by {last:?} after {timeout:?}, expected exactly one node")
     }
 
     /// Waits until `vip` is held by a node `accept` approves; returns the holder.
@@ -179,7 +519,7 @@ impl Cluster {
         let start = Instant::now();
         let mut last = None;
         while start.elapsed() < timeout {
-            last = self.holder_of(vip);
+            last = self.holder_of(vip)?;
             if let Some(holder) = &last
                 && accept(holder)
             {
@@ -207,8 +547,10 @@ impl Cluster {
 
 impl Drop for Cluster {
     fn drop(&mut self) {
-        // VMs first (their Drop kills QEMU), then the bridge, then the namespace.
+        // VMs first (their Drop kills QEMU), then the services, the bridge, the namespace.
         self.vms.clear();
+        self.metadata.take();
+        self.dhcp.take();
         self.bridge.take();
     }
 }

@@ -8,7 +8,18 @@ use std::process::Command;
 use anyhow::{Context, Result, bail};
 use serde_json::json;
 
-/// What one VM's config drive says about it.
+/// What `network_data.json` says about the instance's network, as Nova writes it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NetworkMode {
+    /// A static IPv4 network (`"type": "ipv4"`): a subnet without DHCP.
+    Static,
+    /// `"type": "ipv4_dhcp"`: a subnet with DHCP enabled, the common case.
+    Dhcp,
+    /// No `network_data.json` at all (older clouds, the EC2 tree).
+    Absent,
+}
+
+/// What one VM's config drive (or the metadata service) says about it.
 #[derive(Debug, Clone)]
 pub struct NodeDrive {
     /// Host name (also the node name).
@@ -21,6 +32,10 @@ pub struct NodeDrive {
     pub address: Ipv4Addr,
     /// Prefix length of the segment.
     pub prefix: u8,
+    /// How `network_data.json` describes the network.
+    pub network: NetworkMode,
+    /// The link MTU it states.
+    pub mtu: u16,
     /// The Ignition config given as user_data.
     pub user_data: Vec<u8>,
     /// Instance properties (`openstack server create --property k=v`), `meta` in meta_data.
@@ -42,18 +57,13 @@ impl NodeDrive {
         })
     }
 
-    /// `network_data.json` with one physical link and a static IPv4 network on it.
-    pub fn network_data(&self) -> serde_json::Value {
+    /// `network_data.json` with one physical link and an IPv4 network on it (static or
+    /// DHCP); `None` for [`NetworkMode::Absent`].
+    pub fn network_data(&self) -> Option<serde_json::Value> {
         let netmask = Ipv4Addr::from(u32::MAX.checked_shl(32 - self.prefix as u32).unwrap_or(0));
-        json!({
-            "links": [{
-                "id": "tap-keelson0",
-                "type": "phy",
-                "ethernet_mac_address": self.mac,
-                "mtu": 1500,
-                "vif_id": self.uuid,
-            }],
-            "networks": [{
+        let network = match self.network {
+            NetworkMode::Absent => return None,
+            NetworkMode::Static => json!({
                 "id": "network0",
                 "type": "ipv4",
                 "link": "tap-keelson0",
@@ -61,9 +71,25 @@ impl NodeDrive {
                 "netmask": netmask.to_string(),
                 "routes": [],
                 "network_id": "00000000-0000-0000-0000-00000000cafe",
+            }),
+            NetworkMode::Dhcp => json!({
+                "id": "network0",
+                "type": "ipv4_dhcp",
+                "link": "tap-keelson0",
+                "network_id": "00000000-0000-0000-0000-00000000cafe",
+            }),
+        };
+        Some(json!({
+            "links": [{
+                "id": "tap-keelson0",
+                "type": "phy",
+                "ethernet_mac_address": self.mac,
+                "mtu": self.mtu,
+                "vif_id": self.uuid,
             }],
+            "networks": [network],
             "services": [],
-        })
+        }))
     }
 
     /// Writes the config drive ISO to `iso` (xorriso, Rock Ridge + Joliet as genisoimage does).
@@ -76,19 +102,21 @@ impl NodeDrive {
             latest.join("meta_data.json"),
             serde_json::to_vec_pretty(&self.meta_data())?,
         )?;
-        std::fs::write(
-            latest.join("network_data.json"),
-            serde_json::to_vec_pretty(&self.network_data())?,
-        )?;
+        if let Some(network_data) = self.network_data() {
+            std::fs::write(
+                latest.join("network_data.json"),
+                serde_json::to_vec_pretty(&network_data)?,
+            )?;
+        }
         std::fs::write(latest.join("user_data"), &self.user_data)?;
-        let out = Command::new("xorriso")
+        let out = Command::new(crate::tools::require("xorriso")?)
             .args([
                 "-as", "mkisofs", "-quiet", "-R", "-J", "-V", "config-2", "-o",
             ])
             .arg(iso)
             .arg(&root)
             .output()
-            .context("running xorriso (apt-get install xorriso)")?;
+            .context("running xorriso")?;
         if !out.status.success() {
             bail!(
                 "xorriso failed for {}: {}",
@@ -112,11 +140,13 @@ mod tests {
             mac: "52:54:00:00:00:01".into(),
             address: Ipv4Addr::new(10, 0, 0, 11),
             prefix: 16,
+            network: NetworkMode::Static,
+            mtu: 1500,
             user_data: vec![],
             meta: Default::default(),
         };
         assert_eq!(
-            drive.network_data()["networks"][0]["netmask"],
+            drive.network_data().unwrap()["networks"][0]["netmask"],
             "255.255.0.0"
         );
         let drive = NodeDrive {
@@ -124,8 +154,20 @@ mod tests {
             ..drive
         };
         assert_eq!(
-            drive.network_data()["networks"][0]["netmask"],
+            drive.network_data().unwrap()["networks"][0]["netmask"],
             "255.255.255.0"
         );
+        let dhcp = NodeDrive {
+            network: NetworkMode::Dhcp,
+            ..drive.clone()
+        };
+        let data = dhcp.network_data().unwrap();
+        assert_eq!(data["networks"][0]["type"], "ipv4_dhcp");
+        assert!(data["networks"][0].get("ip_address").is_none());
+        let absent = NodeDrive {
+            network: NetworkMode::Absent,
+            ..drive
+        };
+        assert!(absent.network_data().is_none());
     }
 }

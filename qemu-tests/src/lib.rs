@@ -4,7 +4,9 @@
 pub mod cluster;
 pub mod configdrive;
 pub mod netns;
+pub mod neutron;
 pub mod probe;
 pub mod scenarios;
 pub mod segment;
+pub mod tools;
 pub mod vm;

@@ -1,28 +1,42 @@
 //! `qemu-cluster`: boots a whole keelson cluster under QEMU and checks it from outside
 //! (`make qemu-cluster`, docs/qemu-cluster.md).
 //!
+//! `qemu-cluster [--config unicast|multicast]`: `unicast` (the default) runs `cluster.json`
+//! as `keelson build` writes it — unicast VRRP and unicast members — on a bridge that drops
+//! every multicast frame; `multicast` runs VRRP multicast and mDNS members on QEMU's
+//! multicast socket segment.
+//!
 //! Environment: `KEELSON_BIN` (the `keelson` program), `KEELSON_AGENT_BIN` (the static agent),
-//! `KEELSON_STANDIN_BIN` (the static stand-in API server), `QEMU_CLUSTER_WORK` (working
-//! directory, default `target/qemu-cluster`), `ACCEL` (`tcg` by default).
+//! `KEELSON_STANDIN_BIN` (the static stand-in API server), `QEMU_CLUSTER_CONFIG` (the
+//! configuration when `--config` is not given), `QEMU_CLUSTER_WORK` (working directory,
+//! default `target/qemu-cluster/<config>`), `ACCEL` (`tcg` by default).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use keelson_qemu_tests::cluster::Cluster;
+use keelson_qemu_tests::cluster::{Cluster, Config};
 use keelson_qemu_tests::scenarios;
 use keelson_qemu_tests::segment::{Segment, TapBridge};
 
 fn main() {
     let mut args = std::env::args().skip(1);
+    let usage =
+        "usage: qemu-cluster [--config unicast|multicast] | qemu-cluster bridge GROUP PORT NETNS";
+    let default_config =
+        std::env::var("QEMU_CLUSTER_CONFIG").unwrap_or_else(|_| "unicast".to_string());
     let result = match args.next().as_deref() {
         // Debug aid: bridge a segment into an existing namespace until killed.
         Some("bridge") => bridge(args.collect()),
-        None => run(),
-        Some(other) => Err(anyhow::anyhow!(
-            "unknown argument {other:?}; usage: qemu-cluster [bridge GROUP PORT NETNS]"
-        )),
+        None => default_config.parse().and_then(run),
+        Some("--config") => match args.next() {
+            Some(c) => c.parse().and_then(run),
+            None => Err(anyhow::anyhow!(
+                "--config: expected unicast or multicast; {usage}"
+            )),
+        },
+        Some(other) => Err(anyhow::anyhow!("unknown argument {other:?}; {usage}")),
     };
     if let Err(e) = result {
         eprintln!("qemu-cluster: {e:#}");
@@ -75,8 +89,41 @@ const CLUSTER_PATCH: &str = r#"{
 }
 "#;
 
+/// The patch of `config` over the build's defaults (`defaults`: the `cluster.json` a plain
+/// build writes): the stand-ins always; for the multicast configuration, every VRRP
+/// instance multicast and the members on mDNS (a merge patch replaces arrays whole, so the
+/// instances are the build's own with one field changed).
+fn cluster_patch(config: Config, defaults: &serde_json::Value) -> Result<String> {
+    let mut patch: serde_json::Value = serde_json::from_str(CLUSTER_PATCH)?;
+    if config == Config::Multicast {
+        let mut vrrp = defaults["vrrp"].clone();
+        for inst in vrrp["instances"]
+            .as_array_mut()
+            .context("cluster.json: vrrp.instances")?
+        {
+            inst["transport"] = "multicast".into();
+        }
+        patch["vrrp"] = vrrp;
+        patch["members"] = serde_json::json!({"transport": "mdns"});
+    }
+    Ok(serde_json::to_string_pretty(&patch)?)
+}
+
+/// Runs `keelson build` with `args`.
+fn keelson_build(keelson: &Path, args: &[&std::ffi::OsStr]) -> Result<()> {
+    let status = Command::new(keelson)
+        .arg("build")
+        .args(args)
+        .status()
+        .with_context(|| format!("running {}", keelson.display()))?;
+    if !status.success() {
+        bail!("keelson build failed ({status})");
+    }
+    Ok(())
+}
+
 /// `keelson build` of the example cluster with the stand-ins; returns the output directory.
-fn build(work: &Path) -> Result<PathBuf> {
+fn build(work: &Path, config: Config) -> Result<PathBuf> {
     let keelson = env_path("KEELSON_BIN", "target/debug/keelson");
     let agent = env_path(
         "KEELSON_AGENT_BIN",
@@ -100,28 +147,46 @@ fn build(work: &Path) -> Result<PathBuf> {
     std::fs::create_dir_all(&assets)?;
     let asset = assets.join("kube-standin");
     std::fs::copy(&standin, &asset).context("copying the stand-in")?;
+    let install_config = workspace().join("examples/install-config.yaml");
+    // The build's own cluster.json first (no image: quick), for the patch to start from.
+    let defaults_dir = work.join("defaults");
+    let _ = std::fs::remove_dir_all(&defaults_dir);
+    keelson_build(
+        &keelson,
+        &[
+            "--config".as_ref(),
+            install_config.as_os_str(),
+            "--out".as_ref(),
+            defaults_dir.as_os_str(),
+            "--agent".as_ref(),
+            agent.as_os_str(),
+            "--no-image".as_ref(),
+            "--quiet".as_ref(),
+        ],
+    )?;
+    let defaults: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(defaults_dir.join("cluster.json")).context("the build's cluster.json")?,
+    )?;
     let patch = work.join("cluster-patch.json");
-    std::fs::write(&patch, CLUSTER_PATCH)?;
+    std::fs::write(&patch, cluster_patch(config, &defaults)?)?;
     let out = work.join("out");
     let _ = std::fs::remove_dir_all(&out);
-    let status = Command::new(&keelson)
-        .arg("build")
-        .arg("--config")
-        .arg(workspace().join("examples/install-config.yaml"))
-        .arg("--out")
-        .arg(&out)
-        .arg("--agent")
-        .arg(&agent)
-        .arg("--asset")
-        .arg(&asset)
-        .arg("--cluster-patch")
-        .arg(&patch)
-        .arg("--quiet")
-        .status()
-        .with_context(|| format!("running {}", keelson.display()))?;
-    if !status.success() {
-        bail!("keelson build failed ({status})");
-    }
+    keelson_build(
+        &keelson,
+        &[
+            "--config".as_ref(),
+            install_config.as_os_str(),
+            "--out".as_ref(),
+            out.as_os_str(),
+            "--agent".as_ref(),
+            agent.as_os_str(),
+            "--asset".as_ref(),
+            asset.as_os_str(),
+            "--cluster-patch".as_ref(),
+            patch.as_os_str(),
+            "--quiet".as_ref(),
+        ],
+    )?;
     Ok(out)
 }
 
@@ -201,17 +266,31 @@ impl Report {
     }
 }
 
-fn run() -> Result<()> {
+fn run(config: Config) -> Result<()> {
     let start = Instant::now();
-    let work = env_path("QEMU_CLUSTER_WORK", "target/qemu-cluster");
+    let work = env_path(
+        "QEMU_CLUSTER_WORK",
+        &format!("target/qemu-cluster/{}", config.as_str()),
+    );
     std::fs::create_dir_all(&work)?;
     eprintln!(
-        "qemu-cluster: building the cluster's payloads and image in {}",
+        "qemu-cluster: {} configuration; building the cluster's payloads and image in {}",
+        config.as_str(),
         work.display()
     );
-    let out = build(&work)?;
+    let out = build(&work, config)?;
     let image = out.join("keelson.qcow2");
-    let mut cluster = Cluster::new(&work, &out, &image)?;
+    let mut cluster = Cluster::new(&work, &out, &image, config)?;
+    match config {
+        Config::Unicast => eprintln!(
+            "qemu-cluster: segment: bridge {} of taps in {}, every multicast frame dropped (checked)",
+            cluster.host_iface, cluster.netns.name
+        ),
+        Config::Multicast => eprintln!(
+            "qemu-cluster: segment: QEMU multicast socket {}:{}",
+            cluster.segment.group, cluster.segment.port
+        ),
+    }
     let mut report = Report { rows: Vec::new() };
     let all = [
         "bootstrap",
@@ -229,10 +308,18 @@ fn run() -> Result<()> {
         "4 pivot",
         "5 failover",
         "6 rejoin",
+        "7 renewal",
     ];
 
     let passed = (|| {
         report.run(&mut cluster, order[0], &all, scenarios::boot, |d| d.clone())?;
+        report.run(
+            &mut cluster,
+            "1b cloud",
+            &all,
+            |c| scenarios::cloud_boot(c),
+            |d| d.clone(),
+        )?;
         let control_names: Vec<String> = control.iter().map(|s| s.to_string()).collect();
         report.run(
             &mut cluster,
@@ -274,6 +361,13 @@ fn run() -> Result<()> {
             |c| scenarios::rejoin(c, &dead),
             |d| d.clone(),
         )?;
+        report.run(
+            &mut cluster,
+            order[6],
+            &all,
+            |c| scenarios::renewals(c),
+            |d| d.clone(),
+        )?;
         Some(())
     })()
     .is_some();
@@ -284,8 +378,12 @@ fn run() -> Result<()> {
         .filter(|o| !report.rows.iter().any(|r| r.scenario == *o))
         .collect();
     report.print(&skipped);
+    if let Some(dropped) = cluster.multicast_dropped()? {
+        println!("multicast frames dropped at the bridge: {dropped}");
+    }
     println!(
-        "\nqemu-cluster: {} in {:.0} s (accel {}), consoles in {}",
+        "\nqemu-cluster: {} configuration {} in {:.0} s (accel {}), consoles in {}",
+        config.as_str(),
         if passed { "PASSED" } else { "FAILED" },
         start.elapsed().as_secs_f64(),
         keelson_qemu_tests::vm::accel(),

@@ -39,11 +39,35 @@ impl Netns {
         run(Command::new("ip").arg("-n").arg(&self.name).args(args))
     }
 
-    /// A command run inside the namespace (`ip netns exec`).
+    /// A command run inside the namespace (`ip netns exec`), by its absolute path so that a
+    /// missing program is found missing here (the harness checks [`crate::tools::COMMANDS`]
+    /// before it starts) rather than as `ip`'s exit status 255 later.
     pub fn command(&self, program: &str) -> Command {
+        match crate::tools::find(program) {
+            Some(path) => self.command_path(&path),
+            None => self.command_path(std::path::Path::new(program)),
+        }
+    }
+
+    /// [`Netns::command`] for a program given by path.
+    pub fn command_path(&self, program: &std::path::Path) -> Command {
         let mut cmd = Command::new("ip");
-        cmd.args(["netns", "exec", &self.name, program]);
+        cmd.args(["netns", "exec", &self.name]).arg(program);
         cmd
+    }
+
+    /// A TCP listener bound to `addr` inside the namespace (the socket keeps its namespace
+    /// whichever thread uses it afterwards).
+    pub fn bind_tcp(&self, addr: std::net::SocketAddr) -> Result<std::net::TcpListener> {
+        let path = format!("/run/netns/{}", self.name);
+        std::thread::spawn(move || -> Result<std::net::TcpListener> {
+            let ns = std::fs::File::open(&path).with_context(|| format!("opening {path}"))?;
+            nix::sched::setns(&ns, nix::sched::CloneFlags::CLONE_NEWNET)
+                .with_context(|| format!("entering {path}"))?;
+            std::net::TcpListener::bind(addr).with_context(|| format!("binding {addr}"))
+        })
+        .join()
+        .map_err(|_| anyhow::anyhow!("bind thread panicked"))?
     }
 
     /// The MAC address the namespace's neighbour table holds for `ip`, if any.
@@ -70,6 +94,22 @@ impl Drop for Netns {
             .args(["netns", "del", &self.name])
             .output();
     }
+}
+
+/// Runs `cmd` with `input` on its standard input; its output, whatever its exit status.
+pub fn output_with_stdin(cmd: &mut Command, input: &str) -> Result<Output> {
+    use std::io::Write;
+    use std::process::Stdio;
+    let mut child = cmd
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .with_context(|| format!("running {cmd:?}"))?;
+    if let Some(mut stdin) = child.stdin.take() {
+        stdin.write_all(input.as_bytes())?;
+    }
+    Ok(child.wait_with_output()?)
 }
 
 fn run(cmd: &mut Command) -> Result<Output> {

@@ -209,6 +209,108 @@ pub fn outage(samples: &[Sample], event: Instant) -> Outage {
     }
 }
 
+/// Every MAC that answers an ARP request for `target` on `iface` of namespace `ns` within
+/// `wait` (lowercase, sorted, deduplicated): more than one means several hosts hold the
+/// address. The request is broadcast from `iface`'s own MAC and `sender` address.
+pub fn arp_answers(
+    ns: &Netns,
+    iface: &str,
+    sender: std::net::Ipv4Addr,
+    target: std::net::Ipv4Addr,
+    wait: Duration,
+) -> anyhow::Result<Vec<String>> {
+    use anyhow::Context;
+    use std::os::fd::AsRawFd;
+    let out = ns.ip(&["-j", "link", "show", "dev", iface])?;
+    let link: serde_json::Value = serde_json::from_slice(&out.stdout)?;
+    let index = link[0]["ifindex"].as_i64().context("ifindex")? as i32;
+    let mac_text = link[0]["address"]
+        .as_str()
+        .context("MAC address")?
+        .to_string();
+    let mut mac = [0u8; 6];
+    for (m, part) in mac.iter_mut().zip(mac_text.split(':')) {
+        *m = u8::from_str_radix(part, 16)?;
+    }
+    let path = format!("/run/netns/{}", ns.name);
+    std::thread::spawn(move || -> anyhow::Result<Vec<String>> {
+        let file = std::fs::File::open(&path)?;
+        nix::sched::setns(&file, nix::sched::CloneFlags::CLONE_NEWNET)?;
+        const ETH_P_ARP: u16 = 0x0806;
+        let sock = socket2::Socket::new(
+            socket2::Domain::PACKET,
+            socket2::Type::RAW,
+            Some(socket2::Protocol::from(i32::from(ETH_P_ARP.to_be()))),
+        )?;
+        // SAFETY: sockaddr_ll is plain old data; all-zero is valid before we fill it in.
+        let mut ll: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
+        ll.sll_family = libc::AF_PACKET as u16;
+        ll.sll_protocol = ETH_P_ARP.to_be();
+        ll.sll_ifindex = index;
+        ll.sll_halen = 6;
+        ll.sll_addr[..6].copy_from_slice(&[0xff; 6]);
+        let len = std::mem::size_of::<libc::sockaddr_ll>() as libc::socklen_t;
+        // SAFETY: `ll` is a valid sockaddr_ll of `len` bytes; the fd is open.
+        if unsafe {
+            libc::bind(
+                sock.as_raw_fd(),
+                (&ll as *const libc::sockaddr_ll).cast(),
+                len,
+            )
+        } < 0
+        {
+            return Err(std::io::Error::last_os_error().into());
+        }
+        let mut frame = [0u8; 42];
+        frame[0..6].copy_from_slice(&[0xff; 6]);
+        frame[6..12].copy_from_slice(&mac);
+        frame[12..14].copy_from_slice(&ETH_P_ARP.to_be_bytes());
+        frame[14..22].copy_from_slice(&[0, 1, 0x08, 0x00, 6, 4, 0, 1]);
+        frame[22..28].copy_from_slice(&mac);
+        frame[28..32].copy_from_slice(&sender.octets());
+        frame[38..42].copy_from_slice(&target.octets());
+        // SAFETY: the frame and `ll` are live buffers of the lengths passed.
+        let n = unsafe {
+            libc::sendto(
+                sock.as_raw_fd(),
+                frame.as_ptr().cast(),
+                frame.len(),
+                0,
+                (&ll as *const libc::sockaddr_ll).cast(),
+                len,
+            )
+        };
+        if n < 0 {
+            return Err(std::io::Error::last_os_error().into());
+        }
+        sock.set_read_timeout(Some(Duration::from_millis(50)))?;
+        let deadline = Instant::now() + wait;
+        let mut macs = std::collections::BTreeSet::new();
+        let mut buf = [std::mem::MaybeUninit::<u8>::uninit(); 128];
+        while Instant::now() < deadline {
+            let Ok(n) = sock.recv(&mut buf) else { continue };
+            // SAFETY: recv initialised the first `n` bytes.
+            let f = unsafe { std::slice::from_raw_parts(buf.as_ptr().cast::<u8>(), n) };
+            if n >= 42
+                && f[12..14] == ETH_P_ARP.to_be_bytes()
+                && f[20..22] == [0, 2]
+                && f[28..32] == target.octets()
+            {
+                macs.insert(
+                    f[22..28]
+                        .iter()
+                        .map(|b| format!("{b:02x}"))
+                        .collect::<Vec<_>>()
+                        .join(":"),
+                );
+            }
+        }
+        Ok(macs.into_iter().collect())
+    })
+    .join()
+    .map_err(|_| anyhow::anyhow!("ARP probe thread panicked"))?
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

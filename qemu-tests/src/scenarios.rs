@@ -7,7 +7,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
 
-use crate::cluster::{API_VIP, Cluster, INGRESS_VIP};
+use crate::cluster::{API_VIP, Cluster, INGRESS_VIP, MetadataSource, ServiceFault};
+use crate::configdrive::NetworkMode;
 use crate::probe::{self, ClientLoop};
 
 /// The cluster zone of `examples/install-config.yaml`.
@@ -71,13 +72,131 @@ pub fn boot(c: &mut Cluster) -> Result<String> {
         );
         told.push(w);
     }
+    // The masters registered through the VIP with the bootstrap and never claimed it.
+    let sole = c.sole_holder(API_VIP, Duration::from_secs(10))?;
+    ensure!(
+        sole == "bootstrap",
+        "{API_VIP} answered by {sole}, expected the bootstrap alone"
+    );
     Ok(format!(
-        "{holder} ready in {} and holds {API_VIP} at {}; 3 masters ready at {} (configs from :22623); {} retrying on 500",
+        "{holder} ready in {} and holds {API_VIP} at {} (the only node answering ARP for it once the masters are up); 3 masters ready at {} (configs from :22623); {} retrying on 500",
         secs(bootstrap),
         secs(vip_at),
         secs(masters_at),
         told.join(", ")
     ))
+}
+
+/// 1b. Cloud boot: each node took its metadata from where its plan says (config drive or the
+///     metadata service at 169.254.169.254, asked from its DHCP address); DHCP nodes hold a
+///     lease in dnsmasq's lease file; the faults were met and said so on the console (a
+///     service unreachable for a while: retries naming it; no `network_data.json`: DHCP kept).
+pub fn cloud_boot(c: &Cluster) -> Result<String> {
+    let dhcp = c.dhcp.as_ref().context("no DHCP server")?;
+    let service = c.metadata.as_ref().context("no metadata service")?;
+    let mut lines = Vec::new();
+    for node in &c.plan {
+        let Some(vm) = c.vms.get(&node.name) else {
+            continue;
+        };
+        let console = vm.console_text();
+        let said = console
+            .lines()
+            .find_map(|l| l.split("metadata from ").nth(1))
+            .with_context(|| format!("{}: no `metadata from` line", node.name))?;
+        let keeps_dhcp = match node.source {
+            MetadataSource::ConfigDrive(mode) => {
+                ensure!(
+                    said.starts_with("config-drive:"),
+                    "{}: metadata from {said}, expected the config drive",
+                    node.name
+                );
+                mode == NetworkMode::Dhcp
+            }
+            MetadataSource::Service(mode, fault) => {
+                ensure!(
+                    said.starts_with("http://169.254.169.254"),
+                    "{}: metadata from {said}, expected the metadata service",
+                    node.name
+                );
+                let served = service.served_to(node.address);
+                ensure!(
+                    served
+                        .iter()
+                        .any(|r| r.path.ends_with("user_data") && r.status == 200),
+                    "{}: the service never served it user_data ({served:?})",
+                    node.name
+                );
+                if let ServiceFault::UnreachableFor(_) = fault {
+                    ensure!(
+                        console.lines().any(|l| l.contains("metadata service: ")
+                            && l.contains("169.254.169.254")
+                            && l.contains("retrying in")),
+                        "{}: no console line saying it waits for http://169.254.169.254",
+                        node.name
+                    );
+                }
+                if mode == NetworkMode::Absent {
+                    ensure!(
+                        served
+                            .iter()
+                            .any(|r| r.path.ends_with("network_data.json") && r.status == 404),
+                        "{}: network_data.json was not asked for (and refused)",
+                        node.name
+                    );
+                }
+                ensure!(
+                    console.contains(&format!("DHCPv4 on eth0 ({})", node.mac)),
+                    "{}: no ephemeral DHCP line on the console",
+                    node.name
+                );
+                mode != NetworkMode::Static
+            }
+        };
+        if keeps_dhcp {
+            ensure!(
+                dhcp.has_lease(&node.mac),
+                "{}: no lease for {} in dnsmasq's lease file",
+                node.name,
+                node.mac
+            );
+        }
+        lines.push(format!("{} <- {}", node.name, node.source.describe()));
+    }
+    Ok(lines.join("; "))
+}
+
+/// 7. DHCP renewals: every running node that keeps DHCP renewed its lease (two DHCPACKs or
+///    more: the lease is 120 s, T1 60 s) and still holds it.
+pub fn renewals(c: &Cluster) -> Result<String> {
+    let dhcp = c.dhcp.as_ref().context("no DHCP server")?;
+    let mut renewed = Vec::new();
+    for node in &c.plan {
+        let keeps = matches!(
+            node.source,
+            MetadataSource::ConfigDrive(NetworkMode::Dhcp)
+                | MetadataSource::Service(NetworkMode::Dhcp | NetworkMode::Absent, _)
+        );
+        let Some(vm) = c.vms.get(&node.name) else {
+            continue;
+        };
+        if !keeps || vm.started.elapsed() < Duration::from_secs(90) {
+            continue;
+        }
+        let acks = dhcp.acks_for(&node.mac);
+        ensure!(
+            acks >= 2 && dhcp.has_lease(&node.mac),
+            "{}: {acks} DHCPACK(s) in dnsmasq's log after {}, expected a renewal",
+            node.name,
+            secs(vm.started.elapsed())
+        );
+        renewed.push(format!("{} {acks} ACKs", node.name));
+    }
+    ensure!(
+        !renewed.is_empty(),
+        "no node keeping DHCP ran long enough to renew"
+    );
+    Ok(renewed.join(", "))
 }
 
 /// 2. DNS from `nodes`: api/api-int -> API VIP, *.apps -> ingress VIP, node names -> node
@@ -232,8 +351,18 @@ pub fn pivot(c: &mut Cluster) -> Result<String> {
             "{w} did not log fetching {url}"
         );
     }
+    let api = c.sole_holder(API_VIP, Duration::from_secs(10))?;
+    ensure!(
+        api.starts_with("master-"),
+        "{API_VIP} answered by {api} after the pivot"
+    );
+    let ingress = c.sole_holder(INGRESS_VIP, Duration::from_secs(30))?;
+    ensure!(
+        ingress.starts_with("worker-"),
+        "{INGRESS_VIP} answered by {ingress}"
+    );
     Ok(format!(
-        "bootstrap off in {}; {API_VIP} on {holder} at {}; :22623 answered through the VIP {} later; workers ready at {}",
+        "bootstrap off in {}; {API_VIP} on {holder} at {}; :22623 answered through the VIP {} later; workers ready at {}; one holder each: {api}, {ingress}",
         secs(off),
         secs(moved),
         secs(served),
@@ -297,6 +426,8 @@ fn kill_holder(
         .collect();
     let outage = probe::outage(&samples, killed_at);
     let new_holder = c.wait_holder(vip, Duration::from_secs(10), |h| h != holder)?;
+    let sole = c.sole_holder(vip, Duration::from_secs(10))?;
+    ensure!(sole != holder, "{vip} still answered by the dead {holder}");
     ensure!(
         outage.failures_before == 0,
         "{} requests failed before {holder} was killed",
@@ -390,6 +521,9 @@ pub fn rejoin(c: &mut Cluster, master: &str) -> Result<String> {
     }
     let dns_at = dns_at.with_context(|| format!("{other}'s DNS never answered {name}"))?;
     let api_at = api_at.with_context(|| format!("the API VIP never sent a request to {master}"))?;
+    // The node that came back took nothing it should not have.
+    c.sole_holder(API_VIP, Duration::from_secs(10))?;
+    c.sole_holder(INGRESS_VIP, Duration::from_secs(10))?;
     Ok(format!(
         "{master} ready in {}; in {other}'s DNS at {}; serving through the API VIP at {}",
         secs(ready),

@@ -1,10 +1,16 @@
-//! The test segment: QEMU's `-netdev socket,mcast=` network, and a host-side participant.
+//! The test segments, and a host-side participant on each.
 //!
-//! Every VM's NIC is a QEMU multicast socket: each Ethernet frame travels as one UDP datagram
-//! to `group:port`, sent from `localaddr` 127.0.0.1 so nothing leaves the host's loopback.
-//! To test from outside the VMs, [`TapBridge`] joins the same group and copies frames to and
-//! from a tap device inside a network namespace the harness creates; `dig` and `curl` then run
-//! in that namespace as a seventh node on the segment.
+//! - [`Segment`]: QEMU's `-netdev socket,mcast=` network, where multicast passes. Every VM's
+//!   NIC is a QEMU multicast socket: each Ethernet frame travels as one UDP datagram to
+//!   `group:port`, sent from `localaddr` 127.0.0.1 so nothing leaves the host's loopback. To
+//!   test from outside the VMs, [`TapBridge`] joins the same group and copies frames to and
+//!   from a tap device inside a network namespace the harness creates; `dig` and `curl` then
+//!   run in that namespace as a seventh node on the segment.
+//! - [`BridgeSegment`]: a network that blocks multicast, as many OpenStack networks do. A
+//!   Linux bridge in the harness's namespace, one tap per VM on it (opened in that namespace,
+//!   handed to QEMU as `-netdev tap,fd=3`), and an nftables bridge rule that drops every
+//!   multicast frame and counts it. The namespace itself is the host-side participant, on
+//!   the bridge device.
 
 use std::fs::File;
 use std::io::{Read, Write};
@@ -63,7 +69,9 @@ pub struct TapBridge {
 
 const TUNSETIFF: libc::c_ulong = 0x4004_54ca;
 
-fn open_tap_in_netns(netns: &str, name: &str) -> Result<File> {
+/// Opens tap `name` inside network namespace `netns` (created with the fd, gone when the
+/// last copy of the fd closes).
+pub fn open_tap_in_netns(netns: &str, name: &str) -> Result<File> {
     // setns only moves the calling thread; the tap fd keeps its namespace afterwards, so
     // open it on a short-lived thread and leave the harness's own threads where they are.
     let netns = netns.to_string();
@@ -175,4 +183,274 @@ impl Drop for TapBridge {
             let _ = t.join();
         }
     }
+}
+
+/// How a VM's NIC reaches its segment.
+#[derive(Debug)]
+pub enum NicLink {
+    /// A QEMU multicast socket segment.
+    Mcast(Segment),
+    /// A tap device (on a [`BridgeSegment`]), handed to QEMU as file descriptor 3.
+    Tap(File),
+}
+
+impl From<Segment> for NicLink {
+    fn from(s: Segment) -> Self {
+        NicLink::Mcast(s)
+    }
+}
+
+impl NicLink {
+    /// The fd number QEMU finds the tap at.
+    pub const TAP_FD: i32 = 3;
+
+    /// The `-netdev` argument for NIC `id`.
+    pub fn qemu_netdev(&self, id: &str) -> String {
+        match self {
+            NicLink::Mcast(s) => s.qemu_netdev(id),
+            NicLink::Tap(_) => format!("tap,id={id},fd={}", Self::TAP_FD),
+        }
+    }
+}
+
+/// The nftables table of a [`BridgeSegment`]: every multicast frame that enters the bridge
+/// from a port, or leaves the host-side participant through it, is dropped and counted.
+const DROP_MULTICAST: &str = "table bridge kqnomcast {
+  chain pre {
+    type filter hook prerouting priority 0; policy accept;
+    meta pkttype multicast counter drop
+  }
+  chain out {
+    type filter hook output priority 0; policy accept;
+    ether daddr & 01:00:00:00:00:00 == 01:00:00:00:00:00 ether daddr != ff:ff:ff:ff:ff:ff counter drop
+  }
+}
+";
+
+/// A bridge of taps in a network namespace that drops multicast (see the module docs).
+#[derive(Debug)]
+pub struct BridgeSegment {
+    netns: String,
+    /// The bridge device, which carries the host-side participant's address.
+    pub bridge: String,
+}
+
+fn run_in(netns: &str, args: &[&str], stdin: Option<&str>) -> Result<String> {
+    use std::process::{Command, Stdio};
+    let mut cmd = Command::new("ip");
+    cmd.args(["netns", "exec", netns]).args(args);
+    cmd.stdin(if stdin.is_some() {
+        Stdio::piped()
+    } else {
+        Stdio::null()
+    })
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped());
+    let mut child = cmd
+        .spawn()
+        .with_context(|| format!("running {args:?} in {netns}"))?;
+    if let (Some(text), Some(mut pipe)) = (stdin, child.stdin.take()) {
+        pipe.write_all(text.as_bytes())?;
+    }
+    let out = child.wait_with_output()?;
+    if !out.status.success() {
+        bail!(
+            "{args:?} in {netns} failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+impl BridgeSegment {
+    /// Creates bridge `bridge` in `netns` with the multicast drop rule, and checks that the
+    /// rule really drops multicast entering from a port (a probe namespace on a veth sends
+    /// datagrams to a group the bridge device has joined: none may arrive, all must be
+    /// counted).
+    pub fn create(netns: &str, bridge: &str) -> Result<Self> {
+        run_in(
+            netns,
+            &["ip", "link", "add", bridge, "type", "bridge"],
+            None,
+        )?;
+        // No IPv6 on the bridge device: the host-side participant speaks IPv4 only, and its
+        // router solicitations would only be dropped by the rule anyway.
+        run_in(
+            netns,
+            &[
+                "sysctl",
+                "-qw",
+                &format!("net.ipv6.conf.{bridge}.disable_ipv6=1"),
+            ],
+            None,
+        )?;
+        run_in(netns, &["ip", "link", "set", bridge, "up"], None)?;
+        run_in(netns, &["nft", "-f", "-"], Some(DROP_MULTICAST))?;
+        let seg = BridgeSegment {
+            netns: netns.to_string(),
+            bridge: bridge.to_string(),
+        };
+        seg.check_multicast_blocked()?;
+        Ok(seg)
+    }
+
+    /// Multicast frames the rule dropped so far.
+    pub fn multicast_dropped(&self) -> Result<u64> {
+        let out = run_in(
+            &self.netns,
+            &["nft", "-j", "list", "table", "bridge", "kqnomcast"],
+            None,
+        )?;
+        let doc: serde_json::Value = serde_json::from_str(&out)?;
+        Ok(doc["nftables"]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .filter_map(|o| o["rule"]["expr"].as_array())
+                    .flatten()
+                    .filter_map(|e| e["counter"]["packets"].as_u64())
+                    .sum()
+            })
+            .unwrap_or(0))
+    }
+
+    /// Opens a tap named `name` in the namespace and puts it on the bridge, up.
+    pub fn tap(&self, name: &str) -> Result<NicLink> {
+        let file = open_tap_in_netns(&self.netns, name)?;
+        run_in(
+            &self.netns,
+            &["ip", "link", "set", name, "master", &self.bridge, "up"],
+            None,
+        )?;
+        Ok(NicLink::Tap(file))
+    }
+
+    fn check_multicast_blocked(&self) -> Result<()> {
+        let probe_ns = format!("{}p", self.netns);
+        let _ = std::process::Command::new("ip")
+            .args(["netns", "del", &probe_ns])
+            .output();
+        let ip = |args: &[&str]| -> Result<()> {
+            let out = std::process::Command::new("ip").args(args).output()?;
+            if !out.status.success() {
+                bail!(
+                    "ip {args:?}: {}",
+                    String::from_utf8_lossy(&out.stderr).trim()
+                );
+            }
+            Ok(())
+        };
+        ip(&["netns", "add", &probe_ns])?;
+        let result = (|| -> Result<()> {
+            ip(&[
+                "-n",
+                &self.netns,
+                "link",
+                "add",
+                "kqprobe0",
+                "type",
+                "veth",
+                "peer",
+                "name",
+                "eth0",
+                "netns",
+                &probe_ns,
+            ])?;
+            ip(&[
+                "-n",
+                &self.netns,
+                "link",
+                "set",
+                "kqprobe0",
+                "master",
+                &self.bridge,
+                "up",
+            ])?;
+            ip(&[
+                "-n",
+                &probe_ns,
+                "addr",
+                "add",
+                "192.0.2.2/24",
+                "dev",
+                "eth0",
+            ])?;
+            ip(&["-n", &probe_ns, "link", "set", "eth0", "up"])?;
+            ip(&[
+                "-n",
+                &self.netns,
+                "addr",
+                "add",
+                "192.0.2.1/24",
+                "dev",
+                &self.bridge,
+            ])?;
+            let before = self.multicast_dropped()?;
+            let group = Ipv4Addr::new(239, 255, 77, 1);
+            // A receiver on the bridge device (the host-side participant), joined to the group.
+            let listen_ns = self.netns.clone();
+            let receiver = std::thread::spawn(move || -> Result<bool> {
+                enter_netns(&listen_ns)?;
+                let sock = UdpSocket::bind(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 5998))?;
+                sock.join_multicast_v4(&group, &Ipv4Addr::new(192, 0, 2, 1))?;
+                sock.set_read_timeout(Some(std::time::Duration::from_millis(1500)))?;
+                let mut buf = [0u8; 64];
+                Ok(sock.recv(&mut buf).is_ok())
+            });
+            std::thread::sleep(std::time::Duration::from_millis(200));
+            let send_ns = probe_ns.clone();
+            std::thread::spawn(move || -> Result<()> {
+                enter_netns(&send_ns)?;
+                let sock = Socket::new(Domain::IPV4, Type::DGRAM, Some(Protocol::UDP))?;
+                sock.set_multicast_if_v4(&Ipv4Addr::new(192, 0, 2, 2))?;
+                let to = SocketAddrV4::new(group, 5998).into();
+                for _ in 0..5 {
+                    sock.send_to(b"multicast?", &to)?;
+                    std::thread::sleep(std::time::Duration::from_millis(50));
+                }
+                Ok(())
+            })
+            .join()
+            .map_err(|_| anyhow::anyhow!("probe sender panicked"))??;
+            let got = receiver
+                .join()
+                .map_err(|_| anyhow::anyhow!("probe receiver panicked"))??;
+            let dropped = self.multicast_dropped()? - before;
+            if got {
+                bail!(
+                    "multicast crossed the bridge {}: the segment does not block it",
+                    self.bridge
+                );
+            }
+            if dropped < 5 {
+                bail!("the multicast rule counted {dropped} of 5 probe datagrams");
+            }
+            Ok(())
+        })();
+        let _ = std::process::Command::new("ip")
+            .args(["netns", "del", &probe_ns])
+            .output();
+        let _ = std::process::Command::new("ip")
+            .args([
+                "-n",
+                &self.netns,
+                "addr",
+                "del",
+                "192.0.2.1/24",
+                "dev",
+                &self.bridge,
+            ])
+            .output();
+        result
+    }
+}
+
+/// Moves the calling thread into network namespace `netns`.
+fn enter_netns(netns: &str) -> Result<()> {
+    let ns = File::open(format!("/run/netns/{netns}"))
+        .with_context(|| format!("opening network namespace {netns}"))?;
+    nix::sched::setns(&ns, nix::sched::CloneFlags::CLONE_NEWNET)
+        .with_context(|| format!("entering network namespace {netns}"))?;
+    Ok(())
 }

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 
-use crate::segment::Segment;
+use crate::segment::NicLink;
 
 /// How to start one VM.
 #[derive(Debug, Clone)]
@@ -19,8 +19,8 @@ pub struct VmSpec {
     pub name: String,
     /// The base image.
     pub image: PathBuf,
-    /// The config drive ISO.
-    pub config_drive: PathBuf,
+    /// The config drive ISO; `None` boots without one (metadata from the service).
+    pub config_drive: Option<PathBuf>,
     /// The NIC's MAC address.
     pub mac: String,
     /// Memory in MiB.
@@ -48,11 +48,12 @@ pub fn accel() -> String {
 }
 
 impl Vm {
-    /// Starts the VM with its files in `work`.
-    pub fn start(spec: VmSpec, segment: Segment, work: &Path) -> Result<Self> {
+    /// Starts the VM with its NIC on `link` and its files in `work`.
+    pub fn start(spec: VmSpec, link: impl Into<NicLink>, work: &Path) -> Result<Self> {
+        let link = link.into();
         let overlay = work.join(format!("{}.qcow2", spec.name));
         let _ = std::fs::remove_file(&overlay);
-        let status = Command::new("qemu-img")
+        let status = Command::new(crate::tools::require("qemu-img")?)
             .args(["create", "-q", "-f", "qcow2", "-F", "qcow2", "-b"])
             .arg(&spec.image)
             .arg(&overlay)
@@ -65,7 +66,7 @@ impl Vm {
         let monitor = work.join(format!("{}.monitor", spec.name));
         let _ = std::fs::remove_file(&console);
         let _ = std::fs::remove_file(&monitor);
-        let mut cmd = Command::new("qemu-system-x86_64");
+        let mut cmd = Command::new(crate::tools::require("qemu-system-x86_64")?);
         cmd.args(["-accel", &accel(), "-m", &spec.memory_mib.to_string()])
             .args(["-nodefaults", "-display", "none", "-no-reboot"])
             .arg("-serial")
@@ -74,22 +75,43 @@ impl Vm {
             .arg(format!("unix:{},server=on,wait=off", monitor.display()))
             .arg("-drive")
             .arg(format!("file={},if=virtio,format=qcow2", overlay.display()))
-            .arg("-drive")
-            .arg(format!(
-                "file={},media=cdrom,readonly=on",
-                spec.config_drive.display()
-            ))
             .arg("-netdev")
-            .arg(segment.qemu_netdev("n0"))
+            .arg(link.qemu_netdev("n0"))
             .arg("-device")
             .arg(format!("virtio-net-pci,netdev=n0,mac={}", spec.mac));
+        if let Some(drive) = &spec.config_drive {
+            cmd.arg("-drive")
+                .arg(format!("file={},media=cdrom,readonly=on", drive.display()));
+        }
         if spec.uefi {
             cmd.args(["-bios", "/usr/share/ovmf/OVMF.fd"]);
         }
         cmd.stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped());
+        if let NicLink::Tap(tap) = &link {
+            use std::os::fd::AsRawFd;
+            use std::os::unix::process::CommandExt;
+            let fd = tap.as_raw_fd();
+            // SAFETY: between fork and exec the closure only calls dup2 and fcntl, which are
+            // async-signal-safe, on a descriptor the parent keeps open until spawn returns.
+            unsafe {
+                cmd.pre_exec(move || {
+                    if fd == NicLink::TAP_FD {
+                        // dup2 onto itself keeps close-on-exec: clear it.
+                        if libc::fcntl(fd, libc::F_SETFD, 0) < 0 {
+                            return Err(std::io::Error::last_os_error());
+                        }
+                    } else if libc::dup2(fd, NicLink::TAP_FD) < 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    Ok(())
+                });
+            }
+        }
         let child = cmd.spawn().context("starting qemu-system-x86_64")?;
+        // QEMU holds its own copy of a tap now; ours closes here.
+        drop(link);
         Ok(Vm {
             spec,
             console,

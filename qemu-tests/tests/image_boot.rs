@@ -78,6 +78,8 @@ fn boot(image: &Path, work: &Path, segment: Segment, uefi: bool, host: u8) -> (D
         mac: format!("52:54:00:99:00:{host:02x}"),
         address: std::net::Ipv4Addr::new(10, 99, 0, host),
         prefix: 24,
+        network: keelson_qemu_tests::configdrive::NetworkMode::Static,
+        mtu: 1500,
         user_data: user_data(),
         meta: [("keelson-role".to_owned(), "worker".to_owned())].into(),
     };
@@ -87,7 +89,7 @@ fn boot(image: &Path, work: &Path, segment: Segment, uefi: bool, host: u8) -> (D
         VmSpec {
             name: drive.name.clone(),
             image: image.to_path_buf(),
-            config_drive: iso,
+            config_drive: Some(iso),
             mac: drive.mac.clone(),
             memory_mib: 512,
             uefi,

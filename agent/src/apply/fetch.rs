@@ -24,6 +24,14 @@ pub enum FetchError {
         /// What happened.
         message: String,
     },
+    /// The answer is longer than the caller's limit (never retried).
+    #[error("{url}: longer than the limit of {limit} bytes")]
+    TooLarge {
+        /// The URL.
+        url: String,
+        /// The limit.
+        limit: usize,
+    },
     /// Not worth retrying: bad URL, 4xx, TLS trust failure, no CA for HTTPS.
     #[error("{url}: {message}")]
     Permanent {
@@ -34,8 +42,9 @@ pub enum FetchError {
     },
 }
 
-/// GETs `url` once. `cas` are PEM certificates trusted for HTTPS.
-pub async fn get(url: &str, cas: &[Vec<u8>]) -> Result<Vec<u8>, FetchError> {
+/// GETs `url` once. `cas` are PEM certificates trusted for HTTPS; a body longer than `limit`
+/// bytes is refused (for good: a longer answer will not get shorter).
+pub async fn get(url: &str, cas: &[Vec<u8>], limit: usize) -> Result<Vec<u8>, FetchError> {
     let permanent = |m: String| FetchError::Permanent {
         url: url.to_owned(),
         message: m,
@@ -134,10 +143,34 @@ pub async fn get(url: &str, cas: &[Vec<u8>]) -> Result<Vec<u8>, FetchError> {
     if !status.is_success() {
         return Err(permanent(format!("HTTP {status}")));
     }
-    let body = tokio::time::timeout(Duration::from_secs(60), response.into_body().collect())
-        .await
-        .map_err(|_| transient("body timed out".into()))?
-        .map_err(|e| transient(e.to_string()))?;
+    if response
+        .headers()
+        .get(hyper::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok())
+        .is_some_and(|n| n > limit as u64)
+    {
+        return Err(FetchError::TooLarge {
+            url: url.to_owned(),
+            limit,
+        });
+    }
+    let body = tokio::time::timeout(
+        Duration::from_secs(60),
+        http_body_util::Limited::new(response.into_body(), limit).collect(),
+    )
+    .await
+    .map_err(|_| transient("body timed out".into()))?
+    .map_err(|e| {
+        if e.is::<http_body_util::LengthLimitError>() {
+            FetchError::TooLarge {
+                url: url.to_owned(),
+                limit,
+            }
+        } else {
+            transient(e.to_string())
+        }
+    })?;
     Ok(body.to_bytes().to_vec())
 }
 
@@ -160,29 +193,21 @@ where
         .map_err(|e| format!("request: {e}"))
 }
 
-/// GETs with retries (0.5 s doubling to 10 s) while the failure is transient, until
-/// `timeout` (None: forever, as a booting node does).
+impl crate::retry::Transient for FetchError {
+    fn is_transient(&self) -> bool {
+        matches!(self, FetchError::Transient { .. })
+    }
+}
+
+/// GETs with retries (the agent's retry policy: 0.5 s doubling to 10 s, with jitter) while
+/// the failure is transient, until `timeout` (None: forever, as a booting node does). Each
+/// retry says on the console what failed and when the next try is.
 pub async fn get_with_retry(
     url: &str,
     cas: &[Vec<u8>],
+    limit: usize,
     timeout: Option<Duration>,
 ) -> Result<Vec<u8>, FetchError> {
-    let start = tokio::time::Instant::now();
-    let mut delay = Duration::from_millis(500);
-    loop {
-        match get(url, cas).await {
-            Ok(body) => return Ok(body),
-            Err(e @ FetchError::Permanent { .. }) => return Err(e),
-            Err(e) => {
-                if let Some(t) = timeout
-                    && start.elapsed() + delay > t
-                {
-                    return Err(e);
-                }
-                tracing::warn!("{e}; retrying in {delay:?}");
-                tokio::time::sleep(delay).await;
-                delay = (delay * 2).min(Duration::from_secs(10));
-            }
-        }
-    }
+    let backoff = crate::retry::Backoff::new(Duration::from_millis(500), Duration::from_secs(10));
+    crate::retry::retry("fetch", backoff, timeout, || get(url, cas, limit)).await
 }

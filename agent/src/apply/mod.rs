@@ -45,6 +45,16 @@ pub enum ApplyError {
     /// Fetching a pointer config or remote file failed for good.
     #[error(transparent)]
     Fetch(#[from] fetch::FetchError),
+    /// A file's contents are larger than [`MAX_FILE_BYTES`] (fetched, or once decompressed).
+    #[error("user_data {field}: larger than the limit of {limit} bytes{how}")]
+    TooLarge {
+        /// JSON path of the file.
+        field: String,
+        /// The limit.
+        limit: usize,
+        /// `` or ` once decompressed`.
+        how: &'static str,
+    },
     /// Writing a file failed.
     #[error("writing {path}: {source}")]
     Write {
@@ -54,6 +64,14 @@ pub enum ApplyError {
         source: std::io::Error,
     },
 }
+
+/// The largest Ignition config (user_data's, or one it points at) the agent takes. The
+/// configs keelson writes are tens of KiB; Ignition itself has no smaller cap.
+pub const MAX_CONFIG_BYTES: usize = 4 << 20;
+/// The largest file the agent writes from a config, fetched or after decompression (the
+/// agent binary, ~12 MiB, is the largest keelson serves). The appliance runs from memory;
+/// this keeps a gzip bomb or an endless download from taking PID 1 with it.
+pub const MAX_FILE_BYTES: usize = 64 << 20;
 
 /// How to apply.
 #[derive(Debug, Clone, Default)]
@@ -73,6 +91,12 @@ pub async fn apply_user_data_with(
     root: &Path,
     opts: &ApplyOptions,
 ) -> Result<Applied, ApplyError> {
+    if user_data.len() > MAX_CONFIG_BYTES {
+        return Err(ApplyError::NotIgnition(format!(
+            "{} bytes, larger than the limit of {MAX_CONFIG_BYTES} bytes for a config",
+            user_data.len()
+        )));
+    }
     let mut applied = Applied::default();
     let config = resolve(parse(user_data)?, opts, &mut applied, 0).await?;
     let cas = certificate_authorities(&config)?;
@@ -192,7 +216,7 @@ async fn fetch_config(
         })?
     } else {
         tracing::info!("fetching config {source}");
-        let body = fetch::get_with_retry(source, cas, opts.fetch_timeout).await?;
+        let body = fetch::get_with_retry(source, cas, MAX_CONFIG_BYTES, opts.fetch_timeout).await?;
         applied.fetched.push(source.to_owned());
         body
     };
@@ -266,7 +290,8 @@ fn verify(bytes: &[u8], hash: Option<&Value>, field: &str) -> Result<(), ApplyEr
     Ok(())
 }
 
-/// `raw` decompressed as a resource's `compression` field (at `field`) says: none or gzip.
+/// `raw` decompressed as a resource's `compression` field (at `field`) says: none or gzip,
+/// never to more than [`MAX_FILE_BYTES`].
 fn decompress(
     raw: Vec<u8>,
     compression: Option<&Value>,
@@ -276,12 +301,21 @@ fn decompress(
         None | Some("") => Ok(raw),
         Some("gzip") => {
             let mut out = Vec::new();
+            // Read one byte past the limit to tell "exactly the limit" from "more".
             flate2::read::GzDecoder::new(&raw[..])
+                .take(MAX_FILE_BYTES as u64 + 1)
                 .read_to_end(&mut out)
                 .map_err(|e| ApplyError::Invalid {
                     field: field.to_owned(),
                     message: format!("gzip: {e}"),
                 })?;
+            if out.len() > MAX_FILE_BYTES {
+                return Err(ApplyError::TooLarge {
+                    field: field.trim_end_matches(".compression").to_owned(),
+                    limit: MAX_FILE_BYTES,
+                    how: " once decompressed",
+                });
+            }
             Ok(out)
         }
         Some(other) => Err(ApplyError::Invalid {
@@ -366,7 +400,12 @@ async fn write_config(
         .and_then(Value::as_array)
         .unwrap_or(&empty);
     for (i, file) in files.iter().enumerate() {
-        write_file(file, i, root, cas, opts, applied).await?;
+        match write_file(file, i, root, cas, opts, applied).await {
+            // One oversized file (a gzip bomb, an endless download) is refused on its own;
+            // the rest of the config, and the node, still come up.
+            Err(e @ ApplyError::TooLarge { .. }) => applied.refused.push(e.to_string()),
+            other => other?,
+        }
     }
     if let Some(users) = config.pointer("/passwd/users").and_then(Value::as_array) {
         for user in users {
@@ -459,7 +498,16 @@ async fn write_file(
                     tracing::info!(path, %url, "already here with the verified hash; not fetched");
                     bytes
                 }
-                None => fetch::get_with_retry(url, cas, opts.fetch_timeout).await?,
+                None => fetch::get_with_retry(url, cas, MAX_FILE_BYTES, opts.fetch_timeout)
+                    .await
+                    .map_err(|e| match e {
+                        fetch::FetchError::TooLarge { limit, .. } => ApplyError::TooLarge {
+                            field: format!("{field}.contents.source"),
+                            limit,
+                            how: "",
+                        },
+                        other => other.into(),
+                    })?,
             }
         }
     };

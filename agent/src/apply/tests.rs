@@ -294,3 +294,90 @@ async fn remote_files_are_fetched_once_and_reused_when_the_hash_matches() {
         "{err}"
     );
 }
+
+/// A plain-HTTP server on loopback whose answer to any request is an endless body.
+async fn endless_server() -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/big", listener.local_addr().unwrap());
+    tokio::spawn(async move {
+        while let Ok((mut conn, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 4096];
+                let _ = conn.read(&mut buf).await;
+                let _ = conn
+                    .write_all(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+                    .await;
+                let chunk = format!("{:x}\r\n{}\r\n", 1 << 16, "x".repeat(1 << 16));
+                while conn.write_all(chunk.as_bytes()).await.is_ok() {}
+            });
+        }
+    });
+    url
+}
+
+#[tokio::test]
+async fn a_gzip_bomb_and_an_endless_download_are_refused_and_the_rest_applied() {
+    let root = tempfile::tempdir().unwrap();
+    // 65 MiB of zeros is about 65 KiB of gzip: a bomb a user_data can carry.
+    let bomb = gzip(&vec![0u8; MAX_FILE_BYTES + (1 << 20)]);
+    assert!(bomb.len() < 100 << 10);
+    let config = serde_json::json!({
+        "ignition": {"version": "3.2.0"},
+        "storage": {"files": [
+            {"path": "/etc/bomb", "contents": {"source": b64(&bomb), "compression": "gzip"}},
+            {"path": "/etc/endless", "contents": {"source": endless_server().await}},
+            {"path": "/etc/keelson/role", "contents": {"source": "data:,master%0A"}},
+        ]}
+    });
+    let applied = apply_user_data(&serde_json::to_vec(&config).unwrap(), root.path())
+        .await
+        .unwrap();
+    assert_eq!(
+        std::fs::read(root.path().join("etc/keelson/role")).unwrap(),
+        b"master\n",
+        "the rest of the config is applied"
+    );
+    assert!(!root.path().join("etc/bomb").exists());
+    assert!(!root.path().join("etc/endless").exists());
+    let limit = MAX_FILE_BYTES.to_string();
+    assert_eq!(applied.refused.len(), 2, "{:?}", applied.refused);
+    assert!(
+        applied.refused[0].contains("storage.files[0].contents")
+            && applied.refused[0].contains(&limit)
+            && applied.refused[0].contains("once decompressed"),
+        "{:?}",
+        applied.refused
+    );
+    assert!(
+        applied.refused[1].contains("storage.files[1].contents.source")
+            && applied.refused[1].contains(&limit),
+        "{:?}",
+        applied.refused
+    );
+}
+
+#[tokio::test]
+async fn an_oversized_config_is_refused_naming_the_limit() {
+    let root = tempfile::tempdir().unwrap();
+    let huge = vec![b' '; MAX_CONFIG_BYTES + 1];
+    let err = apply_user_data(&huge, root.path()).await.unwrap_err();
+    assert!(
+        err.to_string().contains(&MAX_CONFIG_BYTES.to_string()),
+        "{err}"
+    );
+    // A pointer to an endless config: refused, not retried forever.
+    let config = serde_json::json!({
+        "ignition": {"version": "3.2.0", "config": {"merge": [{"source": endless_server().await}]}}
+    });
+    let err = tokio::time::timeout(
+        std::time::Duration::from_secs(30),
+        apply_user_data(&serde_json::to_vec(&config).unwrap(), root.path()),
+    )
+    .await
+    .expect("refused at once, not retried")
+    .unwrap_err();
+    assert!(
+        err.to_string().contains(&MAX_CONFIG_BYTES.to_string()),
+        "{err}"
+    );
+}

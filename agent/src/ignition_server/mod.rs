@@ -12,6 +12,7 @@ use std::sync::{Arc, Mutex};
 use anyhow::Context;
 use bytes::Bytes;
 use keelson_ignition::Role;
+use keelson_ignition::cluster::MembersTransport;
 use keelson_ignition::routes::ExtraRoutes;
 use keelson_ignition::server::{
     Assets, BoundServer, ConfigSource, IgnitionServer, RenderSource, RequestObserver,
@@ -22,7 +23,7 @@ use tokio_util::sync::CancellationToken;
 use crate::context::{AgentContext, Bus};
 
 /// Where the node's TLS files are (written by its Ignition config).
-pub const TLS_DIR: &str = "/etc/keelson/tls";
+pub const TLS_DIR: &str = crate::context::TLS_DIR;
 
 /// Name of the asset that serves the running agent's own binary.
 pub const AGENT_ASSET: &str = "keelson-agent";
@@ -43,9 +44,16 @@ pub struct Paths {
 
 impl Default for Paths {
     fn default() -> Self {
+        Self::in_tls_dir(std::path::Path::new(TLS_DIR))
+    }
+}
+
+impl Paths {
+    /// The node's defaults with the certificate and key in `tls_dir`.
+    pub fn in_tls_dir(tls_dir: &std::path::Path) -> Self {
         Self {
-            cert: PathBuf::from("/etc/keelson/tls/server.crt"),
-            key: PathBuf::from("/etc/keelson/tls/server.key"),
+            cert: tls_dir.join(keelson_ignition::tls_files::SERVER_CERT),
+            key: tls_dir.join(keelson_ignition::tls_files::SERVER_KEY),
             assets_dir: PathBuf::from("/etc/keelson/assets"),
             self_asset: Some(AGENT_ASSET.to_string()),
         }
@@ -246,24 +254,17 @@ impl Drop for Running {
 /// Runs this subsystem until `stop` is cancelled.
 pub async fn run(ctx: AgentContext, stop: CancellationToken) -> anyhow::Result<()> {
     // The node renders what it serves from its own cluster.json and TLS files, with the
-    // running agent as the binary masters and workers fetch. `KEELSON_TLS_DIR` moves the
-    // TLS files elsewhere: tests running whole agents in network namespaces share the
-    // host's /etc.
-    let tls_dir = std::env::var_os("KEELSON_TLS_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(TLS_DIR));
+    // running agent as the binary masters and workers fetch.
     let exe = std::env::current_exe().context("locating the agent's own binary")?;
+    let tls_dir = ctx.paths.tls_dir.clone();
     let source = RenderSource::from_files((*ctx.cluster).clone(), &tls_dir, &exe)
         .map_err(|e| anyhow::anyhow!("{e}"))?;
-    let paths = Paths {
-        cert: tls_dir.join(keelson_ignition::tls_files::SERVER_CERT),
-        key: tls_dir.join(keelson_ignition::tls_files::SERVER_KEY),
-        ..Paths::default()
-    };
-    IgnitionService::new(source)
-        .with_paths(paths)
-        .run(ctx, stop)
-        .await
+    let mut service = IgnitionService::new(source).with_paths(Paths::in_tls_dir(&tls_dir));
+    // Unicast members: every control-plane node is a registry (docs/members.md).
+    if ctx.cluster.members.transport == MembersTransport::Unicast {
+        service = service.with_extra_routes(ctx.member_registry.clone());
+    }
+    service.run(ctx, stop).await
 }
 
 #[cfg(test)]

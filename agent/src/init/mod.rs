@@ -1,10 +1,12 @@
 //! PID 1 in the appliance (DESIGN §4.1): mount the kernel file systems, load the image's
-//! modules, read metadata, configure the network, apply user_data, run the services under
+//! modules, find metadata and configure the network as clouds provide them ([`cloud`]),
+//! apply user_data, run the services under
 //! the supervisor, reap orphans, and on SIGTERM / SIGPWR / ctrl-alt-del / the ACPI power
 //! button stop everything in order and power off. PID 1 never exits: every failure is logged
 //! on the console and retried.
 
 pub mod assets;
+pub mod cloud;
 pub mod modules;
 pub mod power;
 pub mod reaper;
@@ -124,58 +126,20 @@ async fn boot() -> anyhow::Result<()> {
     power::watch(stop.clone());
     reaper::spawn();
 
+    report_entropy();
     let netlink = crate::net::Netlink::connect().context("opening netlink")?;
     if let Err(e) = netlink.loopback_up().await {
         log(&format!("loopback: {e}"));
     }
 
-    log("reading metadata (config drive, then the metadata service)");
-    let discover_options = crate::metadata::DiscoverOptions::default();
-    let metadata = tokio::select! {
-        md = crate::metadata::discover(&discover_options) => md?,
-        _ = stop.cancelled() => return Ok(()),
+    let Some((metadata, network)) = cloud::metadata_and_network(&netlink, &stop).await? else {
+        return Ok(());
     };
     let name = metadata.node_name().unwrap_or_else(|| "keelson".into());
-    log(&format!("metadata from {}: node {name}", metadata.source));
     if let Err(e) = nix::unistd::sethostname(&name) {
         log(&format!("sethostname {name}: {e}"));
     }
-
-    let links = netlink.links().await.context("listing links")?;
-    let plan = crate::net::plan(metadata.network_data.as_ref(), &links)?;
-    let configured = netlink
-        .apply(&plan)
-        .await
-        .context("configuring the network")?;
-    log(&format!(
-        "network: {} {:?}, DNS {:?}",
-        configured.interface.as_deref().unwrap_or("-"),
-        configured
-            .addresses
-            .iter()
-            .map(|a| a.to_string())
-            .collect::<Vec<_>>(),
-        configured.dns
-    ));
-    let (dns_tx, dns_rx) = tokio::sync::watch::channel(configured.dns.clone());
-    for iface in plan.interfaces.iter().filter(|i| i.dhcp4) {
-        log(&format!("network: DHCPv4 on {}", iface.link.name));
-        let (netlink, link, dhcp_stop, dns_tx) = (
-            netlink.clone(),
-            iface.link.clone(),
-            stop.clone(),
-            dns_tx.clone(),
-        );
-        let hostname = Some(name.clone());
-        tokio::spawn(async move {
-            if let Err(e) =
-                crate::net::dhcp::run(netlink, link, hostname, None, dns_tx, dhcp_stop).await
-            {
-                log(&format!("dhcp: {e:#}"));
-            }
-        });
-        wait_for_ipv4(&iface.link.name, &stop).await;
-    }
+    let dns_rx = network.dns.clone();
 
     match &metadata.user_data {
         Some(user_data) => {
@@ -228,35 +192,44 @@ async fn boot() -> anyhow::Result<()> {
     }
     crate::run::run_node(ctx, &[], crate::status::SOCKET.into(), stop).await?;
     log("services stopped");
+    // Leases are released (and their addresses removed) before power-off.
+    for client in network.dhcp {
+        client.stop(true).await;
+    }
     Ok(())
 }
 
-/// Waits until `interface` has an IPv4 address (DHCP bound), saying so every 10 s.
-async fn wait_for_ipv4(interface: &str, stop: &CancellationToken) {
-    let start = tokio::time::Instant::now();
-    let mut said = 0;
-    while !stop.is_cancelled() {
-        let has = nix::ifaddrs::getifaddrs().is_ok_and(|mut addrs| {
-            addrs.any(|a| {
-                a.interface_name == interface
-                    && a.address
-                        .as_ref()
-                        .and_then(|s| s.as_sockaddr_in())
-                        .is_some()
-            })
-        });
-        if has {
-            return;
-        }
-        let waited = start.elapsed().as_secs();
-        if waited / 10 > said {
-            said = waited / 10;
-            log(&format!(
-                "network: still waiting for a DHCP lease on {interface} ({waited} s)"
-            ));
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
+/// Says on the console when the kernel's random number generator is not ready yet, and when
+/// it becomes ready: until then everything that needs secret randomness (TLS to :22623, the
+/// Ignition server) waits in `getrandom(2)`, and an operator should know why a node is slow.
+fn report_entropy() {
+    let mut byte = [0u8; 1];
+    // SAFETY: getrandom writes at most `len` bytes into the valid one-byte buffer.
+    let ready = unsafe { libc::getrandom(byte.as_mut_ptr().cast(), 1, libc::GRND_NONBLOCK) } == 1;
+    if ready {
+        return;
     }
+    log(
+        "the kernel's random number generator is not ready (no RDRAND, no virtio-rng): TLS \
+         waits for it; give instances an RNG (openstack image set --property hw_rng_model=virtio)",
+    );
+    let start = std::time::Instant::now();
+    std::thread::spawn(move || {
+        let mut byte = [0u8; 1];
+        loop {
+            // SAFETY: as above; without flags the call blocks until the CRNG is ready.
+            if unsafe { libc::getrandom(byte.as_mut_ptr().cast(), 1, 0) } == 1 {
+                break;
+            }
+            if std::io::Error::last_os_error().kind() != std::io::ErrorKind::Interrupted {
+                return;
+            }
+        }
+        log(&format!(
+            "the kernel's random number generator is ready after {:.1} s",
+            start.elapsed().as_secs_f64()
+        ));
+    });
 }
 
 /// Flushes file systems and powers the machine off. Never returns.

@@ -2,8 +2,9 @@
 //!
 //! - [`mdns`] / [`mdns_net`]: mDNS + DNS-SD on the segment (RFC 6762/6763), coexisting
 //!   with avahi.
-//! - [`unicast`]: registration over HTTPS with the API VIP's Ignition server port, and its
-//!   server side [`unicast::Registry`] (the Ignition server's `/keelson/` routes).
+//! - [`unicast`]: registration over HTTPS with every known control-plane node's Ignition
+//!   server port ([`seeds`]: the peer set that does not depend on the API VIP), and its
+//!   server side [`registry::Registry`] (the Ignition server's `/keelson/` routes).
 //! - [`table`]: soft state that expires.
 //!
 //! Whatever the transport, the result is published on `ctx.bus.members`: sorted by name,
@@ -11,6 +12,8 @@
 
 pub mod mdns;
 pub mod mdns_net;
+pub mod registry;
+pub mod seeds;
 pub mod table;
 pub mod unicast;
 
@@ -38,19 +41,33 @@ pub struct Counters {
     pub bogus: AtomicU64,
     /// Records of another cluster's members.
     pub other_cluster: AtomicU64,
+    /// Unicast: registrations a registry refused or answered with something unusable.
+    pub refused: AtomicU64,
+    /// Unicast: the outcome of the last registration with each registry.
+    pub registries: std::sync::Mutex<std::collections::BTreeMap<String, String>>,
 }
 
 impl Counters {
     /// A JSON snapshot.
     pub fn snapshot(&self) -> serde_json::Value {
         let g = |c: &AtomicU64| c.load(Ordering::Relaxed);
-        serde_json::json!({
+        let registries = self
+            .registries
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        let mut v = serde_json::json!({
             "packets": g(&self.packets),
             "malformed": g(&self.malformed),
             "badSourcePort": g(&self.bad_source_port),
             "bogus": g(&self.bogus),
             "otherCluster": g(&self.other_cluster),
-        })
+        });
+        if !registries.is_empty() || g(&self.refused) > 0 {
+            v["refused"] = g(&self.refused).into();
+            v["registries"] = serde_json::to_value(registries).unwrap_or_default();
+        }
+        v
     }
 
     /// The typed status section (`status`, `/metrics`).
@@ -78,10 +95,15 @@ impl Counters {
 
 /// This node as a member.
 pub fn own_member(ctx: &AgentContext) -> Member {
+    member_of(&ctx.node)
+}
+
+/// `node` as a member.
+pub fn member_of(node: &NodeIdentity) -> Member {
     Member {
-        name: ctx.node.name.clone(),
-        role: ctx.node.role,
-        addresses: ctx.node.addresses.iter().map(|n| n.addr()).collect(),
+        name: node.name.clone(),
+        role: node.role,
+        addresses: node.addresses.iter().map(|n| n.addr()).collect(),
         version: crate::VERSION.to_string(),
     }
 }
@@ -102,18 +124,11 @@ pub fn publish(ctx: &AgentContext, me: &Member, others: Vec<Member>) {
 }
 
 /// Options of [`run_with`] that tests change.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct RunOptions {
-    /// The cluster CA the unicast transport trusts.
-    pub ca_path: PathBuf,
-}
-
-impl Default for RunOptions {
-    fn default() -> Self {
-        Self {
-            ca_path: PathBuf::from(unicast::CA_PATH),
-        }
-    }
+    /// The cluster CA the unicast transport trusts (default: `ca.crt` in the node's TLS
+    /// directory).
+    pub ca_path: Option<PathBuf>,
 }
 
 /// Runs this subsystem until `stop` is cancelled.
@@ -155,7 +170,13 @@ pub async fn run_with(
     };
     let result = match ctx.cluster.members.transport {
         MembersTransport::Mdns => mdns_net::run(ctx, stop, &counters).await,
-        MembersTransport::Unicast => unicast::run(ctx, stop, &counters, opts.ca_path).await,
+        MembersTransport::Unicast => {
+            let ca = opts
+                .ca_path
+                .unwrap_or_else(|| ctx.paths.tls_dir.join(keelson_ignition::tls_files::CA_CERT));
+            let state = ctx.paths.state_dir.clone();
+            unicast::run(ctx, stop, &counters, ca, state).await
+        }
     };
     status.abort();
     result
@@ -174,6 +195,9 @@ pub struct MembersArgs {
     /// The cluster CA (unicast transport).
     #[arg(long, default_value = unicast::CA_PATH)]
     pub ca: PathBuf,
+    /// Where the unicast transport remembers the masters.
+    #[arg(long, default_value = crate::context::STATE_DIR)]
+    pub state_dir: PathBuf,
 }
 
 /// Runs `keelson-agent members`.
@@ -182,7 +206,10 @@ pub async fn cli(args: MembersArgs) -> anyhow::Result<()> {
         .with_context(|| format!("reading {}", args.cluster.display()))?;
     let cluster = ClusterConfig::from_json(&bytes)?;
     let node = NodeIdentity::load(&args.node)?;
-    let ctx = AgentContext::new(cluster, node);
+    let ctx = AgentContext::new(cluster, node).with_paths(crate::context::NodePaths {
+        state_dir: args.state_dir,
+        ..Default::default()
+    });
     let stop = CancellationToken::new();
     let mut rx = ctx.bus.members.subscribe();
     let printer = tokio::spawn(async move {
@@ -191,7 +218,9 @@ pub async fn cli(args: MembersArgs) -> anyhow::Result<()> {
             println!("{}", serde_json::to_string(&*list).unwrap_or_default());
         }
     });
-    let opts = RunOptions { ca_path: args.ca };
+    let opts = RunOptions {
+        ca_path: Some(args.ca),
+    };
     let mut task = tokio::spawn(run_with(ctx, stop.clone(), opts));
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     let result = tokio::select! {

@@ -21,18 +21,34 @@ impl Table {
         }
     }
 
-    /// Registers or renews `member` at `now`.
-    pub fn renew(&mut self, member: Member, now: Instant) {
-        self.entries.insert(member.name.clone(), (member, now));
+    /// Registers or renews `member` at `now`; true when it is new or its record changed.
+    pub fn renew(&mut self, member: Member, now: Instant) -> bool {
+        let name = member.name.clone();
+        match self.entries.insert(name, (member.clone(), now)) {
+            Some((old, _)) => old != member,
+            None => true,
+        }
     }
 
-    /// Records `member` as last heard `age` before `now` (keeps the newer time if known).
-    pub fn renew_aged(&mut self, member: Member, age: Duration, now: Instant) {
+    /// Records `member` as last heard `age` before `now`, keeping the newer of the two
+    /// times and the record heard last; true when it is new or its record changed.
+    pub fn renew_aged(&mut self, member: Member, age: Duration, now: Instant) -> bool {
         let seen = now.checked_sub(age).unwrap_or(now);
+        if now.saturating_duration_since(seen) > self.expiry {
+            // Already expired where it was heard: not news.
+            return false;
+        }
         match self.entries.get_mut(&member.name) {
-            Some((m, t)) if *t >= seen => *m = member,
-            _ => {
+            Some((_, t)) if *t >= seen => false,
+            Some((m, t)) => {
+                let changed = *m != member;
+                *m = member;
+                *t = seen;
+                changed
+            }
+            None => {
                 self.entries.insert(member.name.clone(), (member, seen));
+                true
             }
         }
     }
@@ -48,16 +64,18 @@ impl Table {
         out
     }
 
-    /// Removes `name` (a node that said goodbye).
-    pub fn remove(&mut self, name: &str) {
-        self.entries.remove(name);
+    /// Removes `name` (a node that said goodbye); true when it was there.
+    pub fn remove(&mut self, name: &str) -> bool {
+        self.entries.remove(name).is_some()
     }
 
-    /// Drops what was not renewed within the expiry.
-    pub fn expire(&mut self, now: Instant) {
+    /// Drops what was not renewed within the expiry; true when something was dropped.
+    pub fn expire(&mut self, now: Instant) -> bool {
         let expiry = self.expiry;
+        let before = self.entries.len();
         self.entries
             .retain(|_, (_, seen)| now.saturating_duration_since(*seen) <= expiry);
+        self.entries.len() != before
     }
 
     /// The live members, sorted by name.
@@ -86,16 +104,36 @@ mod tests {
     fn renew_expire_remove() {
         let t0 = Instant::now();
         let mut t = Table::new(Duration::from_secs(10));
-        t.renew(m("b"), t0);
-        t.renew(m("a"), t0 + Duration::from_secs(5));
+        assert!(t.renew(m("b"), t0));
+        assert!(t.renew(m("a"), t0 + Duration::from_secs(5)));
+        assert!(
+            !t.renew(m("a"), t0 + Duration::from_secs(5)),
+            "a renewal is not news"
+        );
         assert_eq!(
             t.list().iter().map(|m| m.name.as_str()).collect::<Vec<_>>(),
             ["a", "b"]
         );
         t.expire(t0 + Duration::from_secs(11));
         assert_eq!(t.list().len(), 1);
-        t.renew_aged(m("c"), Duration::from_secs(9), t0 + Duration::from_secs(11));
-        t.expire(t0 + Duration::from_secs(13));
+        assert!(t.renew_aged(m("c"), Duration::from_secs(9), t0 + Duration::from_secs(11)));
+        assert!(
+            !t.renew_aged(
+                m("c"),
+                Duration::from_secs(10),
+                t0 + Duration::from_secs(11)
+            ),
+            "an older sighting is not news"
+        );
+        assert!(
+            !t.renew_aged(
+                m("d"),
+                Duration::from_secs(30),
+                t0 + Duration::from_secs(11)
+            ),
+            "expired where it was heard"
+        );
+        assert!(t.expire(t0 + Duration::from_secs(13)));
         assert_eq!(
             t.list().len(),
             1,
@@ -103,7 +141,8 @@ mod tests {
         );
         let aged = t.list_aged(t0 + Duration::from_secs(6));
         assert_eq!(aged[0].1, Duration::from_secs(1));
-        t.remove("a");
+        assert!(t.remove("a"));
+        assert!(!t.remove("a"));
         assert!(t.list().is_empty());
     }
 }

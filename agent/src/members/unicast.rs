@@ -1,169 +1,47 @@
-//! Unicast members, for networks without multicast: every node registers over HTTPS with
-//! the Ignition server port of the API VIP (`POST /keelson/v1/members`, trusting the cluster
-//! CA) and gets the live list back. The server side, [`Registry`], is soft state: an entry
-//! lives `expiry_secs` after its last renewal, so after the VIP moves the new holder's list
-//! is complete again within one renewal interval, and a node that stops renewing goes away.
+//! Unicast members, for networks without multicast (docs/members.md).
 //!
-//! Clients keep what they learned in their own soft state too, so the short gap after a VIP
-//! move (a fresh registry) does not drop anyone from the published list.
+//! Every control-plane node serves a [`Registry`] on its Ignition server's TLS port. Every
+//! node registers (`POST /keelson/v1/members`, trusting only the cluster CA) with every
+//! address of its peer set ([`Seeds`]) — not only with the API VIP, whose holder is what
+//! VRRP is still electing — and takes in each answer: the whole cluster as that registry
+//! knows it. Every renewal interval, at once when this node loses or gains a VIP, and
+//! every second while it knows nobody. On stop it says goodbye to every registry that
+//! answered.
+//!
+//! Every registry presents the one Ignition server certificate of the cluster, whose names
+//! are the API VIPs and `api-int`: a registry reached at a node's own address is verified
+//! against the first API VIP, which proves it holds the cluster's server key.
 
+use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::Context as _;
 use bytes::Bytes;
 use http::{Method, StatusCode};
 use http_body_util::{BodyExt, Full};
 use hyper_util::rt::TokioIo;
-use keelson_ignition::routes::ExtraRoutes;
 use rustls::pki_types::ServerName;
 use rustls::pki_types::pem::PemObject;
-use serde::{Deserialize, Serialize};
 use tokio::net::TcpStream;
+use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use super::mdns::valid_label;
-use super::table::Table;
+pub use super::registry::{Entry, MEMBERS_PATH, Registration, Registry};
+use super::seeds::{self, Seeds};
 use super::{Counters, own_member, publish};
-use crate::context::{AgentContext, Member};
+use crate::context::AgentContext;
 
-/// The registration path on the Ignition server.
-pub const MEMBERS_PATH: &str = "/keelson/v1/members";
 /// Where the cluster CA is on a node.
 pub const CA_PATH: &str = "/etc/keelson/tls/ca.crt";
 
-/// What a node sends to register or renew.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Registration {
-    /// The cluster zone (`<name>.<baseDomain>`); other clusters are refused.
-    pub cluster: String,
-    /// The node.
-    pub member: Member,
-}
+/// Longest wait for one registry's answer.
+const EXCHANGE_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// One entry of the registry's answer: a member and how long ago it last renewed, so
-/// clients expire it when the registry does.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct Entry {
-    /// The member.
-    pub member: Member,
-    /// Milliseconds since its last renewal.
-    pub age_ms: u64,
-}
-
-/// The server side: registrations held as soft state. Plugs into the Ignition server as
-/// its `/keelson/` routes.
-#[derive(Debug)]
-pub struct Registry {
-    zone: String,
-    table: Mutex<Table>,
-}
-
-impl Registry {
-    /// A registry for cluster `zone` whose entries expire `expiry` after their last renewal.
-    pub fn new(zone: &str, expiry: Duration) -> Self {
-        Self {
-            zone: zone.to_ascii_lowercase(),
-            table: Mutex::new(Table::new(expiry)),
-        }
-    }
-
-    /// The live members.
-    pub fn list(&self) -> Vec<Member> {
-        let mut t = self.table.lock().unwrap_or_else(|e| e.into_inner());
-        t.expire(Instant::now());
-        t.list()
-    }
-
-    fn json(&self) -> (StatusCode, Bytes) {
-        let now = Instant::now();
-        let entries: Vec<Entry> = {
-            let mut t = self.table.lock().unwrap_or_else(|e| e.into_inner());
-            t.expire(now);
-            t.list_aged(now)
-                .into_iter()
-                .map(|(member, age)| Entry {
-                    member,
-                    age_ms: age.as_millis().min(u128::from(u64::MAX)) as u64,
-                })
-                .collect()
-        };
-        let body = serde_json::to_vec(&entries).unwrap_or_default();
-        (StatusCode::OK, Bytes::from(body))
-    }
-
-    fn register(&self, body: &[u8]) -> (StatusCode, Bytes) {
-        let bad = |msg: String| (StatusCode::BAD_REQUEST, Bytes::from(msg + "\n"));
-        let reg: Registration = match serde_json::from_slice(body) {
-            Ok(r) => r,
-            Err(e) => return bad(format!("registration: {e}")),
-        };
-        if !reg.cluster.eq_ignore_ascii_case(&self.zone) {
-            return (
-                StatusCode::CONFLICT,
-                Bytes::from(format!(
-                    "registration: cluster: expected {}, got {}\n",
-                    self.zone, reg.cluster
-                )),
-            );
-        }
-        if !valid_label(&reg.member.name) {
-            return bad(format!(
-                "registration: member.name: expected a DNS label, got {:?}",
-                reg.member.name
-            ));
-        }
-        if reg.member.addresses.is_empty() || reg.member.addresses.len() > 16 {
-            return bad("registration: member.addresses: expected 1 to 16 addresses".into());
-        }
-        if reg.member.version.len() > 64 {
-            return bad("registration: member.version: expected at most 64 bytes".into());
-        }
-        self.table
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .renew(reg.member, Instant::now());
-        self.json()
-    }
-}
-
-impl ExtraRoutes for Registry {
-    fn handle(
-        &self,
-        method: &Method,
-        path: &str,
-        _peer: SocketAddr,
-        body: Bytes,
-    ) -> Option<(StatusCode, Bytes)> {
-        if path == MEMBERS_PATH {
-            return Some(match *method {
-                Method::GET => self.json(),
-                Method::POST => self.register(&body),
-                _ => (StatusCode::METHOD_NOT_ALLOWED, Bytes::new()),
-            });
-        }
-        let name = path.strip_prefix(MEMBERS_PATH)?.strip_prefix('/')?;
-        Some(match *method {
-            // A node that stops says goodbye rather than waiting for the expiry.
-            Method::DELETE if valid_label(name) => {
-                self.table
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .remove(name);
-                (StatusCode::NO_CONTENT, Bytes::new())
-            }
-            Method::DELETE => (
-                StatusCode::BAD_REQUEST,
-                Bytes::from("member name: expected a DNS label\n"),
-            ),
-            _ => (StatusCode::METHOD_NOT_ALLOWED, Bytes::new()),
-        })
-    }
-}
+/// The retry interval while this node knows no other member.
+const ALONE_RETRY: Duration = Duration::from_secs(1);
 
 /// A TLS client configuration trusting only the CA in `ca_path`.
 pub fn client_config(ca_path: &Path) -> anyhow::Result<Arc<rustls::ClientConfig>> {
@@ -198,10 +76,21 @@ pub async fn exchange(
     path: &str,
     body: Vec<u8>,
 ) -> anyhow::Result<(StatusCode, Bytes)> {
+    exchange_as(tls, addr, addr.ip(), method, path, body).await
+}
+
+/// One HTTPS exchange with `addr`, verifying the certificate for `name`.
+pub async fn exchange_as(
+    tls: Arc<rustls::ClientConfig>,
+    addr: SocketAddr,
+    name: IpAddr,
+    method: Method,
+    path: &str,
+    body: Vec<u8>,
+) -> anyhow::Result<(StatusCode, Bytes)> {
     let tcp = TcpStream::connect(addr).await?;
-    let name = ServerName::IpAddress(addr.ip().into());
     let stream = tokio_rustls::TlsConnector::from(tls)
-        .connect(name, tcp)
+        .connect(ServerName::IpAddress(name.into()), tcp)
         .await
         .context("TLS handshake")?;
     let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
@@ -219,183 +108,200 @@ pub async fn exchange(
     Ok((status, body))
 }
 
-/// Runs the unicast client until `stop`, trusting the CA at `ca_path`.
+/// What one registration round brought back, per registry.
+type RoundResult = Vec<(SocketAddr, Result<Vec<Entry>, String>)>;
+
+/// Registers with every target at once.
+async fn round(
+    tls: Arc<rustls::ClientConfig>,
+    name: IpAddr,
+    targets: Vec<SocketAddr>,
+    body: Vec<u8>,
+) -> RoundResult {
+    let mut set = tokio::task::JoinSet::new();
+    for addr in targets {
+        let (tls, body) = (tls.clone(), body.clone());
+        set.spawn(async move {
+            let call = exchange_as(tls, addr, name, Method::POST, MEMBERS_PATH, body);
+            let res = match tokio::time::timeout(EXCHANGE_TIMEOUT, call).await {
+                Ok(Ok((StatusCode::OK, list))) => serde_json::from_slice::<Vec<Entry>>(&list)
+                    .map_err(|e| format!("bad list: {e}")),
+                Ok(Ok((status, text))) => Err(format!(
+                    "refused: {status} {}",
+                    String::from_utf8_lossy(&text).trim()
+                )),
+                Ok(Err(e)) => Err(format!("{e:#}")),
+                Err(_) => Err(format!("no answer within {EXCHANGE_TIMEOUT:?}")),
+            };
+            (addr, res)
+        });
+    }
+    let mut out = Vec::new();
+    while let Some(r) = set.join_next().await {
+        if let Ok(r) = r {
+            out.push(r);
+        }
+    }
+    out.sort_by_key(|(a, _)| *a);
+    out
+}
+
+async fn join_round(h: &mut Option<JoinHandle<RoundResult>>) -> RoundResult {
+    match h {
+        Some(h) => h.await.unwrap_or_default(),
+        None => std::future::pending().await,
+    }
+}
+
+/// Runs the unicast client until `stop`, trusting the CA at `ca_path` and remembering the
+/// masters under `state_dir`.
 pub async fn run(
     ctx: AgentContext,
     stop: CancellationToken,
     counters: &Counters,
     ca_path: PathBuf,
+    state_dir: PathBuf,
 ) -> anyhow::Result<()> {
     let tls = client_config(&ca_path)?;
     let me = own_member(&ctx);
-    let settings = &ctx.cluster.members;
-    let expiry = Duration::from_secs(u64::from(settings.expiry_secs.max(1)));
-    let renew = Duration::from_secs(u64::from(settings.renew_interval_secs.max(1)));
+    let zone = ctx.cluster.zone();
+    let renew = Duration::from_secs(u64::from(ctx.cluster.members.renew_interval_secs.max(1)));
     let port = ctx.cluster.ignition.tls_port;
-    let vips: Vec<SocketAddr> = ctx
-        .cluster
-        .api_vips
-        .iter()
-        .map(|ip: &IpAddr| SocketAddr::new(*ip, port))
-        .collect();
-    anyhow::ensure!(
-        !vips.is_empty(),
-        "cluster.json apiVips: expected an API VIP to register with"
-    );
+    let name = *ctx.cluster.api_vips.first().context(
+        "cluster.json apiVips: expected an API VIP (the registries' certificate names it)",
+    )?;
+    let registry = ctx.member_registry.clone();
+    let mut configured: Vec<IpAddr> = Vec::new();
+    for inst in &ctx.cluster.vrrp.instances {
+        configured.extend(inst.unicast_peers.iter().copied());
+    }
+    let mut seeds = Seeds::new(configured, ctx.cluster.api_vips.clone());
+    match seeds::load(&state_dir) {
+        Ok(Some(doc)) => match seeds.remember(&doc, &zone, &me.name, SystemTime::now()) {
+            Ok(n) => tracing::info!(
+                "members: {n} master(s) remembered in {}",
+                state_dir.join(seeds::FILE).display()
+            ),
+            Err(e) => tracing::warn!(
+                "members: ignoring {}: {e}",
+                state_dir.join(seeds::FILE).display()
+            ),
+        },
+        Ok(None) => {}
+        Err(e) => tracing::warn!("members: ignoring what was remembered: {e}"),
+    }
     let body = serde_json::to_vec(&Registration {
-        cluster: ctx.cluster.zone(),
+        cluster: zone.clone(),
         member: me.clone(),
     })?;
-    let mut table = Table::new(expiry);
-    publish(&ctx, &me, Vec::new());
+    let mut changes = registry.subscribe();
+    let mut vips = ctx.bus.vips_held.subscribe();
+    publish(&ctx, &me, registry.list());
     ctx.bus.mark_ready("members");
-    let mut tick = tokio::time::interval(renew);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut registered_with = None;
+
+    let mut housekeeping = tokio::time::interval(Duration::from_secs(1));
+    housekeeping.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut pending: Option<JoinHandle<RoundResult>> = None;
+    let mut next_round = Instant::now();
+    let mut answered: Vec<SocketAddr> = Vec::new();
+    let mut last_errors: BTreeMap<SocketAddr, String> = BTreeMap::new();
     loop {
         tokio::select! {
             _ = stop.cancelled() => break,
-            _ = tick.tick() => {}
-        }
-        for vip in &vips {
-            let call = exchange(tls.clone(), *vip, Method::POST, MEMBERS_PATH, body.clone());
-            match tokio::time::timeout(renew, call).await {
-                Ok(Ok((StatusCode::OK, list))) => match serde_json::from_slice::<Vec<Entry>>(&list)
-                {
-                    Ok(list) => {
-                        let now = Instant::now();
-                        for e in list.into_iter().filter(|e| valid_label(&e.member.name)) {
-                            table.renew_aged(e.member, Duration::from_millis(e.age_ms), now);
+            _ = tokio::time::sleep_until(next_round.into()), if pending.is_none() => {
+                let own: Vec<IpAddr> = me.addresses.clone();
+                let targets: Vec<SocketAddr> = seeds
+                    .targets(&own, &vips.borrow_and_update())
+                    .into_iter()
+                    .map(|a| SocketAddr::new(a, port))
+                    .collect();
+                pending = Some(tokio::spawn(round(tls.clone(), name, targets, body.clone())));
+            }
+            results = join_round(&mut pending) => {
+                pending = None;
+                let now = Instant::now();
+                answered.clear();
+                let mut status = BTreeMap::new();
+                for (addr, res) in results {
+                    match res {
+                        Ok(entries) => {
+                            registry.merge(entries, now);
+                            answered.push(addr);
+                            last_errors.remove(&addr);
+                            status.insert(addr.to_string(), "ok".to_string());
                         }
-                        registered_with = Some(*vip);
-                        break;
+                        Err(e) => {
+                            if last_errors.get(&addr) != Some(&e) {
+                                tracing::debug!(%addr, error = %e, "members: registration failed");
+                            }
+                            if e.starts_with("refused") || e.starts_with("bad list") {
+                                counters.refused.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                                tracing::warn!(%addr, "members: registration {e}");
+                            }
+                            status.insert(addr.to_string(), e.clone());
+                            last_errors.insert(addr, e);
+                        }
                     }
-                    Err(e) => {
-                        counters
-                            .malformed
-                            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                        tracing::warn!(%vip, error = %e, "members: bad list from the registry");
-                    }
-                },
-                Ok(Ok((status, text))) => {
-                    tracing::warn!(%vip, %status, body = %String::from_utf8_lossy(&text), "members: registration refused");
                 }
-                Ok(Err(e)) => tracing::debug!(%vip, error = %e, "members: registration failed"),
-                Err(_) => tracing::debug!(%vip, "members: registration timed out"),
+                *counters.registries.lock().unwrap_or_else(|e| e.into_inner()) = status;
+                let alone = registry.list().iter().all(|m| m.name == me.name);
+                next_round = Instant::now() + if alone { ALONE_RETRY } else { renew };
+            }
+            _ = changes.changed() => {
+                changes.borrow_and_update();
+                let list = registry.list();
+                publish(&ctx, &me, list.clone());
+                seeds.update(&list, &me.name, SystemTime::now());
+                remember(&mut seeds, &state_dir, &zone);
+            }
+            _ = vips.changed() => {
+                // A VIP moved to or away from this node: the holder to reach through it
+                // changed. Register now rather than at the next renewal.
+                if pending.is_none() {
+                    next_round = Instant::now();
+                }
+            }
+            _ = housekeeping.tick() => {
+                registry.expire(Instant::now());
             }
         }
-        table.expire(Instant::now());
-        publish(&ctx, &me, table.list());
     }
-    // Goodbye, best effort: the registry drops us now rather than at the expiry.
-    if let Some(vip) = registered_with {
-        let path = format!("{MEMBERS_PATH}/{}", me.name);
-        let _ = tokio::time::timeout(
-            Duration::from_secs(1),
-            exchange(tls, vip, Method::DELETE, &path, Vec::new()),
-        )
-        .await;
+    if let Some(p) = pending.take() {
+        p.abort();
     }
+    // Goodbye, best effort: the registries drop us now rather than at the expiry.
+    let path = format!("{MEMBERS_PATH}/{}", me.name);
+    let goodbyes = answered.into_iter().map(|addr| {
+        let tls = tls.clone();
+        let path = path.clone();
+        async move {
+            let _ = tokio::time::timeout(
+                Duration::from_secs(1),
+                exchange_as(tls, addr, name, Method::DELETE, &path, Vec::new()),
+            )
+            .await;
+        }
+    });
+    futures::future::join_all(goodbyes).await;
     Ok(())
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use keelson_ignition::Role;
-
-    fn reg(cluster: &str, name: &str) -> Bytes {
-        Bytes::from(
-            serde_json::to_vec(&Registration {
-                cluster: cluster.into(),
-                member: Member {
-                    name: name.into(),
-                    role: Role::Master,
-                    addresses: vec!["10.0.0.1".parse().unwrap()],
-                    version: "1".into(),
-                },
-            })
-            .unwrap(),
-        )
+/// Writes the remembered masters when they changed; a failure is logged, not fatal (the
+/// node works without, it only loses the fast cold restart).
+fn remember(seeds: &mut Seeds, state_dir: &Path, zone: &str) {
+    let now = SystemTime::now();
+    if !seeds.needs_write(now) {
+        return;
     }
-
-    fn peer() -> SocketAddr {
-        "10.0.0.1:40000".parse().unwrap()
-    }
-
-    #[test]
-    fn register_list_delete() {
-        let r = Registry::new("c.example", Duration::from_secs(10));
-        let (st, body) = r
-            .handle(&Method::POST, MEMBERS_PATH, peer(), reg("C.example", "m0"))
-            .unwrap();
-        assert_eq!(st, StatusCode::OK);
-        let list: Vec<Entry> = serde_json::from_slice(&body).unwrap();
-        assert_eq!(list.len(), 1);
-        assert_eq!(list[0].member.name, "m0");
-        assert!(list[0].age_ms < 1000);
-        let (st, _) = r
-            .handle(
-                &Method::DELETE,
-                &format!("{MEMBERS_PATH}/m0"),
-                peer(),
-                Bytes::new(),
-            )
-            .unwrap();
-        assert_eq!(st, StatusCode::NO_CONTENT);
-        assert!(r.list().is_empty());
-    }
-
-    #[test]
-    fn refuses_bad_input() {
-        let r = Registry::new("c.example", Duration::from_secs(10));
-        let (st, body) = r
-            .handle(
-                &Method::POST,
-                MEMBERS_PATH,
-                peer(),
-                reg("other.example", "m0"),
-            )
-            .unwrap();
-        assert_eq!(st, StatusCode::CONFLICT);
-        assert!(String::from_utf8_lossy(&body).contains("cluster: expected c.example"));
-        let (st, body) = r
-            .handle(
-                &Method::POST,
-                MEMBERS_PATH,
-                peer(),
-                reg("c.example", "bad name"),
-            )
-            .unwrap();
-        assert_eq!(st, StatusCode::BAD_REQUEST);
-        assert!(String::from_utf8_lossy(&body).contains("member.name"));
-        let (st, body) = r
-            .handle(
-                &Method::POST,
-                MEMBERS_PATH,
-                peer(),
-                Bytes::from_static(b"{\"cluster\":1}"),
-            )
-            .unwrap();
-        assert_eq!(st, StatusCode::BAD_REQUEST);
-        assert!(String::from_utf8_lossy(&body).contains("registration"));
-        let (st, _) = r
-            .handle(&Method::PUT, MEMBERS_PATH, peer(), Bytes::new())
-            .unwrap();
-        assert_eq!(st, StatusCode::METHOD_NOT_ALLOWED);
-        assert!(
-            r.handle(&Method::GET, "/keelson/v1/other", peer(), Bytes::new())
-                .is_none()
-        );
-        assert!(r.list().is_empty());
-    }
-
-    proptest::proptest! {
-        #[test]
-        fn any_body_is_answered(body in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..300)) {
-            let r = Registry::new("c.example", Duration::from_secs(10));
-            let (st, _) = r.handle(&Method::POST, MEMBERS_PATH, peer(), Bytes::from(body)).unwrap();
-            proptest::prop_assert!(st == StatusCode::OK || st.is_client_error());
+    match seeds::save(state_dir, &seeds.remembered(zone)) {
+        Ok(()) => seeds.mark_written(now),
+        Err(e) => {
+            tracing::warn!(
+                "members: cannot remember the masters in {}: {e}",
+                state_dir.join(seeds::FILE).display()
+            );
+            // Do not retry on every change.
+            seeds.mark_written(now);
         }
     }
 }

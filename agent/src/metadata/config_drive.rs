@@ -7,9 +7,12 @@ use std::path::{Path, PathBuf};
 
 use super::iso9660::Iso;
 
-/// Reads one file from the volume: `Ok(None)` when it does not exist.
-type FileReader = Box<dyn FnMut(&str) -> Result<Option<Vec<u8>>, String>>;
-use super::{MetaData, Metadata, MetadataError, NetworkData};
+/// Reads one file from the volume, refusing one larger than the limit: `Ok(None)` when it
+/// does not exist.
+type FileReader = Box<dyn FnMut(&str, usize) -> Result<Option<Vec<u8>>, String>>;
+use super::{
+    MAX_DOCUMENT_BYTES, MAX_USER_DATA_BYTES, MetaData, Metadata, MetadataError, NetworkData,
+};
 
 /// The labels Nova writes.
 pub fn is_config_drive_label(label: &str) -> bool {
@@ -87,35 +90,43 @@ pub fn read(path: &Path) -> Result<Metadata, MetadataError> {
         Volume::Iso9660 => {
             let file = File::open(path).map_err(|e| err(e.to_string()))?;
             let mut iso = Iso::open(file).map_err(|e| err(e.to_string()))?;
-            Box::new(move |p: &str| match iso.read_file(p) {
-                Ok(d) => Ok(Some(d)),
-                Err(super::iso9660::IsoError::NotFound(_)) => Ok(None),
-                Err(e) => Err(e.to_string()),
-            })
+            Box::new(
+                move |p: &str, limit: usize| match iso.read_file_within(p, limit) {
+                    Ok(d) => Ok(Some(d)),
+                    Err(super::iso9660::IsoError::NotFound(_)) => Ok(None),
+                    Err(e) => Err(e.to_string()),
+                },
+            )
         }
         Volume::Vfat => {
             let path = path.to_path_buf();
-            Box::new(move |p: &str| read_fat_file(&path, p))
+            Box::new(move |p: &str, limit: usize| read_fat_file(&path, p, limit))
         }
     };
     let version = ["openstack/latest/meta_data.json"]
         .iter()
-        .find_map(|p| reader(p).ok().flatten().map(|_| "latest".to_owned()))
+        .find_map(|p| {
+            reader(p, MAX_DOCUMENT_BYTES)
+                .ok()
+                .flatten()
+                .map(|_| "latest".to_owned())
+        })
         .ok_or_else(|| err("openstack/latest/meta_data.json: missing".into()))?;
     let base = format!("openstack/{version}");
-    let meta_bytes = reader(&format!("{base}/meta_data.json"))
+    let meta_bytes = reader(&format!("{base}/meta_data.json"), MAX_DOCUMENT_BYTES)
         .map_err(err)?
         .ok_or_else(|| err(format!("{base}/meta_data.json: missing")))?;
     let meta_data: MetaData = serde_json::from_slice(&meta_bytes)
         .map_err(|e| err(format!("{base}/meta_data.json: {e}")))?;
-    let network_data = match reader(&format!("{base}/network_data.json")).map_err(err)? {
-        Some(bytes) => Some(
-            serde_json::from_slice::<NetworkData>(&bytes)
-                .map_err(|e| err(format!("{base}/network_data.json: {e}")))?,
-        ),
-        None => None,
-    };
-    let user_data = reader(&format!("{base}/user_data")).map_err(err)?;
+    let network_data =
+        match reader(&format!("{base}/network_data.json"), MAX_DOCUMENT_BYTES).map_err(err)? {
+            Some(bytes) => Some(
+                serde_json::from_slice::<NetworkData>(&bytes)
+                    .map_err(|e| err(format!("{base}/network_data.json: {e}")))?,
+            ),
+            None => None,
+        };
+    let user_data = reader(&format!("{base}/user_data"), MAX_USER_DATA_BYTES).map_err(err)?;
     Ok(Metadata {
         source,
         meta_data,
@@ -124,7 +135,7 @@ pub fn read(path: &Path) -> Result<Metadata, MetadataError> {
     })
 }
 
-fn read_fat_file(device: &Path, path: &str) -> Result<Option<Vec<u8>>, String> {
+fn read_fat_file(device: &Path, path: &str, limit: usize) -> Result<Option<Vec<u8>>, String> {
     let file = File::open(device).map_err(|e| e.to_string())?;
     let fs = fatfs::FileSystem::new(file, fatfs::FsOptions::new()).map_err(|e| e.to_string())?;
     let mut found = match fs.root_dir().open_file(path) {
@@ -133,9 +144,14 @@ fn read_fat_file(device: &Path, path: &str) -> Result<Option<Vec<u8>>, String> {
         Err(e) => return Err(format!("{path}: {e}")),
     };
     let mut data = Vec::new();
-    found
+    // One byte past the limit tells "exactly the limit" from "more".
+    (&mut found)
+        .take(limit as u64 + 1)
         .read_to_end(&mut data)
         .map_err(|e| format!("{path}: {e}"))?;
+    if data.len() > limit {
+        return Err(format!("{path}: larger than the limit of {limit} bytes"));
+    }
     Ok(Some(data))
 }
 
@@ -257,5 +273,52 @@ mod tests {
             err.contains("\"DATA\"") && err.contains("config-2"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn oversized_files_are_refused_naming_the_limit() {
+        for fat in [false, true] {
+            let dir = tempfile::tempdir().unwrap();
+            let root = tree(dir.path());
+            std::fs::write(
+                root.join("openstack/latest/user_data"),
+                vec![b'x'; MAX_USER_DATA_BYTES + 1],
+            )
+            .unwrap();
+            let image = dir.path().join("drive");
+            let made = if fat {
+                std::fs::write(&image, vec![0u8; 8 << 20]).unwrap();
+                tool(
+                    Command::new("mkfs.vfat")
+                        .args(["-n", "CONFIG-2"])
+                        .arg(&image),
+                ) && tool(
+                    Command::new("mcopy")
+                        .args(["-s", "-i"])
+                        .arg(&image)
+                        .arg(root.join("openstack"))
+                        .arg("::"),
+                )
+            } else {
+                tool(
+                    Command::new("xorriso")
+                        .args([
+                            "-as", "mkisofs", "-quiet", "-R", "-J", "-V", "config-2", "-o",
+                        ])
+                        .arg(&image)
+                        .arg(&root),
+                )
+            };
+            if !made {
+                return;
+            }
+            let err = read(&image).unwrap_err();
+            assert!(matches!(err, MetadataError::Invalid { .. }));
+            let text = err.to_string();
+            assert!(
+                text.contains("user_data") && text.contains(&MAX_USER_DATA_BYTES.to_string()),
+                "fat={fat}: {text}"
+            );
+        }
     }
 }

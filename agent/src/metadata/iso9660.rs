@@ -35,9 +35,14 @@ pub enum IsoError {
     /// The path does not exist.
     #[error("{0}: no such file on the ISO image")]
     NotFound(String),
-    /// The file is implausibly large.
-    #[error("{0}: larger than {MAX_FILE} bytes")]
-    TooLarge(String),
+    /// The file is larger than the reader's limit.
+    #[error("{path}: larger than the limit of {limit} bytes")]
+    TooLarge {
+        /// The file (or `directory`).
+        path: String,
+        /// The limit.
+        limit: usize,
+    },
 }
 
 /// One directory entry.
@@ -112,6 +117,11 @@ impl<R: Read + Seek> Iso<R> {
 
     /// Reads a file by `/`-separated path (case-sensitive, as Joliet and Rock Ridge names are).
     pub fn read_file(&mut self, path: &str) -> Result<Vec<u8>, IsoError> {
+        self.read_file_within(path, MAX_FILE as usize)
+    }
+
+    /// [`Iso::read_file`], refusing a file larger than `limit` bytes before reading it.
+    pub fn read_file_within(&mut self, path: &str, limit: usize) -> Result<Vec<u8>, IsoError> {
         let mut current = self.root.clone();
         for part in path.split('/').filter(|p| !p.is_empty()) {
             if !current.dir {
@@ -126,8 +136,11 @@ impl<R: Read + Seek> Iso<R> {
         if current.dir {
             return Err(IsoError::NotFound(path.into()));
         }
-        if current.size > MAX_FILE {
-            return Err(IsoError::TooLarge(path.into()));
+        if current.size > MAX_FILE || current.size as usize > limit {
+            return Err(IsoError::TooLarge {
+                path: path.into(),
+                limit: limit.min(MAX_FILE as usize),
+            });
         }
         let mut data = vec![0u8; current.size as usize];
         self.reader
@@ -151,7 +164,10 @@ impl<R: Read + Seek> Iso<R> {
 
     fn list(&mut self, dir: &Entry) -> Result<Vec<Entry>, IsoError> {
         if dir.size > MAX_FILE {
-            return Err(IsoError::TooLarge("directory".into()));
+            return Err(IsoError::TooLarge {
+                path: "directory".into(),
+                limit: MAX_FILE as usize,
+            });
         }
         let start = u64::from(dir.extent) * SECTOR;
         let mut data = vec![0u8; dir.size as usize];

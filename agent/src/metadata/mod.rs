@@ -14,6 +14,13 @@ use serde::{Deserialize, Serialize};
 
 pub use network::NetworkData;
 
+/// The largest metadata document (`meta_data.json`, `network_data.json`, the EC2 fields) the
+/// agent reads from any source; a longer one is refused with an error naming the limit.
+pub const MAX_DOCUMENT_BYTES: usize = 1 << 20;
+/// The largest `user_data` the agent reads. Nova caps it at 65535 bytes of base64; other
+/// clouds allow more, so this leaves room while keeping a hostile service from filling memory.
+pub const MAX_USER_DATA_BYTES: usize = 4 << 20;
+
 /// Everything a metadata source gave us.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Metadata {
@@ -245,28 +252,24 @@ async fn attempt(opts: &DiscoverOptions) -> Result<Metadata, MetadataError> {
     }
 }
 
-/// Reads the node's metadata from the chosen sources (DESIGN §4.2), retrying with
-/// exponential backoff (0.5 s doubling to 10 s) until one answers or `timeout` passes.
+impl crate::retry::Transient for MetadataError {
+    fn is_transient(&self) -> bool {
+        matches!(self, MetadataError::Unavailable(_))
+    }
+}
+
+/// Reads the node's metadata from the chosen sources (DESIGN §4.2), retrying with the agent's
+/// retry policy (0.5 s doubling to 10 s, with jitter) until one answers or `timeout` passes.
 /// Invalid metadata is returned at once: retrying would not fix it.
 pub async fn discover(opts: &DiscoverOptions) -> Result<Metadata, MetadataError> {
-    let start = tokio::time::Instant::now();
-    let mut delay = std::time::Duration::from_millis(500);
-    loop {
-        match attempt(opts).await {
-            Ok(md) => return Ok(md),
-            Err(e @ MetadataError::Invalid { .. }) => return Err(e),
-            Err(e) => {
-                if let Some(timeout) = opts.timeout
-                    && start.elapsed() + delay > timeout
-                {
-                    return Err(e);
-                }
-                tracing::warn!("metadata not available yet, retrying in {delay:?}: {e}");
-                tokio::time::sleep(delay).await;
-                delay = (delay * 2).min(std::time::Duration::from_secs(10));
-            }
-        }
-    }
+    let backoff = crate::retry::Backoff::new(
+        std::time::Duration::from_millis(500),
+        std::time::Duration::from_secs(10),
+    );
+    crate::retry::retry("metadata not available yet", backoff, opts.timeout, || {
+        attempt(opts)
+    })
+    .await
 }
 
 impl Metadata {

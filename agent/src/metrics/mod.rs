@@ -168,9 +168,12 @@ pub async fn serve_http(listener: TcpListener, handler: Handler, stop: Cancellat
                 let r = handler(&req, peer_ip);
                 async move { Ok::<_, Infallible>(r) }
             });
+            // Bounded like every server the agent runs (docs/agent.md, "Limits"): headers
+            // within 16 KiB and 10 s; no bodies are read.
             let conn = hyper::server::conn::http1::Builder::new()
                 .timer(TokioTimer::new())
                 .header_read_timeout(Duration::from_secs(10))
+                .max_buf_size(16 * 1024)
                 .serve_connection(TokioIo::new(stream), svc);
             tokio::select! {
                 _ = conn => {}

@@ -408,6 +408,21 @@ fn vrrp(m: &mut Builder, st: &AgentStatus) {
         each(&|v| v.announcements),
     );
     m.counter(
+        "keelson_vrrp_arp_conflicts",
+        "Unicast: ARP frames showing another holder of the VIP that sends no adverts.",
+        each(&|v| v.arp_conflicts),
+    );
+    m.counter(
+        "keelson_vrrp_conflict_yields",
+        "Unicast: times this node gave the VIP up to a holder it cannot hear.",
+        each(&|v| v.conflict_yields),
+    );
+    m.counter(
+        "keelson_vrrp_lone_claims",
+        "Unicast: times the claim grace ran out with no peer heard and the VIP was claimed alone.",
+        each(&|v| v.lone_claims),
+    );
+    m.counter(
         "keelson_vrrp_drops",
         "Packets dropped, by reason.",
         st.vrrp
@@ -831,6 +846,9 @@ mod tests {
                 adverts_received: 10,
                 adverts_sent: 20,
                 announcements: 1,
+                arp_conflicts: 0,
+                conflict_yields: 0,
+                lone_claims: 0,
                 drops: [("ttl".to_string(), 1)].into(),
                 checks: vec![HealthCheck {
                     name: "proxy".into(),

@@ -118,20 +118,78 @@ impl Netlink {
         destination: IpNet,
         gateway: IpAddr,
     ) -> Result<(), rtnetlink::Error> {
-        let message = match (destination, gateway) {
-            (IpNet::V4(d), IpAddr::V4(g)) => RouteMessageBuilder::<std::net::Ipv4Addr>::new()
-                .destination_prefix(d.addr(), d.prefix_len())
-                .gateway(g)
-                .output_interface(index)
-                .build(),
-            (IpNet::V6(d), IpAddr::V6(g)) => RouteMessageBuilder::<std::net::Ipv6Addr>::new()
-                .destination_prefix(d.addr(), d.prefix_len())
-                .gateway(g)
-                .output_interface(index)
-                .build(),
-            _ => return Ok(()),
+        self.add_route_via(index, destination, Some(gateway)).await
+    }
+
+    fn route_message(
+        index: u32,
+        destination: IpNet,
+        gateway: Option<IpAddr>,
+    ) -> Option<netlink_packet_route::route::RouteMessage> {
+        use netlink_packet_route::route::RouteScope;
+        let on_link = gateway.is_none();
+        Some(match (destination, gateway) {
+            (IpNet::V4(d), None | Some(IpAddr::V4(_))) => {
+                let mut b = RouteMessageBuilder::<std::net::Ipv4Addr>::new()
+                    .destination_prefix(d.addr(), d.prefix_len())
+                    .output_interface(index);
+                if let Some(IpAddr::V4(g)) = gateway {
+                    b = b.gateway(g);
+                }
+                if on_link {
+                    b = b.scope(RouteScope::Link);
+                }
+                b.build()
+            }
+            (IpNet::V6(d), None | Some(IpAddr::V6(_))) => {
+                let mut b = RouteMessageBuilder::<std::net::Ipv6Addr>::new()
+                    .destination_prefix(d.addr(), d.prefix_len())
+                    .output_interface(index);
+                if let Some(IpAddr::V6(g)) = gateway {
+                    b = b.gateway(g);
+                }
+                b.build()
+            }
+            _ => return None,
+        })
+    }
+
+    /// Adds a route on `index`, via `gateway` or on-link when `None` (already present is fine).
+    pub async fn add_route_via(
+        &self,
+        index: u32,
+        destination: IpNet,
+        gateway: Option<IpAddr>,
+    ) -> Result<(), rtnetlink::Error> {
+        let Some(message) = Self::route_message(index, destination, gateway) else {
+            return Ok(());
         };
         ignore_exists(self.handle.route().add(message).execute().await)
+    }
+
+    /// Removes a route added by [`Netlink::add_route_via`] (absent is fine).
+    pub async fn del_route(
+        &self,
+        index: u32,
+        destination: IpNet,
+        gateway: Option<IpAddr>,
+    ) -> Result<(), rtnetlink::Error> {
+        let Some(message) = Self::route_message(index, destination, gateway) else {
+            return Ok(());
+        };
+        match self.handle.route().del(message).execute().await {
+            Err(rtnetlink::Error::NetlinkError(e))
+                if e.raw_code() == -libc::ESRCH || e.raw_code() == -libc::ENODEV =>
+            {
+                Ok(())
+            }
+            other => other,
+        }
+    }
+
+    /// The link with `index`, if it exists.
+    pub async fn link_by_index(&self, index: u32) -> Result<Option<LinkInfo>, rtnetlink::Error> {
+        Ok(self.links().await?.into_iter().find(|l| l.index == index))
     }
 
     /// Brings up loopback.
@@ -165,13 +223,6 @@ impl Netlink {
                     "network: route {} via {} dev {}",
                     route.destination,
                     route.gateway,
-                    iface.link.name
-                );
-            }
-            if iface.dhcp4 {
-                tracing::warn!(
-                    "network: {} asks for DHCPv4, which this agent build does not run yet; \
-                     give the node a static address in network_data.json",
                     iface.link.name
                 );
             }

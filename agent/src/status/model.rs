@@ -171,6 +171,15 @@ pub struct VrrpInstance {
     pub adverts_sent: u64,
     /// Gratuitous ARPs / unsolicited NAs sent.
     pub announcements: u64,
+    /// Unicast: ARP frames showing another holder of the VIP that sends no adverts.
+    #[serde(default)]
+    pub arp_conflicts: u64,
+    /// Unicast: times this node gave the VIP up to such a holder.
+    #[serde(default)]
+    pub conflict_yields: u64,
+    /// Unicast: times the claim grace ran out with no peer heard (claimed alone).
+    #[serde(default)]
+    pub lone_claims: u64,
     /// Packets dropped, by reason.
     pub drops: BTreeMap<String, u64>,
     /// Health checks moving its priority.

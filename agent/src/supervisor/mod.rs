@@ -30,14 +30,13 @@ pub fn is_supervised(pid: i32) -> bool {
     SUPERVISED.lock().map(|s| s.contains(&pid)).unwrap_or(false)
 }
 
-/// Exponential restart delay: 1 s doubling to 30 s, back to 1 s after a run that lasted a
-/// minute (a service that ran fine for a while and then failed is not crash-looping).
+/// Restart delay: the agent's one retry policy ([`crate::retry::Backoff`]: 1 s doubling to
+/// 30 s, ±10 % jitter), back to the start after a run that lasted a minute (a service that ran
+/// fine for a while and then failed is not crash-looping).
 #[derive(Debug, Clone)]
 pub struct Backoff {
-    initial: Duration,
-    max: Duration,
+    delays: crate::retry::Backoff,
     healthy_after: Duration,
-    next: Duration,
 }
 
 impl Default for Backoff {
@@ -54,21 +53,23 @@ impl Backoff {
     /// A backoff starting at `initial`, capped at `max`, reset after runs of `healthy_after`.
     pub fn new(initial: Duration, max: Duration, healthy_after: Duration) -> Self {
         Backoff {
-            initial,
-            max,
+            delays: crate::retry::Backoff::new(initial, max),
             healthy_after,
-            next: initial,
         }
+    }
+
+    /// The same without jitter (tests that count delays).
+    pub fn without_jitter(mut self) -> Self {
+        self.delays = self.delays.with_jitter(0.0);
+        self
     }
 
     /// The delay before the next start, given how long the last run lasted.
     pub fn delay_after(&mut self, ran_for: Duration) -> Duration {
         if ran_for >= self.healthy_after {
-            self.next = self.initial;
+            self.delays.reset();
         }
-        let delay = self.next;
-        self.next = (self.next * 2).min(self.max);
-        delay
+        self.delays.next_delay()
     }
 }
 

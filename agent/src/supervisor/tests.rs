@@ -32,7 +32,8 @@ fn backoff_doubles_caps_and_resets_after_a_healthy_run() {
         Duration::from_secs(1),
         Duration::from_secs(8),
         Duration::from_secs(60),
-    );
+    )
+    .without_jitter();
     let short = Duration::from_millis(10);
     let delays: Vec<u64> = (0..6).map(|_| b.delay_after(short).as_secs()).collect();
     assert_eq!(delays, [1, 2, 4, 8, 8, 8]);

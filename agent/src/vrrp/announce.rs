@@ -84,6 +84,89 @@ pub fn send_na(ifindex: u32, mac: [u8; 6], vip: Ipv6Addr) -> io::Result<()> {
     Ok(())
 }
 
+/// An AF_PACKET socket for ARP on one interface: sends ARP probes for a VIP and receives
+/// every ARP frame on the interface, for [`super::conflict`].
+#[derive(Debug)]
+pub struct ArpSocket {
+    fd: tokio::io::unix::AsyncFd<Socket>,
+    ifindex: u32,
+}
+
+fn sockaddr_ll(ifindex: u32, dst: [u8; 6]) -> libc::sockaddr_ll {
+    // SAFETY: sockaddr_ll is plain old data; all-zero is a valid value we then fill in.
+    let mut ll: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
+    ll.sll_family = libc::AF_PACKET as u16;
+    ll.sll_protocol = ETH_P_ARP.to_be();
+    ll.sll_ifindex = ifindex as i32;
+    ll.sll_halen = 6;
+    ll.sll_addr[..6].copy_from_slice(&dst);
+    ll
+}
+
+impl ArpSocket {
+    /// Opens the socket on interface `ifindex` (needs CAP_NET_RAW).
+    pub fn open(ifindex: u32) -> io::Result<Self> {
+        let proto = i32::from(ETH_P_ARP.to_be());
+        let sock = Socket::new(Domain::PACKET, Type::RAW, Some(Protocol::from(proto)))?;
+        sock.set_nonblocking(true)?;
+        let ll = sockaddr_ll(ifindex, [0; 6]);
+        // SAFETY: `ll` is a valid, initialised sockaddr_ll whose size we pass; the fd is open.
+        let rc = unsafe {
+            libc::bind(
+                std::os::fd::AsRawFd::as_raw_fd(&sock),
+                (&ll as *const libc::sockaddr_ll).cast(),
+                std::mem::size_of::<libc::sockaddr_ll>() as libc::socklen_t,
+            )
+        };
+        if rc < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(Self {
+            fd: super::socket::register(sock)?,
+            ifindex,
+        })
+    }
+
+    /// Broadcasts an ARP probe for `vip` from `mac`.
+    pub fn send_probe(&self, mac: [u8; 6], vip: Ipv4Addr) -> io::Result<()> {
+        let frame = super::conflict::probe_frame(mac, vip);
+        let ll = sockaddr_ll(self.ifindex, [0xff; 6]);
+        // SAFETY: the frame pointer/length describe a live buffer, and `ll` is a valid,
+        // initialised sockaddr_ll whose size we pass.
+        let n = unsafe {
+            libc::sendto(
+                std::os::fd::AsRawFd::as_raw_fd(self.fd.get_ref()),
+                frame.as_ptr().cast(),
+                frame.len(),
+                0,
+                (&ll as *const libc::sockaddr_ll).cast(),
+                std::mem::size_of::<libc::sockaddr_ll>() as libc::socklen_t,
+            )
+        };
+        if n < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
+    /// The next ARP frame on the interface (Ethernet header included).
+    pub async fn recv(&self) -> io::Result<Vec<u8>> {
+        let mut buf = [std::mem::MaybeUninit::<u8>::uninit(); 128];
+        loop {
+            let mut guard = self.fd.readable().await?;
+            match guard.try_io(|s| s.get_ref().recv(&mut buf)) {
+                Ok(Ok(n)) => {
+                    // SAFETY: recv initialised the first `n` bytes of `buf`.
+                    let bytes = unsafe { std::slice::from_raw_parts(buf.as_ptr().cast::<u8>(), n) };
+                    return Ok(bytes.to_vec());
+                }
+                Ok(Err(e)) => return Err(e),
+                Err(_would_block) => continue,
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

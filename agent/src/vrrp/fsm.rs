@@ -259,6 +259,27 @@ impl Machine {
         }
     }
 
+    /// Another holder of the VIP that sends us no adverts was seen (ARP conflict, in
+    /// unicast mode) and wins the tie-break: a master goes back to Backup, removes the VIP
+    /// and waits a Master_Down interval as after startup.
+    pub fn yield_to_unknown(&mut self, now: Duration) -> Vec<Action> {
+        if self.state != State::Master {
+            return Vec::new();
+        }
+        self.master_interval_cs = self.params.interval_cs;
+        self.master = None;
+        self.become_backup(now);
+        vec![Action::RemoveVip]
+    }
+
+    /// A backup starts its Master_Down wait afresh at `now` (a peer just became known in
+    /// unicast mode: its adverts get a whole interval to arrive before we claim).
+    pub fn restart_master_down(&mut self, now: Duration) {
+        if self.state == State::Backup {
+            self.master_down_at = Some(now + self.master_down_interval());
+        }
+    }
+
     /// Changes the effective priority (health weights moved). The owner priority 255 is
     /// never reached by weights: callers clamp to 1..=254 unless the base is 255. As in the
     /// RFC, a backup that now outranks the master takes over when Master_Down expires (it
@@ -544,6 +565,32 @@ mod tests {
             a.on_advert(deadline, ip("10.0.0.2"), &adv(100)),
             vec![Action::RemoveVip]
         );
+    }
+
+    #[test]
+    fn yield_to_unknown_and_restart_master_down() {
+        let mut m = machine(100, true, "10.0.0.5");
+        m.startup(ms(0));
+        assert!(
+            m.yield_to_unknown(ms(10)).is_empty(),
+            "a backup has nothing to yield"
+        );
+        m.restart_master_down(ms(3000));
+        assert_eq!(
+            m.next_deadline(),
+            Some(ms(3000) + m.master_down_interval()),
+            "the wait starts again"
+        );
+        m.on_timer(ms(7000));
+        assert_eq!(m.state(), State::Master);
+        assert_eq!(m.yield_to_unknown(ms(8000)), vec![Action::RemoveVip]);
+        assert_eq!(m.state(), State::Backup);
+        assert_eq!(m.master(), None);
+        assert_eq!(m.next_deadline(), Some(ms(8000) + m.master_down_interval()));
+        // A master does not move its advert timer.
+        m.on_timer(ms(20_000));
+        m.restart_master_down(ms(20_500));
+        assert_eq!(m.next_deadline(), Some(ms(21_000)));
     }
 
     #[test]

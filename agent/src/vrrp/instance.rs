@@ -1,6 +1,8 @@
 //! One virtual router at run time: sockets + VIP + announcements around a [`Machine`].
 //! Validates every received packet (counting drops by reason), feeds the machine, carries
-//! out its actions, follows health weights, and cleans up on stop.
+//! out its actions, follows health weights, and cleans up on stop. In unicast mode it also
+//! keeps the claim gate ([`super::gate`]) and watches ARP for holders it cannot hear
+//! ([`super::conflict`]).
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
@@ -13,10 +15,12 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use super::codec::{self, Advert, Auth, CodecError, GROUP_V4, GROUP_V6, Version};
+use super::conflict::{self, Verdict};
 use super::fsm::{Action, Machine, Params, State, effective_priority};
+use super::gate::{ClaimGate, GateEvent, GateState};
 use super::socket::{Received, VrrpSocket};
 use super::{announce, vip};
-use crate::context::AgentContext;
+use crate::context::{AgentContext, MemberList};
 use crate::health::{self, CheckState};
 
 /// How long a stopping master keeps the VIP after its successor's first advert: that
@@ -37,6 +41,12 @@ pub struct Counters {
     pub announcements: u64,
     /// Dropped packets by reason.
     pub drops: BTreeMap<&'static str, u64>,
+    /// Unicast: ARP frames showing another holder of the VIP that sends us no adverts.
+    pub arp_conflicts: u64,
+    /// Unicast: times this node gave the VIP up to such a holder.
+    pub conflict_yields: u64,
+    /// Unicast: times the claim grace ran out with no peer heard (claimed alone).
+    pub lone_claims: u64,
 }
 
 /// The drop reason of a codec error.
@@ -143,6 +153,10 @@ pub struct InstanceStatus {
     pub master_priority: Option<u8>,
     /// Health checks.
     pub checks: Vec<CheckState>,
+    /// Unicast: whether this node may claim yet, and why (`notGated` for multicast).
+    pub claim_gate: GateState,
+    /// Where adverts go (unicast: the peers; multicast: the group).
+    pub destinations: Vec<IpAddr>,
     /// Counters.
     pub counters: Counters,
     /// When it entered its current state.
@@ -176,6 +190,9 @@ impl InstanceStatus {
             adverts_received: c.adverts_in,
             adverts_sent: c.adverts_out,
             announcements: c.announcements,
+            arp_conflicts: c.arp_conflicts,
+            conflict_yields: c.conflict_yields,
+            lone_claims: c.lone_claims,
             drops: c.drops.iter().map(|(k, v)| (k.to_string(), *v)).collect(),
             checks: self
                 .checks
@@ -209,6 +226,20 @@ struct Runner {
     state_seen: (State, Instant),
     /// The master that last said goodbye (priority 0): its adverts stopping is no death.
     master_left: Option<IpAddr>,
+    /// Unicast: no claim before a peer is heard or the grace period ran out.
+    gate: ClaimGate,
+    /// Routers whose valid adverts we received, and when last (unicast: they get ours too,
+    /// so a router that knows us is known back).
+    heard: BTreeMap<IpAddr, Duration>,
+    /// How long a router heard stays a destination.
+    heard_retention: Duration,
+    /// When the last valid advert from another router arrived.
+    last_other_advert: Option<Duration>,
+    /// When another host last answered ARP for the VIP (or announced it).
+    holder_arp: Option<Duration>,
+    /// The "another host answers" line was logged in this waiting period.
+    holder_logged: bool,
+    members: watch::Receiver<MemberList>,
 }
 
 impl Runner {
@@ -216,8 +247,12 @@ impl Runner {
         self.origin.elapsed()
     }
 
+    fn unicast(&self) -> bool {
+        self.spec.config.transport == VrrpTransport::Unicast
+    }
+
     fn destinations(&self) -> Vec<IpAddr> {
-        if self.spec.config.transport == VrrpTransport::Multicast {
+        if !self.unicast() {
             return vec![match self.spec.primary {
                 IpAddr::V4(_) => GROUP_V4.into(),
                 IpAddr::V6(_) => GROUP_V6.into(),
@@ -225,13 +260,161 @@ impl Runner {
         }
         let v6 = self.spec.primary.is_ipv6();
         let mut peers: Vec<IpAddr> = self.spec.config.unicast_peers.clone();
-        for m in self.ctx.bus.members.borrow().iter() {
-            peers.extend(m.addresses.iter().copied());
+        // Members whose role takes part in this instance (the others would only count
+        // our adverts as drops).
+        for m in self.members.borrow().iter() {
+            if self.spec.config.priorities.for_role(m.role).is_some() {
+                peers.extend(m.addresses.iter().copied());
+            }
         }
-        peers.retain(|p| p.is_ipv6() == v6 && !self.spec.own.contains(p));
+        let now = self.now();
+        peers.extend(
+            self.heard
+                .iter()
+                .filter(|(_, t)| now.saturating_sub(**t) <= self.heard_retention)
+                .map(|(a, _)| *a),
+        );
+        peers.retain(|p| p.is_ipv6() == v6 && !self.spec.own.contains(p) && !p.is_unspecified());
         peers.sort();
         peers.dedup();
         peers
+    }
+
+    /// Whether a live member other than us takes part in this instance.
+    fn participating_peer(&self) -> bool {
+        let v6 = self.spec.primary.is_ipv6();
+        self.members.borrow().iter().any(|m| {
+            m.name != self.ctx.node.name
+                && self.spec.config.priorities.for_role(m.role).is_some()
+                && m.addresses.iter().any(|a| a.is_ipv6() == v6)
+        })
+    }
+
+    /// The next time anything is due in the state machine, with the claim gate holding a
+    /// backup back until it opens.
+    fn deadline(&self) -> Option<Duration> {
+        let fsm = self.machine.next_deadline();
+        match (self.machine.state(), self.gate.deadline()) {
+            (State::Backup, Some(gate)) => fsm.map(|d| d.max(gate)),
+            _ => fsm,
+        }
+    }
+
+    async fn on_timer(&mut self) {
+        let now = self.now();
+        match self.gate.on_timer(now, self.holder_arp) {
+            GateEvent::Opened => {
+                self.counters.lone_claims += 1;
+                tracing::warn!(
+                    "vrrp {}: no peer heard within the claim grace and nobody answers for {}; claiming it alone",
+                    self.spec.config.name,
+                    self.spec.config.vip
+                );
+            }
+            GateEvent::HolderAnswers => {
+                if !self.holder_logged {
+                    self.holder_logged = true;
+                    tracing::info!(
+                        "vrrp {}: claim grace over, but another host answers for {}: waiting to hear that holder",
+                        self.spec.config.name,
+                        self.spec.config.vip
+                    );
+                }
+                self.publish();
+            }
+            _ => {}
+        }
+        if self.gate.is_open() || self.machine.state() != State::Backup {
+            let before = (self.machine.state(), self.machine.master());
+            let actions = self.machine.on_timer(now);
+            self.hint_master_down(before);
+            self.execute(actions).await;
+        }
+    }
+
+    async fn on_advert(&mut self, src: IpAddr, advert: &Advert) {
+        self.counters.adverts_in += 1;
+        if advert.priority == 0 {
+            self.master_left = Some(src);
+        } else if self.master_left == Some(src) {
+            self.master_left = None;
+        }
+        let now = self.now();
+        self.heard.insert(src, now);
+        self.last_other_advert = Some(now);
+        if self.gate.heard() == GateEvent::Opened {
+            tracing::info!(
+                "vrrp {}: heard {src} (priority {}): claim gate open",
+                self.spec.config.name,
+                advert.priority
+            );
+        }
+        let actions = self.machine.on_advert(now, src, advert);
+        self.execute(actions).await;
+    }
+
+    fn on_members(&mut self) {
+        if self.gate.is_open() || !self.participating_peer() {
+            return;
+        }
+        if self.gate.peer_known() == GateEvent::RestartMasterDown {
+            let now = self.now();
+            tracing::info!(
+                "vrrp {}: a peer is known through members: claim gate open, waiting Master_Down",
+                self.spec.config.name
+            );
+            self.machine.restart_master_down(now);
+            self.publish();
+        }
+    }
+
+    async fn on_arp(&mut self, frame: &[u8]) {
+        let IpAddr::V4(vip) = self.spec.config.vip else {
+            return;
+        };
+        let Some(arp) = conflict::parse_arp(frame) else {
+            return;
+        };
+        let now = self.now();
+        if arp.sender_ip == vip && arp.sender_mac != self.mac {
+            self.holder_arp = Some(now);
+        }
+        let verdict = conflict::judge(
+            &arp,
+            self.mac,
+            vip,
+            self.machine.state() == State::Master,
+            self.last_other_advert.map(|t| now.saturating_sub(t)),
+            self.machine.master_down_interval(),
+        );
+        match verdict {
+            Verdict::Ignore => {}
+            Verdict::Stay => {
+                self.counters.arp_conflicts += 1;
+                tracing::info!(
+                    "vrrp {}: {} also held by {} (lower MAC, no adverts from it): keeping it",
+                    self.spec.config.name,
+                    vip,
+                    fmt_mac(arp.sender_mac)
+                );
+                self.announce();
+                self.publish();
+            }
+            Verdict::Yield => {
+                self.counters.arp_conflicts += 1;
+                self.counters.conflict_yields += 1;
+                tracing::warn!(
+                    "vrrp {}: {} also held by {} (higher MAC, no adverts from it): giving it up and waiting for a peer",
+                    self.spec.config.name,
+                    vip,
+                    fmt_mac(arp.sender_mac)
+                );
+                let actions = self.machine.yield_to_unknown(now);
+                self.gate.close(now);
+                self.holder_logged = false;
+                self.execute(actions).await;
+            }
+        }
     }
 
     async fn execute(&mut self, actions: Vec<Action>) {
@@ -340,6 +523,8 @@ impl Runner {
             master,
             master_priority,
             checks: self.checks.borrow().clone(),
+            claim_gate: self.gate.state(),
+            destinations: self.destinations(),
             counters: self.counters.clone(),
             state_since: Some(self.state_seen.1),
         };
@@ -431,6 +616,20 @@ pub async fn run(
         priority,
     );
     let refresh = Duration::from_secs(u64::from(cfg.garp_refresh_secs));
+    let unicast = cfg.transport == VrrpTransport::Unicast;
+    let gate = if unicast {
+        ClaimGate::closed(Duration::ZERO, cfg.claim_grace(&ctx.cluster.members))
+    } else {
+        ClaimGate::open()
+    };
+    // ARP conflicts are looked for in unicast mode, for IPv4 VIPs (IPv6 has no ARP; see
+    // docs/members.md).
+    let arp = match (unicast, cfg.vip) {
+        (true, IpAddr::V4(_)) => Some(announce::ArpSocket::open(vip.index())?),
+        _ => None,
+    };
+    let heard_retention = Duration::from_secs(u64::from(ctx.cluster.members.expiry_secs.max(1)));
+    let members = ctx.bus.members.subscribe();
     let mut r = Runner {
         spec,
         ctx,
@@ -444,37 +643,45 @@ pub async fn run(
         status,
         state_seen: (State::Initialize, Instant::now()),
         master_left: None,
+        gate,
+        heard: BTreeMap::new(),
+        heard_retention,
+        last_other_advert: None,
+        holder_arp: None,
+        holder_logged: false,
+        members,
     };
     let now = r.now();
     let actions = r.machine.startup(now);
     r.execute(actions).await;
+    r.on_members();
+    let probe_every = Duration::from_secs(1);
+    let mut next_probe: Option<Instant> = None;
     let mut next_refresh: Option<Instant> = None;
     // With no checks the sender is gone at once; stop polling it then.
     let mut checks_alive = true;
     loop {
-        let deadline = r.machine.next_deadline().map(|d| r.origin + d);
+        let deadline = r.deadline().map(|d| r.origin + d);
         let master = r.machine.state() == State::Master;
         if !master {
             next_refresh = None;
         } else if next_refresh.is_none() && !refresh.is_zero() {
             next_refresh = Some(Instant::now() + refresh);
         }
+        // ARP probes for the VIP: while master (another holder?) and while the claim gate
+        // waits (is there a holder we have not heard yet?).
+        let probing = master || !r.gate.is_open();
+        if arp.is_none() || !probing {
+            next_probe = None;
+        } else if next_probe.is_none() {
+            next_probe = Some(Instant::now());
+        }
         tokio::select! {
             _ = stop.cancelled() => break,
             res = r.sock.recv() => {
                 let pkt = res?;
                 match r.spec.validate(&pkt) {
-                    Ok(advert) => {
-                        r.counters.adverts_in += 1;
-                        if advert.priority == 0 {
-                            r.master_left = Some(pkt.src);
-                        } else if r.master_left == Some(pkt.src) {
-                            r.master_left = None;
-                        }
-                        let now = r.now();
-                        let actions = r.machine.on_advert(now, pkt.src, &advert);
-                        r.execute(actions).await;
-                    }
+                    Ok(advert) => r.on_advert(pkt.src, &advert).await,
                     Err(reason) => {
                         tracing::debug!("vrrp {}: dropped packet from {}: {reason}", r.spec.config.name, pkt.src);
                         r.drop_packet(reason);
@@ -482,12 +689,26 @@ pub async fn run(
                     }
                 }
             }
-            _ = sleep_until(deadline) => {
-                let now = r.now();
-                let before = (r.machine.state(), r.machine.master());
-                let actions = r.machine.on_timer(now);
-                r.hint_master_down(before);
-                r.execute(actions).await;
+            _ = sleep_until(deadline) => r.on_timer().await,
+            changed = r.members.changed() => {
+                if changed.is_ok() {
+                    r.members.borrow_and_update();
+                    r.on_members();
+                }
+            }
+            _ = sleep_until(next_probe) => {
+                next_probe = Some(Instant::now() + probe_every);
+                if let (Some(sock), IpAddr::V4(vip)) = (&arp, r.spec.config.vip)
+                    && let Err(e) = sock.send_probe(r.mac, vip)
+                {
+                    tracing::debug!("vrrp {}: ARP probe: {e}", r.spec.config.name);
+                }
+            }
+            frame = recv_arp(arp.as_ref()) => {
+                match frame {
+                    Ok(frame) => r.on_arp(&frame).await,
+                    Err(e) => tracing::debug!("vrrp {}: ARP socket: {e}", r.spec.config.name),
+                }
             }
             _ = sleep_until(next_refresh) => {
                 next_refresh = None;
@@ -525,6 +746,21 @@ pub async fn run(
     Ok(())
 }
 
+/// The next frame of `sock`, or never without one.
+async fn recv_arp(sock: Option<&announce::ArpSocket>) -> std::io::Result<Vec<u8>> {
+    match sock {
+        Some(s) => s.recv().await,
+        None => std::future::pending().await,
+    }
+}
+
+fn fmt_mac(mac: [u8; 6]) -> String {
+    mac.iter()
+        .map(|b| format!("{b:02x}"))
+        .collect::<Vec<_>>()
+        .join(":")
+}
+
 async fn sleep_until(at: Option<Instant>) {
     match at {
         Some(t) => tokio::time::sleep_until(t.into()).await,
@@ -547,6 +783,7 @@ mod tests {
                 advert_interval_ms: 1000,
                 transport: VrrpTransport::Multicast,
                 unicast_peers: vec![],
+                claim_grace_ms: None,
                 auth_pass: pass.map(Into::into),
                 preempt: true,
                 garp_refresh_secs: 60,

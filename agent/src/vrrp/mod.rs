@@ -3,11 +3,16 @@
 //! - [`codec`]: advertisement parse/encode (pure).
 //! - [`fsm`]: the RFC state machine with a caller-supplied clock (pure).
 //! - [`socket`], [`vip`], [`announce`]: raw sockets, netlink, GARP / unsolicited NA.
+//! - [`gate`]: in unicast mode, no claim before a peer is heard or a grace period ran out
+//!   (pure).
+//! - [`conflict`]: in unicast mode, another holder of the VIP seen through ARP (pure).
 //! - [`instance`]: one virtual router wiring them together, with health weights.
 
 pub mod announce;
 pub mod codec;
+pub mod conflict;
 pub mod fsm;
+pub mod gate;
 pub mod instance;
 pub mod socket;
 pub mod vip;

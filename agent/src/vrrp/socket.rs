@@ -142,7 +142,7 @@ impl VrrpSocket {
     }
 }
 
-fn register(s: Socket) -> io::Result<AsyncFd<Socket>> {
+pub(crate) fn register(s: Socket) -> io::Result<AsyncFd<Socket>> {
     // SAFETY: `Socket` owns its descriptor, which stays open and the same until the
     // AsyncFd (which owns the Socket) is dropped.
     unsafe { AsyncFd::register(s) }.map_err(|e| io::Error::other(e.to_string()))

@@ -154,6 +154,65 @@ impl Segment {
         ]);
     }
 
+    /// Drops every multicast frame at the bridge (an nftables bridge rule in the bridge
+    /// namespace, as a network that blocks multicast does), counting them.
+    pub fn drop_multicast(&self) {
+        let rules = "table bridge nomcast {\n  chain forward {\n    type filter hook forward priority 0; policy accept;\n    meta pkttype multicast counter drop\n  }\n}\n";
+        nft(&format!("{}-br", self.prefix), rules);
+    }
+
+    /// Frames the multicast rule dropped so far.
+    pub fn multicast_dropped(&self) -> u64 {
+        let out = Command::new("ip")
+            .args(["netns", "exec", &format!("{}-br", self.prefix)])
+            .args(["nft", "-j", "list", "table", "bridge", "nomcast"])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        doc["nftables"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|o| o["rule"]["expr"].as_array())
+            .flatten()
+            .filter_map(|e| e["counter"]["packets"].as_u64())
+            .sum()
+    }
+
+    /// Cuts nodes `isolated` off from the others at the bridge (their links stay up, as
+    /// in a switch or fabric partition); [`Segment::heal`] undoes it.
+    pub fn partition(&self, isolated: &[usize]) {
+        let ports: Vec<String> = isolated
+            .iter()
+            .map(|i| format!("\"{}v{i}\"", self.prefix))
+            .collect();
+        let set = ports.join(", ");
+        let rules = format!(
+            "table bridge split {{\n  chain forward {{\n    type filter hook forward priority -1; policy accept;\n    iifname {{ {set} }} oifname != {{ {set} }} drop\n    oifname {{ {set} }} iifname != {{ {set} }} drop\n  }}\n}}\n"
+        );
+        nft(&format!("{}-br", self.prefix), &rules);
+    }
+
+    /// Ends a [`Segment::partition`].
+    pub fn heal(&self) {
+        sh(&[
+            "ip",
+            "netns",
+            "exec",
+            &format!("{}-br", self.prefix),
+            "nft",
+            "delete",
+            "table",
+            "bridge",
+            "split",
+        ]);
+    }
+
     fn cleanup(&self) {
         for ns in self
             .nodes
@@ -173,6 +232,29 @@ impl Drop for Segment {
     fn drop(&mut self) {
         self.cleanup();
     }
+}
+
+/// Loads nftables `rules` in namespace `ns`.
+pub fn nft(ns: &str, rules: &str) {
+    use std::io::Write;
+    let mut child = Command::new("ip")
+        .args(["netns", "exec", ns, "nft", "-f", "-"])
+        .stdin(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(rules.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "nft in {ns}: {}\n{rules}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 /// A child process: SIGTERM then SIGKILL on drop.

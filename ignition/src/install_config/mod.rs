@@ -357,7 +357,8 @@ impl InstallConfig {
     /// The agent's `cluster.json` with OpenShift's defaults (DESIGN §4.3): VRIDs from
     /// Fletcher-8 of `<name>-api`/`-ingress`, API priorities bootstrap 70 / masters 40 with
     /// the proxy and Ignition checks, ingress on the workers at 20, 1 s adverts, VRRPv3
-    /// multicast, garp refresh 60 s.
+    /// unicast with unicast members (OpenShift's default since 4.11; docs/decisions.md),
+    /// garp refresh 60 s.
     pub fn cluster_config(&self) -> ClusterConfig {
         let (api_vrid, ingress_vrid) = default_vrids(&self.name);
         let mut instances = Vec::new();
@@ -372,8 +373,9 @@ impl InstallConfig {
                 vrid: api_vrid,
                 version: VrrpVersion::V3,
                 advert_interval_ms: 1000,
-                transport: VrrpTransport::Multicast,
+                transport: VrrpTransport::Unicast,
                 unicast_peers: vec![],
+                claim_grace_ms: None,
                 auth_pass: None,
                 preempt: true,
                 garp_refresh_secs: 60,
@@ -413,8 +415,9 @@ impl InstallConfig {
                 vrid: ingress_vrid,
                 version: VrrpVersion::V3,
                 advert_interval_ms: 1000,
-                transport: VrrpTransport::Multicast,
+                transport: VrrpTransport::Unicast,
                 unicast_peers: vec![],
+                claim_grace_ms: None,
                 auth_pass: None,
                 preempt: true,
                 garp_refresh_secs: 60,
@@ -476,7 +479,7 @@ impl InstallConfig {
                 spec: crate::SpecVersion::DEFAULT.as_str().into(),
             },
             members: MembersSettings {
-                transport: MembersTransport::Mdns,
+                transport: MembersTransport::Unicast,
                 renew_interval_secs: 10,
                 expiry_secs: 35,
             },

@@ -369,6 +369,8 @@ where
     let conn = hyper::server::conn::http1::Builder::new()
         .timer(TokioTimer::new())
         .header_read_timeout(Duration::from_secs(30))
+        // Headers (request line included) within 64 KiB; bodies within MAX_BODY below.
+        .max_buf_size(MAX_BODY)
         .serve_connection(TokioIo::new(stream), service);
     let mut conn = std::pin::pin!(conn);
     let result = tokio::select! {

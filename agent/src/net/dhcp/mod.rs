@@ -5,9 +5,11 @@
 //! send and what to apply; tested with a fake clock. The I/O edge ([`run`]) uses a UDP socket
 //! on port 68 bound to the interface (`SO_BINDTODEVICE`) with the BROADCAST flag set in our
 //! requests, so the server broadcasts its answers and no raw packet socket is needed before
-//! the interface has an address. Packets are encoded and decoded by `dhcproto`.
+//! the interface has an address. Packets are encoded and decoded by `dhcproto`. The edge
+//! lives in `run.rs`: it never gives up on a failing netlink call or a vanished interface,
+//! it says on the console what failed and tries again.
 
-use std::net::{Ipv4Addr, SocketAddrV4};
+use std::net::Ipv4Addr;
 use std::time::Duration;
 
 use dhcproto::v4::{DhcpOption, Flags, Message, MessageType, Opcode, OptionCode};
@@ -19,8 +21,11 @@ use ipnet::Ipv4Net;
 pub struct Lease {
     /// Our address with its prefix.
     pub address: Ipv4Net,
-    /// Default router.
+    /// Default router (option 3).
     pub router: Option<Ipv4Addr>,
+    /// Classless static routes (option 121, RFC 3442): destination and next hop, `0.0.0.0`
+    /// meaning on-link. Neutron hands the metadata service's route this way.
+    pub classless_routes: Vec<(Ipv4Net, Ipv4Addr)>,
     /// DNS servers.
     pub dns: Vec<Ipv4Addr>,
     /// Interface MTU.
@@ -33,6 +38,39 @@ pub struct Lease {
     pub t1: Duration,
     /// Rebinding time (T2).
     pub t2: Duration,
+}
+
+/// One route a lease asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LeaseRoute {
+    /// Destination.
+    pub destination: Ipv4Net,
+    /// Next hop; `None` on-link.
+    pub gateway: Option<Ipv4Addr>,
+}
+
+impl Lease {
+    /// The routes to install: the classless static routes when the server sent any (RFC 3442
+    /// §3: the client then ignores the Router option), else a default route via the router.
+    pub fn routes(&self) -> Vec<LeaseRoute> {
+        if self.classless_routes.is_empty() {
+            return self
+                .router
+                .map(|gw| LeaseRoute {
+                    destination: Ipv4Net::default(),
+                    gateway: Some(gw),
+                })
+                .into_iter()
+                .collect();
+        }
+        self.classless_routes
+            .iter()
+            .map(|(destination, gw)| LeaseRoute {
+                destination: destination.trunc(),
+                gateway: (!gw.is_unspecified()).then_some(*gw),
+            })
+            .collect()
+    }
 }
 
 /// Where a packet goes.
@@ -86,6 +124,11 @@ pub struct Client {
     bound_at: Duration,
     next_timer: Duration,
     retries: u32,
+    /// Retransmission delays (RFC 2131 §4.1: 4 s doubling to 64 s, randomised), the agent's
+    /// one retry policy.
+    backoff: crate::retry::Backoff,
+    /// Jitter samples, seeded from `xid` so the machine stays deterministic under test.
+    rng: rand::rngs::SmallRng,
     /// Overrides the server's T1 (tests shorten renewal this way).
     pub t1_override: Option<Duration>,
 }
@@ -104,6 +147,8 @@ impl Client {
             bound_at: Duration::ZERO,
             next_timer: Duration::ZERO,
             retries: 0,
+            backoff: retransmit_backoff(),
+            rng: rand::SeedableRng::seed_from_u64(u64::from(xid)),
             t1_override: None,
         }
     }
@@ -144,6 +189,7 @@ impl Client {
         opts.insert(DhcpOption::ParameterRequestList(vec![
             OptionCode::SubnetMask,
             OptionCode::Router,
+            OptionCode::ClasslessStaticRoute,
             OptionCode::DomainNameServer,
             OptionCode::InterfaceMtu,
             OptionCode::AddressLeaseTime,
@@ -159,7 +205,7 @@ impl Client {
     fn discover(&mut self, now: Duration) -> Vec<Action> {
         self.xid = self.xid.wrapping_add(1);
         self.state = State::Selecting;
-        self.next_timer = now + backoff(self.retries);
+        self.next_timer = now + self.retransmit_delay();
         self.retries += 1;
         vec![Action::Send(
             Box::new(self.message(MessageType::Discover, Ipv4Addr::UNSPECIFIED)),
@@ -170,7 +216,13 @@ impl Client {
     /// Starts (or restarts) acquisition.
     pub fn start(&mut self, now: Duration) -> Vec<Action> {
         self.retries = 0;
+        self.backoff.reset();
         self.discover(now)
+    }
+
+    fn retransmit_delay(&mut self) -> Duration {
+        let sample = rand::Rng::random::<f64>(&mut self.rng);
+        self.backoff.next_delay_with(sample)
     }
 
     /// Timer expiry: retransmit, renew, rebind or expire.
@@ -185,7 +237,7 @@ impl Client {
                     return self.start(now);
                 }
                 self.retries += 1;
-                self.next_timer = now + backoff(self.retries);
+                self.next_timer = now + self.retransmit_delay();
                 vec![Action::Send(
                     Box::new(self.request(offered, server)),
                     Destination::Broadcast,
@@ -259,6 +311,7 @@ impl Client {
                 }
                 self.state = State::Requesting { offered, server };
                 self.retries = 0;
+                self.backoff.reset();
                 self.next_timer = now + RETRY;
                 vec![Action::Send(
                     Box::new(self.request(offered, server)),
@@ -275,6 +328,7 @@ impl Client {
                 self.state = State::Bound;
                 self.bound_at = now;
                 self.retries = 0;
+                self.backoff.reset();
                 self.next_timer = now + self.t1_override.unwrap_or(lease.t1);
                 self.lease = Some(lease.clone());
                 vec![Action::Apply(lease)]
@@ -303,9 +357,10 @@ impl Client {
     }
 }
 
-fn backoff(retries: u32) -> Duration {
-    // 4, 8, 16, 32, 64 s as RFC 2131 §4.1 suggests (without the random jitter).
-    RETRY * 2u32.pow(retries.min(4))
+/// RFC 2131 §4.1: 4 s doubling to 64 s, each "randomized by ... -1 to +1" second at the
+/// start; a quarter either way keeps that spread at 4 s and grows with the delay.
+fn retransmit_backoff() -> crate::retry::Backoff {
+    crate::retry::Backoff::new(RETRY, RETRY * 16).with_jitter(0.25)
 }
 
 fn lease_from(msg: &Message, server: Ipv4Addr) -> Option<Lease> {
@@ -332,12 +387,17 @@ fn lease_from(msg: &Message, server: Ipv4Addr) -> Option<Lease> {
             Some(DhcpOption::Router(r)) => r.first().copied(),
             _ => None,
         },
+        classless_routes: match opts.get(OptionCode::ClasslessStaticRoute) {
+            Some(DhcpOption::ClasslessStaticRoute(routes)) => routes.clone(),
+            _ => vec![],
+        },
         dns: match opts.get(OptionCode::DomainNameServer) {
             Some(DhcpOption::DomainNameServer(d)) => d.clone(),
             _ => vec![],
         },
+        // RFC 2132 §5.1: at least 68; anything smaller is ignored rather than applied.
         mtu: match opts.get(OptionCode::InterfaceMtu) {
-            Some(DhcpOption::InterfaceMtu(m)) => Some(*m),
+            Some(DhcpOption::InterfaceMtu(m)) if *m >= 68 => Some(*m),
             _ => None,
         },
         server,
@@ -365,102 +425,6 @@ pub fn decode(bytes: &[u8]) -> Option<Message> {
         .flatten()
 }
 
-/// Runs the client on `interface` until `stop`: applies leases through netlink, publishes DNS
-/// servers on `dns`, and sends RELEASE (and removes the address) on stop.
-pub async fn run(
-    netlink: super::Netlink,
-    link: super::LinkInfo,
-    hostname: Option<String>,
-    t1_override: Option<Duration>,
-    dns: tokio::sync::watch::Sender<Vec<std::net::IpAddr>>,
-    stop: tokio_util::sync::CancellationToken,
-) -> anyhow::Result<()> {
-    use anyhow::Context;
-    let mac = parse_mac(&link.mac).context("interface has no MAC address")?;
-    let socket = socket2::Socket::new(
-        socket2::Domain::IPV4,
-        socket2::Type::DGRAM,
-        Some(socket2::Protocol::UDP),
-    )?;
-    socket.set_reuse_address(true)?;
-    socket.set_broadcast(true)?;
-    socket.bind_device(Some(link.name.as_bytes()))?;
-    socket.set_nonblocking(true)?;
-    socket.bind(&SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 68).into())?;
-    let socket = tokio::net::UdpSocket::from_std(socket.into())?;
-    let start = tokio::time::Instant::now();
-    let mut client = Client::new(mac, hostname, rand::random());
-    client.t1_override = t1_override;
-    let mut actions = client.start(start.elapsed());
-    let mut buf = vec![0u8; 1500];
-    loop {
-        for action in actions.drain(..) {
-            match action {
-                Action::Send(msg, dest) => {
-                    let to = match dest {
-                        Destination::Broadcast => SocketAddrV4::new(Ipv4Addr::BROADCAST, 67),
-                        Destination::Server(s) => SocketAddrV4::new(s, 67),
-                    };
-                    if let Some(bytes) = encode(&msg)
-                        && let Err(e) = socket.send_to(&bytes, to).await
-                    {
-                        tracing::warn!("dhcp: sending to {to}: {e}");
-                    }
-                }
-                Action::Apply(lease) => {
-                    netlink
-                        .add_address(link.index, ipnet::IpNet::V4(lease.address))
-                        .await?;
-                    if let Some(router) = lease.router {
-                        netlink
-                            .add_route(link.index, "0.0.0.0/0".parse()?, router.into())
-                            .await?;
-                    }
-                    tracing::info!(
-                        "dhcp: {} lease {} router {:?} dns {:?} for {:?}",
-                        link.name,
-                        lease.address,
-                        lease.router,
-                        lease.dns,
-                        lease.lease
-                    );
-                    dns.send_replace(lease.dns.iter().map(|d| (*d).into()).collect());
-                }
-                Action::Expire(lease) => {
-                    tracing::warn!("dhcp: {} lease {} expired", link.name, lease.address);
-                    let _ = netlink
-                        .del_address(link.index, ipnet::IpNet::V4(lease.address))
-                        .await;
-                }
-            }
-        }
-        let wait = client.next_timer().saturating_sub(start.elapsed());
-        tokio::select! {
-            _ = stop.cancelled() => break,
-            _ = tokio::time::sleep(wait) => actions = client.on_timer(start.elapsed()),
-            received = socket.recv_from(&mut buf) => {
-                if let Ok((n, _)) = received
-                    && let Some(msg) = decode(&buf[..n])
-                {
-                    actions = client.on_packet(&msg, start.elapsed());
-                }
-            }
-        }
-    }
-    if let Some(lease) = client.lease().cloned()
-        && let Some((msg, Destination::Server(server))) = client.release()
-    {
-        if let Some(bytes) = encode(&msg) {
-            let _ = socket.send_to(&bytes, SocketAddrV4::new(server, 67)).await;
-        }
-        let _ = netlink
-            .del_address(link.index, ipnet::IpNet::V4(lease.address))
-            .await;
-        tracing::info!("dhcp: released {}", lease.address);
-    }
-    Ok(())
-}
-
 /// `aa:bb:cc:dd:ee:ff` to bytes.
 pub fn parse_mac(text: &str) -> Option<[u8; 6]> {
     let parts: Vec<u8> = text
@@ -470,6 +434,9 @@ pub fn parse_mac(text: &str) -> Option<[u8; 6]> {
         .ok()?;
     parts.try_into().ok()
 }
+
+mod run;
+pub use run::{DhcpClient, DhcpOptions, run};
 
 #[cfg(test)]
 mod tests;

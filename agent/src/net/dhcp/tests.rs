@@ -148,23 +148,29 @@ fn renew_ack_extends_and_release_is_unicast() {
 fn nak_restarts_and_retransmits_back_off() {
     let mut c = Client::new(MAC, None, 1);
     let d = c.start(secs(0));
-    assert_eq!(c.next_timer(), secs(4));
-    assert!(c.on_timer(secs(3)).is_empty());
-    let again = c.on_timer(secs(4));
+    // RFC 2131 §4.1: 4 s, randomised by about a second either way, then doubling.
+    let first = c.next_timer();
+    assert!(first >= secs(3) && first <= secs(5), "{first:?}");
+    assert!(c.on_timer(first - Duration::from_millis(1)).is_empty());
+    let again = c.on_timer(first);
     assert_eq!(
         sent(&again).0.opts().msg_type(),
         Some(MessageType::Discover)
     );
-    assert_eq!(c.next_timer(), secs(12), "4 s then 8 s");
+    let second = c.next_timer() - first;
+    assert!(
+        second >= secs(6) && second <= secs(10),
+        "4 s then 8 s: {second:?}"
+    );
     let offer = reply(
         sent(&again).0,
         MessageType::Offer,
         Ipv4Addr::new(10, 1, 0, 52),
         100,
     );
-    let r = c.on_packet(&offer, secs(5));
+    let r = c.on_packet(&offer, first + secs(1));
     let nak = reply(sent(&r).0, MessageType::Nak, Ipv4Addr::UNSPECIFIED, 0);
-    let actions = c.on_packet(&nak, secs(6));
+    let actions = c.on_packet(&nak, first + secs(2));
     assert_eq!(
         sent(&actions).0.opts().msg_type(),
         Some(MessageType::Discover)
@@ -181,4 +187,71 @@ proptest::proptest! {
             c.on_packet(&msg, secs(1));
         }
     }
+}
+
+#[test]
+fn classless_routes_replace_the_router_and_mtu_is_checked() {
+    let mut c = Client::new(MAC, None, 3);
+    let discover = sent(&c.start(secs(0))).0.clone();
+    let wanted = match discover.opts().get(OptionCode::ParameterRequestList) {
+        Some(DhcpOption::ParameterRequestList(list)) => list.clone(),
+        other => panic!("{other:?}"),
+    };
+    assert!(wanted.contains(&OptionCode::ClasslessStaticRoute));
+    assert!(wanted.contains(&OptionCode::InterfaceMtu));
+
+    let mut ack = reply(
+        &discover,
+        MessageType::Ack,
+        Ipv4Addr::new(10, 1, 0, 50),
+        120,
+    );
+    // What Neutron's dnsmasq sends on a network without a router: the metadata service by
+    // way of the DHCP port, plus an on-link route.
+    ack.opts_mut().insert(DhcpOption::ClasslessStaticRoute(vec![
+        (
+            "169.254.169.254/32".parse().unwrap(),
+            Ipv4Addr::new(10, 1, 0, 2),
+        ),
+        ("10.9.0.0/16".parse().unwrap(), Ipv4Addr::UNSPECIFIED),
+    ]));
+    ack.opts_mut().insert(DhcpOption::InterfaceMtu(1450));
+    let lease = lease_from(&decode(&encode(&ack).unwrap()).unwrap(), SERVER).unwrap();
+    assert_eq!(lease.mtu, Some(1450));
+    assert_eq!(
+        lease.routes(),
+        [
+            LeaseRoute {
+                destination: "169.254.169.254/32".parse().unwrap(),
+                gateway: Some(Ipv4Addr::new(10, 1, 0, 2)),
+            },
+            LeaseRoute {
+                destination: "10.9.0.0/16".parse().unwrap(),
+                gateway: None,
+            },
+        ],
+        "RFC 3442: with option 121 the Router option is ignored"
+    );
+
+    let plain = reply(
+        &discover,
+        MessageType::Ack,
+        Ipv4Addr::new(10, 1, 0, 50),
+        120,
+    );
+    let lease = lease_from(&plain, SERVER).unwrap();
+    assert_eq!(
+        lease.routes(),
+        [LeaseRoute {
+            destination: "0.0.0.0/0".parse().unwrap(),
+            gateway: Some(SERVER),
+        }]
+    );
+    let mut tiny = plain.clone();
+    tiny.opts_mut().insert(DhcpOption::InterfaceMtu(40));
+    assert_eq!(
+        lease_from(&tiny, SERVER).unwrap().mtu,
+        None,
+        "an MTU under 68 is ignored"
+    );
 }

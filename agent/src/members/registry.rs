@@ -1,0 +1,403 @@
+//! The unicast members registry: what this node knows about the cluster's members, served
+//! to the others as the Ignition server's `/keelson/v1/members` routes.
+//!
+//! One table holds both the nodes that registered here and those learned from other
+//! registries' answers (each with the time it was last heard, wherever that was), so any
+//! control-plane node answers a registration with everything it knows: a node that reaches
+//! one registry learns the whole cluster. Ages travel with the entries and the newest
+//! sighting wins, so a node that stopped renewing expires everywhere `expiry` after it was
+//! last heard anywhere, however often the others gossip about it.
+
+use std::net::SocketAddr;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::{Method, StatusCode};
+use keelson_ignition::routes::ExtraRoutes;
+use serde::{Deserialize, Serialize};
+use tokio::sync::watch;
+
+use super::mdns::valid_label;
+use super::table::Table;
+use crate::context::Member;
+
+/// The registration path on the Ignition server.
+pub const MEMBERS_PATH: &str = "/keelson/v1/members";
+
+/// What a node sends to register or renew.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Registration {
+    /// The cluster zone (`<name>.<baseDomain>`); other clusters are refused.
+    pub cluster: String,
+    /// The node.
+    pub member: Member,
+}
+
+/// One entry of the registry's answer: a member and how long ago it was last heard, so
+/// clients expire it when the registry does.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Entry {
+    /// The member.
+    pub member: Member,
+    /// Milliseconds since it was last heard.
+    pub age_ms: u64,
+}
+
+/// The registry of one node.
+#[derive(Debug)]
+pub struct Registry {
+    zone: String,
+    own: Option<Member>,
+    table: Mutex<Table>,
+    changed: watch::Sender<u64>,
+}
+
+impl Registry {
+    /// A registry for cluster `zone` whose entries expire `expiry` after they were last
+    /// heard.
+    pub fn new(zone: &str, expiry: Duration) -> Self {
+        Self {
+            zone: zone.to_ascii_lowercase(),
+            own: None,
+            table: Mutex::new(Table::new(expiry)),
+            changed: watch::Sender::new(0),
+        }
+    }
+
+    /// Lists `own` (the node serving this registry) in every answer, always fresh: a node
+    /// that registers through the API VIP learns the holder's own address this way.
+    pub fn with_own(mut self, own: Member) -> Self {
+        self.own = Some(own);
+        self
+    }
+
+    fn table(&self) -> std::sync::MutexGuard<'_, Table> {
+        self.table.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn notify(&self, changed: bool) {
+        if changed {
+            self.changed.send_modify(|g| *g = g.wrapping_add(1));
+        }
+    }
+
+    /// A receiver that sees a change whenever a member appears, changes or goes.
+    pub fn subscribe(&self) -> watch::Receiver<u64> {
+        self.changed.subscribe()
+    }
+
+    /// The live members (this node first if it is listed), sorted by name.
+    pub fn list(&self) -> Vec<Member> {
+        let mut out: Vec<Member> = self.own.iter().cloned().collect();
+        out.extend(self.table().list());
+        out.sort_by(|a, b| a.name.cmp(&b.name));
+        out
+    }
+
+    /// The live members with their ages at `now`, this node at age 0.
+    pub fn entries(&self, now: Instant) -> Vec<Entry> {
+        let mut out: Vec<Entry> = self
+            .own
+            .iter()
+            .map(|m| Entry {
+                member: m.clone(),
+                age_ms: 0,
+            })
+            .collect();
+        out.extend(
+            self.table()
+                .list_aged(now)
+                .into_iter()
+                .map(|(member, age)| Entry {
+                    member,
+                    age_ms: age.as_millis().min(u128::from(u64::MAX)) as u64,
+                }),
+        );
+        out
+    }
+
+    fn own_name(&self) -> Option<&str> {
+        self.own.as_ref().map(|m| m.name.as_str())
+    }
+
+    /// Takes in another registry's answer, heard at `now`. Entries naming this node, or
+    /// not naming a host, are skipped. Returns how many were taken.
+    pub fn merge(&self, entries: Vec<Entry>, now: Instant) -> usize {
+        let mut taken = 0;
+        let mut changed = false;
+        {
+            let mut t = self.table();
+            for e in entries {
+                if Some(e.member.name.as_str()) == self.own_name() || !valid_label(&e.member.name) {
+                    continue;
+                }
+                taken += 1;
+                changed |= t.renew_aged(e.member, Duration::from_millis(e.age_ms), now);
+            }
+        }
+        self.notify(changed);
+        taken
+    }
+
+    /// Drops what was not heard within the expiry.
+    pub fn expire(&self, now: Instant) {
+        let changed = self.table().expire(now);
+        self.notify(changed);
+    }
+
+    fn answer(&self) -> (StatusCode, Bytes) {
+        let now = Instant::now();
+        self.expire(now);
+        let body = serde_json::to_vec(&self.entries(now)).unwrap_or_default();
+        (StatusCode::OK, Bytes::from(body))
+    }
+
+    fn register(&self, body: &[u8]) -> (StatusCode, Bytes) {
+        let bad = |msg: String| (StatusCode::BAD_REQUEST, Bytes::from(msg + "\n"));
+        let reg: Registration = match serde_json::from_slice(body) {
+            Ok(r) => r,
+            Err(e) => return bad(format!("registration: {e}")),
+        };
+        if !reg.cluster.eq_ignore_ascii_case(&self.zone) {
+            return (
+                StatusCode::CONFLICT,
+                Bytes::from(format!(
+                    "registration: cluster: expected {}, got {}\n",
+                    self.zone, reg.cluster
+                )),
+            );
+        }
+        if !valid_label(&reg.member.name) {
+            return bad(format!(
+                "registration: member.name: expected a DNS label, got {:?}",
+                reg.member.name
+            ));
+        }
+        if Some(reg.member.name.as_str()) == self.own_name() {
+            return (
+                StatusCode::CONFLICT,
+                Bytes::from(format!(
+                    "registration: member.name: {} is the node serving this registry\n",
+                    reg.member.name
+                )),
+            );
+        }
+        if reg.member.addresses.is_empty() || reg.member.addresses.len() > 16 {
+            return bad("registration: member.addresses: expected 1 to 16 addresses".into());
+        }
+        if reg.member.version.len() > 64 {
+            return bad("registration: member.version: expected at most 64 bytes".into());
+        }
+        let changed = self.table().renew(reg.member, Instant::now());
+        self.notify(changed);
+        self.answer()
+    }
+
+    fn remove(&self, name: &str) {
+        let changed = self.table().remove(name);
+        self.notify(changed);
+    }
+}
+
+impl ExtraRoutes for Registry {
+    fn handle(
+        &self,
+        method: &Method,
+        path: &str,
+        _peer: SocketAddr,
+        body: Bytes,
+    ) -> Option<(StatusCode, Bytes)> {
+        if path == MEMBERS_PATH {
+            return Some(match *method {
+                Method::GET => self.answer(),
+                Method::POST => self.register(&body),
+                _ => (StatusCode::METHOD_NOT_ALLOWED, Bytes::new()),
+            });
+        }
+        let name = path.strip_prefix(MEMBERS_PATH)?.strip_prefix('/')?;
+        Some(match *method {
+            // A node that stops says goodbye rather than waiting for the expiry.
+            Method::DELETE if valid_label(name) => {
+                self.remove(name);
+                (StatusCode::NO_CONTENT, Bytes::new())
+            }
+            Method::DELETE => (
+                StatusCode::BAD_REQUEST,
+                Bytes::from("member name: expected a DNS label\n"),
+            ),
+            _ => (StatusCode::METHOD_NOT_ALLOWED, Bytes::new()),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use keelson_ignition::Role;
+
+    fn member(name: &str, addr: &str) -> Member {
+        Member {
+            name: name.into(),
+            role: Role::Master,
+            addresses: vec![addr.parse().unwrap()],
+            version: "1".into(),
+        }
+    }
+
+    fn reg(cluster: &str, name: &str) -> Bytes {
+        Bytes::from(
+            serde_json::to_vec(&Registration {
+                cluster: cluster.into(),
+                member: member(name, "10.0.0.1"),
+            })
+            .unwrap(),
+        )
+    }
+
+    fn peer() -> SocketAddr {
+        "10.0.0.1:40000".parse().unwrap()
+    }
+
+    #[test]
+    fn register_list_delete() {
+        let r = Registry::new("c.example", Duration::from_secs(10));
+        let mut rx = r.subscribe();
+        let (st, body) = r
+            .handle(&Method::POST, MEMBERS_PATH, peer(), reg("C.example", "m0"))
+            .unwrap();
+        assert_eq!(st, StatusCode::OK);
+        assert!(rx.has_changed().unwrap(), "a new member is a change");
+        rx.borrow_and_update();
+        let list: Vec<Entry> = serde_json::from_slice(&body).unwrap();
+        assert_eq!(list.len(), 1);
+        assert_eq!(list[0].member.name, "m0");
+        assert!(list[0].age_ms < 1000);
+        r.handle(&Method::POST, MEMBERS_PATH, peer(), reg("c.example", "m0"))
+            .unwrap();
+        assert!(!rx.has_changed().unwrap(), "a renewal is not");
+        let (st, _) = r
+            .handle(
+                &Method::DELETE,
+                &format!("{MEMBERS_PATH}/m0"),
+                peer(),
+                Bytes::new(),
+            )
+            .unwrap();
+        assert_eq!(st, StatusCode::NO_CONTENT);
+        assert!(r.list().is_empty());
+        assert!(rx.has_changed().unwrap());
+    }
+
+    #[test]
+    fn own_node_is_always_listed_fresh_and_cannot_be_registered() {
+        let r =
+            Registry::new("c.example", Duration::from_secs(10)).with_own(member("m1", "10.0.0.11"));
+        let (st, body) = r
+            .handle(&Method::POST, MEMBERS_PATH, peer(), reg("c.example", "m0"))
+            .unwrap();
+        assert_eq!(st, StatusCode::OK);
+        let list: Vec<Entry> = serde_json::from_slice(&body).unwrap();
+        assert_eq!(
+            list.iter()
+                .map(|e| e.member.name.as_str())
+                .collect::<Vec<_>>(),
+            ["m1", "m0"]
+        );
+        assert_eq!(list[0].age_ms, 0);
+        assert_eq!(
+            list[0].member.addresses,
+            vec!["10.0.0.11".parse::<std::net::IpAddr>().unwrap()]
+        );
+        let (st, body) = r
+            .handle(&Method::POST, MEMBERS_PATH, peer(), reg("c.example", "m1"))
+            .unwrap();
+        assert_eq!(st, StatusCode::CONFLICT);
+        assert!(String::from_utf8_lossy(&body).contains("serving this registry"));
+    }
+
+    #[test]
+    fn merged_answers_keep_the_newest_sighting_and_expire_on_time() {
+        let r =
+            Registry::new("c.example", Duration::from_secs(10)).with_own(member("m1", "10.0.0.11"));
+        let t0 = Instant::now();
+        let heard = |name: &str, age_ms| Entry {
+            member: member(name, "10.0.0.12"),
+            age_ms,
+        };
+        // Our own name and a bogus one are skipped.
+        let taken = r.merge(
+            vec![heard("m2", 4000), heard("m1", 0), heard("not a label", 0)],
+            t0,
+        );
+        assert_eq!(taken, 1);
+        // Gossip about an older sighting does not make it younger.
+        r.merge(vec![heard("m2", 9000)], t0);
+        r.expire(t0 + Duration::from_secs(6));
+        assert_eq!(
+            r.list().len(),
+            2,
+            "heard 4 s before t0: live until t0 + 6 s"
+        );
+        r.expire(t0 + Duration::from_millis(6100));
+        assert_eq!(
+            r.list().iter().map(|m| m.name.as_str()).collect::<Vec<_>>(),
+            ["m1"]
+        );
+    }
+
+    #[test]
+    fn refuses_bad_input() {
+        let r = Registry::new("c.example", Duration::from_secs(10));
+        let (st, body) = r
+            .handle(
+                &Method::POST,
+                MEMBERS_PATH,
+                peer(),
+                reg("other.example", "m0"),
+            )
+            .unwrap();
+        assert_eq!(st, StatusCode::CONFLICT);
+        assert!(String::from_utf8_lossy(&body).contains("cluster: expected c.example"));
+        let (st, body) = r
+            .handle(
+                &Method::POST,
+                MEMBERS_PATH,
+                peer(),
+                reg("c.example", "bad name"),
+            )
+            .unwrap();
+        assert_eq!(st, StatusCode::BAD_REQUEST);
+        assert!(String::from_utf8_lossy(&body).contains("member.name"));
+        let (st, body) = r
+            .handle(
+                &Method::POST,
+                MEMBERS_PATH,
+                peer(),
+                Bytes::from_static(b"{\"cluster\":1}"),
+            )
+            .unwrap();
+        assert_eq!(st, StatusCode::BAD_REQUEST);
+        assert!(String::from_utf8_lossy(&body).contains("registration"));
+        let (st, _) = r
+            .handle(&Method::PUT, MEMBERS_PATH, peer(), Bytes::new())
+            .unwrap();
+        assert_eq!(st, StatusCode::METHOD_NOT_ALLOWED);
+        assert!(
+            r.handle(&Method::GET, "/keelson/v1/other", peer(), Bytes::new())
+                .is_none()
+        );
+        assert!(r.list().is_empty());
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn any_body_is_answered(body in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..300)) {
+            let r = Registry::new("c.example", Duration::from_secs(10));
+            let (st, _) = r.handle(&Method::POST, MEMBERS_PATH, peer(), Bytes::from(body)).unwrap();
+            proptest::prop_assert!(st == StatusCode::OK || st.is_client_error());
+        }
+    }
+}

@@ -1,0 +1,371 @@
+//! Where a node registers in unicast mode: a peer set that does not depend on the API VIP
+//! being elected (docs/members.md, "The peer set"). Pure apart from [`load`] and [`save`].
+//!
+//! - `unicastPeers` of the VRRP instances in `cluster.json` (addresses the operator knows);
+//! - the API VIPs, while another node holds them (during install that is the bootstrap the
+//!   node fetched its config from);
+//! - every control-plane member learned from any registry (a master is kept after it
+//!   expires, so both sides of a healed partition find each other again; a bootstrap is
+//!   forgotten once it is gone, as it leaves for good at the pivot);
+//! - the masters remembered in `<state dir>/members.json` from an earlier run, for a cold
+//!   restart of every master (entries unheard for [`RETENTION`] are dropped).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::IpAddr;
+use std::path::Path;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use keelson_ignition::Role;
+use serde::{Deserialize, Serialize};
+
+use crate::context::Member;
+
+/// The file under the state directory.
+pub const FILE: &str = "members.json";
+
+/// How long a remembered master stays a seed without being heard again.
+pub const RETENTION: Duration = Duration::from_secs(30 * 24 * 3600);
+
+/// How often the file is rewritten when nothing but the sighting times changed.
+pub const REFRESH: Duration = Duration::from_secs(3600);
+
+/// `members.json`: the masters this node knew.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Remembered {
+    /// The cluster zone they belong to.
+    pub cluster: String,
+    /// The masters.
+    pub members: Vec<RememberedMember>,
+}
+
+/// One remembered master.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RememberedMember {
+    /// Node name.
+    pub name: String,
+    /// Its addresses.
+    pub addresses: Vec<IpAddr>,
+    /// When it was last heard (seconds since the Unix epoch).
+    pub last_seen_unix: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Learned {
+    role: Role,
+    addresses: Vec<IpAddr>,
+    last_seen: SystemTime,
+}
+
+/// The peer set of one node.
+#[derive(Debug, Clone)]
+pub struct Seeds {
+    configured: Vec<IpAddr>,
+    vips: Vec<IpAddr>,
+    learned: BTreeMap<String, Learned>,
+    written: Option<(BTreeMap<String, Vec<IpAddr>>, SystemTime)>,
+}
+
+fn unix(t: SystemTime) -> u64 {
+    t.duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+impl Seeds {
+    /// Seeds from the configuration: static peers and the API VIPs.
+    pub fn new(configured: Vec<IpAddr>, vips: Vec<IpAddr>) -> Self {
+        Self {
+            configured,
+            vips,
+            learned: BTreeMap::new(),
+            written: None,
+        }
+    }
+
+    /// Takes in the live member list at `now` (this node, `own_name`, excluded).
+    pub fn update(&mut self, live: &[Member], own_name: &str, now: SystemTime) {
+        let mut live_names = BTreeSet::new();
+        for m in live {
+            if m.name == own_name || m.role == Role::Worker || m.addresses.is_empty() {
+                continue;
+            }
+            live_names.insert(m.name.clone());
+            self.learned.insert(
+                m.name.clone(),
+                Learned {
+                    role: m.role,
+                    addresses: m.addresses.clone(),
+                    last_seen: now,
+                },
+            );
+        }
+        self.learned
+            .retain(|name, l| l.role != Role::Bootstrap || live_names.contains(name));
+    }
+
+    /// Where to register now: configured peers, the API VIPs this node does not hold, and
+    /// the learned control-plane nodes (their addresses of the first VIP's family, or all
+    /// when they have none of it); never this node's own addresses.
+    pub fn targets(&self, own: &[IpAddr], held: &BTreeSet<IpAddr>) -> Vec<IpAddr> {
+        let v6 = self.vips.first().map(IpAddr::is_ipv6);
+        let mut out: Vec<IpAddr> = self.configured.clone();
+        out.extend(self.vips.iter().filter(|v| !held.contains(v)));
+        for l in self.learned.values() {
+            let same: Vec<IpAddr> = l
+                .addresses
+                .iter()
+                .copied()
+                .filter(|a| Some(a.is_ipv6()) == v6)
+                .collect();
+            if same.is_empty() {
+                out.extend(l.addresses.iter().copied());
+            } else {
+                out.extend(same);
+            }
+        }
+        out.retain(|a| !own.contains(a) && !a.is_unspecified());
+        out.sort();
+        out.dedup();
+        out
+    }
+
+    fn masters(&self) -> BTreeMap<String, Vec<IpAddr>> {
+        self.learned
+            .iter()
+            .filter(|(_, l)| l.role == Role::Master)
+            .map(|(n, l)| (n.clone(), l.addresses.clone()))
+            .collect()
+    }
+
+    /// Whether the remembered masters differ from what was last written, or the file is
+    /// older than [`REFRESH`] (sighting times move on).
+    pub fn needs_write(&self, now: SystemTime) -> bool {
+        let masters = self.masters();
+        match &self.written {
+            None => !masters.is_empty(),
+            Some((set, at)) => {
+                *set != masters
+                    || (!masters.is_empty()
+                        && now.duration_since(*at).unwrap_or_default() >= REFRESH)
+            }
+        }
+    }
+
+    /// The document to write at `now` (the masters only: they serve registries for good).
+    pub fn remembered(&self, zone: &str) -> Remembered {
+        Remembered {
+            cluster: zone.to_string(),
+            members: self
+                .learned
+                .iter()
+                .filter(|(_, l)| l.role == Role::Master)
+                .map(|(name, l)| RememberedMember {
+                    name: name.clone(),
+                    addresses: l.addresses.clone(),
+                    last_seen_unix: unix(l.last_seen),
+                })
+                .collect(),
+        }
+    }
+
+    /// Records that [`Seeds::remembered`] was written at `now`.
+    pub fn mark_written(&mut self, now: SystemTime) {
+        self.written = Some((self.masters(), now));
+    }
+
+    /// Takes in a remembered document at `now`: masters of this `zone` heard within
+    /// [`RETENTION`]. Returns how many were taken, or why none.
+    pub fn remember(
+        &mut self,
+        doc: &Remembered,
+        zone: &str,
+        own_name: &str,
+        now: SystemTime,
+    ) -> Result<usize, String> {
+        if !doc.cluster.eq_ignore_ascii_case(zone) {
+            return Err(format!("cluster: expected {zone}, got {}", doc.cluster));
+        }
+        let mut taken = 0;
+        for m in &doc.members {
+            let seen = UNIX_EPOCH + Duration::from_secs(m.last_seen_unix);
+            if m.name == own_name
+                || m.addresses.is_empty()
+                || now.duration_since(seen).unwrap_or_default() > RETENTION
+            {
+                continue;
+            }
+            self.learned.entry(m.name.clone()).or_insert(Learned {
+                role: Role::Master,
+                addresses: m.addresses.clone(),
+                last_seen: seen,
+            });
+            taken += 1;
+        }
+        self.mark_written(now);
+        Ok(taken)
+    }
+}
+
+/// Reads `dir/members.json`; `Ok(None)` when there is none.
+pub fn load(dir: &Path) -> Result<Option<Remembered>, String> {
+    let path = dir.join(FILE);
+    match std::fs::read(&path) {
+        Ok(bytes) => serde_json::from_slice(&bytes)
+            .map(Some)
+            .map_err(|e| format!("{}: {e}", path.display())),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(format!("{}: {e}", path.display())),
+    }
+}
+
+/// Writes `dir/members.json` atomically (a temporary file renamed over it), the directory
+/// created 0700 when missing.
+pub fn save(dir: &Path, doc: &Remembered) -> std::io::Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)?;
+    let tmp = dir.join(format!(".{FILE}.tmp"));
+    let mut bytes = serde_json::to_vec_pretty(doc).map_err(std::io::Error::other)?;
+    bytes.push(b'\n');
+    std::fs::write(&tmp, bytes)?;
+    std::fs::rename(&tmp, dir.join(FILE))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().unwrap()
+    }
+
+    fn m(name: &str, role: Role, addrs: &[&str]) -> Member {
+        Member {
+            name: name.into(),
+            role,
+            addresses: addrs.iter().map(|a| ip(a)).collect(),
+            version: "1".into(),
+        }
+    }
+
+    fn t(secs: u64) -> SystemTime {
+        UNIX_EPOCH + Duration::from_secs(1_700_000_000 + secs)
+    }
+
+    #[test]
+    fn targets_skip_own_addresses_and_held_vips() {
+        let mut s = Seeds::new(vec![ip("10.0.0.99")], vec![ip("10.0.0.5")]);
+        let own = [ip("10.0.0.11")];
+        assert_eq!(
+            s.targets(&own, &BTreeSet::new()),
+            [ip("10.0.0.5"), ip("10.0.0.99")]
+        );
+        let held: BTreeSet<IpAddr> = [ip("10.0.0.5")].into();
+        assert_eq!(s.targets(&own, &held), [ip("10.0.0.99")]);
+        s.update(
+            &[
+                m("master-0", Role::Master, &["10.0.0.11"]),
+                m("master-1", Role::Master, &["fd00::12", "10.0.0.12"]),
+                m("bootstrap", Role::Bootstrap, &["10.0.0.10"]),
+                m("worker-0", Role::Worker, &["10.0.0.21"]),
+            ],
+            "master-0",
+            t(0),
+        );
+        assert_eq!(
+            s.targets(&own, &held),
+            [ip("10.0.0.10"), ip("10.0.0.12"), ip("10.0.0.99")],
+            "control plane only, the VIP's family"
+        );
+    }
+
+    #[test]
+    fn masters_are_kept_after_they_go_quiet_bootstraps_are_not() {
+        let mut s = Seeds::new(vec![], vec![ip("10.0.0.5")]);
+        s.update(
+            &[
+                m("bootstrap", Role::Bootstrap, &["10.0.0.10"]),
+                m("master-1", Role::Master, &["10.0.0.12"]),
+            ],
+            "master-0",
+            t(0),
+        );
+        s.update(&[], "master-0", t(100));
+        assert_eq!(
+            s.targets(&[], &BTreeSet::new()),
+            [ip("10.0.0.5"), ip("10.0.0.12")],
+            "a partition must not make the other side unknown"
+        );
+    }
+
+    #[test]
+    fn remembered_round_trip_and_retention() {
+        let mut s = Seeds::new(vec![], vec![ip("10.0.0.5")]);
+        assert!(!s.needs_write(t(0)), "nothing to remember yet");
+        s.update(
+            &[
+                m("master-1", Role::Master, &["10.0.0.12"]),
+                m("bootstrap", Role::Bootstrap, &["10.0.0.10"]),
+            ],
+            "master-0",
+            t(0),
+        );
+        assert!(s.needs_write(t(0)));
+        let doc = s.remembered("c.example");
+        assert_eq!(doc.members.len(), 1, "masters only");
+        s.mark_written(t(0));
+        assert!(!s.needs_write(t(10)));
+        assert!(s.needs_write(t(3600)), "refreshed hourly");
+        let text = serde_json::to_string(&doc).unwrap();
+        assert!(text.contains("\"lastSeenUnix\":1700000000"), "{text}");
+
+        let mut fresh = Seeds::new(vec![], vec![ip("10.0.0.5")]);
+        assert_eq!(fresh.remember(&doc, "C.example", "master-0", t(60)), Ok(1));
+        assert_eq!(
+            fresh.targets(&[], &BTreeSet::new()),
+            [ip("10.0.0.5"), ip("10.0.0.12")]
+        );
+        assert!(!fresh.needs_write(t(61)), "what was read needs no write");
+        let mut late = Seeds::new(vec![], vec![]);
+        assert_eq!(
+            late.remember(&doc, "c.example", "master-0", t(RETENTION.as_secs() + 1)),
+            Ok(0)
+        );
+        let err = late
+            .remember(&doc, "other.example", "master-0", t(0))
+            .unwrap_err();
+        assert!(err.contains("cluster: expected other.example"), "{err}");
+        assert_eq!(
+            Seeds::new(vec![], vec![]).remember(&doc, "c.example", "master-1", t(0)),
+            Ok(0),
+            "ourselves"
+        );
+    }
+
+    #[test]
+    fn load_and_save() {
+        let dir = tempfile::tempdir().unwrap();
+        let state = dir.path().join("state");
+        assert_eq!(load(&state), Ok(None));
+        let doc = Remembered {
+            cluster: "c.example".into(),
+            members: vec![RememberedMember {
+                name: "master-1".into(),
+                addresses: vec![ip("10.0.0.12")],
+                last_seen_unix: 5,
+            }],
+        };
+        save(&state, &doc).unwrap();
+        assert_eq!(load(&state), Ok(Some(doc)));
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(&state).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o700);
+        std::fs::write(state.join(FILE), b"{\"cluster\": 1}").unwrap();
+        let err = load(&state).unwrap_err();
+        assert!(err.contains("members.json"), "{err}");
+    }
+}
