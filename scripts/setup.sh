@@ -65,6 +65,8 @@ REQUIRED=(
   "avahi-publish avahi-utils"
   "dbus-daemon dbus-daemon"
   "nginx nginx-light"
+  # `promtool check metrics` checks the agent's /metrics in agent/tests/metrics_roles.rs.
+  "promtool prometheus"
   "wrk wrk"
   "iperf3 iperf3"
 )

@@ -13,6 +13,7 @@ pub mod ignition_server;
 pub mod init;
 pub mod members;
 pub mod metadata;
+pub mod metrics;
 pub mod net;
 pub mod node;
 pub mod proxy;

@@ -144,14 +144,18 @@ pub async fn run_node(
         }
     };
     tokio::spawn(announce);
+    let started = std::time::Instant::now();
     {
         let (ctx, stop) = (ctx.clone(), stop.clone());
         tokio::spawn(async move {
-            if let Err(e) = crate::status::serve(ctx, status_socket, stop).await {
+            if let Err(e) = crate::status::serve(ctx, status_socket, started, stop).await {
                 tracing::warn!("status socket: {e:#}");
             }
         });
     }
+    // `/metrics` runs beside the status socket, not as a supervised service: it is never
+    // in the ready line, and a port it cannot bind must not hold the node's services back.
+    tokio::spawn(crate::metrics::serve(ctx.clone(), started, stop.clone()));
     if !processes.is_empty() {
         tracing::info!("operator processes: {}", processes.join(", "));
     }

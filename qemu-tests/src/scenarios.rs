@@ -715,12 +715,13 @@ pub fn failover(c: &mut Cluster) -> Result<(String, String)> {
     Ok((
         api_dead.clone(),
         format!(
-            "API: {api_dead} killed, {API_VIP} answered again after {} (now {api_new}), {} of {} requests failed, the last {} after the kill; \
+            "API: {api_dead} killed, {API_VIP} answered again after {} (now {api_new}), {} of {} requests failed, the last {} after the kill, {} after it answered again; \
              ingress: {ing_dead} killed, {INGRESS_VIP} answered again after {} (now {ing_new}), {} of {} requests failed",
             secs(api_back),
             api.failures_after,
             api.requests_after,
             secs(api_last),
+            api.failures_after_back,
             secs(ing_back),
             ing.failures_after,
             ing.requests_after

@@ -214,6 +214,7 @@ mod tests {
             name: name.into(),
             passing,
             weight: 10,
+            transitions: 0,
         }
     }
 

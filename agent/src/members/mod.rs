@@ -69,6 +69,28 @@ impl Counters {
         }
         v
     }
+
+    /// The typed status section (`status`, `/metrics`).
+    pub fn status(&self, transport: MembersTransport) -> crate::status::model::DiscoveryStatus {
+        let g = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        crate::status::model::DiscoveryStatus {
+            transport: match transport {
+                MembersTransport::Mdns => "mdns",
+                MembersTransport::Unicast => "unicast",
+            }
+            .to_string(),
+            received: g(&self.packets),
+            drops: [
+                ("malformed", &self.malformed),
+                ("bad_source_port", &self.bad_source_port),
+                ("bogus", &self.bogus),
+                ("other_cluster", &self.other_cluster),
+            ]
+            .into_iter()
+            .map(|(k, c)| (k.to_string(), g(c)))
+            .collect(),
+        }
+    }
 }
 
 /// This node as a member.
@@ -121,6 +143,13 @@ pub async fn run_with(
     opts: RunOptions,
 ) -> anyhow::Result<()> {
     let counters = std::sync::Arc::new(Counters::default());
+    let _view = {
+        let (counters, transport) = (counters.clone(), ctx.cluster.members.transport);
+        ctx.bus
+            .views
+            .discovery
+            .install(move || counters.status(transport))
+    };
     let status = {
         let ctx = ctx.clone();
         let counters = counters.clone();

@@ -88,6 +88,14 @@ async fn wait_link_local(iface: &str) -> anyhow::Result<std::net::Ipv6Addr> {
 pub async fn run(ctx: AgentContext, stop: CancellationToken) -> anyhow::Result<()> {
     let specs = specs(&ctx).await?;
     let status = instance::StatusMap::default();
+    let _view = {
+        let status = status.clone();
+        ctx.bus.views.vrrp.install(move || {
+            let now = std::time::Instant::now();
+            let map = status.lock().unwrap_or_else(|p| p.into_inner());
+            map.values().map(|s| s.view(now)).collect()
+        })
+    };
     let mut tasks = tokio::task::JoinSet::new();
     for spec in specs {
         let name = spec.config.name.clone();
