@@ -52,7 +52,7 @@ fn table(ns: &str) -> String {
 
 fn vip_status(f: &Fabric, i: usize, name: &str) -> serde_json::Value {
     let doc = f.status(i).unwrap();
-    doc["services"]["bgp"]["vips"]
+    doc["other"]["bgp"]["vips"]
         .as_array()
         .and_then(|v| v.iter().find(|v| v["name"] == name).cloned())
         .unwrap_or_else(|| panic!("no bgp status for {name} on m{i}: {doc}"))

@@ -89,6 +89,12 @@ impl Counters {
             .into_iter()
             .map(|(k, c)| (k.to_string(), g(c)))
             .collect(),
+            refused: g(&self.refused),
+            registries: self
+                .registries
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .clone(),
         }
     }
 }

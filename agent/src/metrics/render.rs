@@ -731,6 +731,13 @@ fn members(m: &mut Builder, st: &AgentStatus) {
                 })
                 .collect(),
         );
+        if d.transport == "unicast" {
+            m.counter(
+                "keelson_members_registrations_refused",
+                "Unicast registrations a registry refused or answered with something unusable.",
+                vec![(vec![], d.refused)],
+            );
+        }
     }
 }
 
@@ -849,6 +856,8 @@ mod tests {
                 arp_conflicts: 0,
                 conflict_yields: 0,
                 lone_claims: 0,
+                claim_gate: Default::default(),
+                destinations: vec![],
                 drops: [("ttl".to_string(), 1)].into(),
                 checks: vec![HealthCheck {
                     name: "proxy".into(),
@@ -892,6 +901,8 @@ mod tests {
                 transport: "mdns".into(),
                 received: 3,
                 drops: [("malformed".to_string(), 1)].into(),
+                refused: 0,
+                registries: Default::default(),
             }),
             ignition: Some(IgnitionStatus {
                 tls: None,

@@ -157,6 +157,8 @@ mod tests {
             transport: "mdns".into(),
             received: 7,
             drops: [("malformed".to_string(), 1)].into(),
+            refused: 0,
+            registries: Default::default(),
         });
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("s.sock");

@@ -180,6 +180,12 @@ pub struct VrrpInstance {
     /// Unicast: times the claim grace ran out with no peer heard (claimed alone).
     #[serde(default)]
     pub lone_claims: u64,
+    /// Unicast: whether this node may claim the VIP yet, and why (`notGated` for multicast).
+    #[serde(default)]
+    pub claim_gate: crate::vrrp::gate::GateState,
+    /// Where adverts go: the unicast peers, or the multicast group.
+    #[serde(default)]
+    pub destinations: Vec<IpAddr>,
     /// Packets dropped, by reason.
     pub drops: BTreeMap<String, u64>,
     /// Health checks moving its priority.
@@ -301,6 +307,12 @@ pub struct DiscoveryStatus {
     pub received: u64,
     /// Records or packets dropped, by reason.
     pub drops: BTreeMap<String, u64>,
+    /// Unicast: registrations a registry refused or answered with something unusable.
+    #[serde(default)]
+    pub refused: u64,
+    /// Unicast: the outcome of the last registration with each registry, by address.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub registries: BTreeMap<String, String>,
 }
 
 /// The Ignition server.

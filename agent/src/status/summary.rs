@@ -232,6 +232,15 @@ pub fn summary(st: &AgentStatus) -> String {
             d.received,
             counts(&d.drops)
         );
+        if !d.registries.is_empty() || d.refused > 0 {
+            let regs = d.registries.iter().map(|(a, r)| format!("{a} {r}"));
+            let _ = writeln!(
+                o,
+                "  registries: {} (refused {})",
+                regs.collect::<Vec<_>>().join(", "),
+                d.refused
+            );
+        }
     }
     if let Some(ig) = &st.ignition {
         let listen = join(ig.tls.iter().chain(ig.plain.iter()));

@@ -193,6 +193,8 @@ impl InstanceStatus {
             arp_conflicts: c.arp_conflicts,
             conflict_yields: c.conflict_yields,
             lone_claims: c.lone_claims,
+            claim_gate: self.claim_gate,
+            destinations: self.destinations.clone(),
             drops: c.drops.iter().map(|(k, v)| (k.to_string(), *v)).collect(),
             checks: self
                 .checks
