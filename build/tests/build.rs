@@ -510,8 +510,31 @@ fn build_says_which_bootstrap_its_config_is_for() {
     };
     let appliance = run(&work.path().join("a").display().to_string(), None);
     assert!(
-        appliance.contains("for the keelson appliance image"),
+        appliance.contains("warning: bootstrap.ign is for the keelson appliance image"),
         "{appliance}"
+    );
+    assert!(
+        appliance.contains("pass --agent-url URL"),
+        "the warning says what to pass: {appliance}"
+    );
+    // A warning is not progress: --quiet keeps it.
+    let quiet_out = work.path().join("q").display().to_string();
+    let quiet = keelson(&[
+        "build",
+        "--config",
+        EXAMPLE,
+        "--out",
+        &quiet_out,
+        "--agent",
+        &agent,
+        "--no-image",
+        "--quiet",
+    ]);
+    ok(&quiet);
+    assert!(
+        String::from_utf8_lossy(&quiet.stderr).contains("--agent-url"),
+        "{}",
+        String::from_utf8_lossy(&quiet.stderr)
     );
     let rhcos = run(
         &work.path().join("b").display().to_string(),
@@ -520,5 +543,68 @@ fn build_says_which_bootstrap_its_config_is_for() {
     assert!(
         rhcos.contains("fetches the agent from https://objects.example/keelson-agent"),
         "{rhcos}"
+    );
+    assert!(!rhcos.contains("warning"), "{rhcos}");
+}
+
+#[test]
+fn a_bgp_patch_is_validated_and_reaches_cluster_json() {
+    let work = tempfile::tempdir().unwrap();
+    let patch = work.path().join("bgp.json");
+    let good = r#"{"bgp": {"vips": ["api"], "localAsn": 64512,
+                  "peers": [{"address": "10.0.0.1", "asn": 65001}]}}"#;
+    std::fs::write(&patch, good).unwrap();
+    let p = patch.display().to_string();
+    let out = ok(&keelson(&[
+        "validate",
+        "--config",
+        EXAMPLE,
+        "--cluster-patch",
+        &p,
+    ]));
+    assert!(
+        out.contains("bgp: api announced by BGP (AS64512, 1 peers)"),
+        "{out}"
+    );
+    // A wrong field is named, with what was expected.
+    std::fs::write(&patch, good.replace("\"api\"]", "\"apii\"]")).unwrap();
+    let result = keelson(&["validate", "--config", EXAMPLE, "--cluster-patch", &p]);
+    assert!(!result.status.success());
+    let err = String::from_utf8_lossy(&result.stderr);
+    assert!(
+        err.contains("bgp.vips[0]: expected the name of a vrrp.instances[] entry"),
+        "{err}"
+    );
+    std::fs::write(&patch, good.replace("localAsn", "localASN")).unwrap();
+    let err = String::from_utf8_lossy(
+        &keelson(&["validate", "--config", EXAMPLE, "--cluster-patch", &p]).stderr,
+    )
+    .into_owned();
+    assert!(err.contains("unknown field `localASN`"), "{err}");
+    // build writes it, with the defaults filled in.
+    std::fs::write(&patch, good).unwrap();
+    let agent = fake_agent(work.path());
+    let out = work.path().join("out").display().to_string();
+    ok(&keelson(&[
+        "build",
+        "--config",
+        EXAMPLE,
+        "--out",
+        &out,
+        "--agent",
+        &agent,
+        "--no-image",
+        "--quiet",
+        "--cluster-patch",
+        &p,
+    ]));
+    let cluster = keelson_ignition::ClusterConfig::from_json(
+        &std::fs::read(work.path().join("out/cluster.json")).unwrap(),
+    )
+    .unwrap();
+    let bgp = cluster.bgp.unwrap();
+    assert_eq!(
+        (bgp.table, bgp.bfd.interval_ms, bgp.bfd.multiplier),
+        (198, 300, 3)
     );
 }

@@ -11,6 +11,8 @@ use std::net::{IpAddr, SocketAddr};
 use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
 
+pub use crate::bgp::BgpSettings;
+
 /// The only `cluster.json` version this code reads and writes.
 pub const CLUSTER_JSON_VERSION: u32 = 1;
 
@@ -111,12 +113,18 @@ pub struct ClusterConfig {
     pub ignition: IgnitionServerSettings,
     /// Member discovery.
     pub members: MembersSettings,
+    /// The Prometheus metrics endpoint.
+    #[serde(default)]
+    pub metrics: MetricsSettings,
     /// SSH public keys for user `core` (the install-config's `sshKey`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub ssh_authorized_keys: Vec<String>,
     /// Extra processes the appliance supervisor runs (operator-defined).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub services: Vec<ServiceSpec>,
+    /// VIPs announced by BGP instead of VRRP (`docs/bgp.md`); absent: every VIP uses VRRP.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bgp: Option<BgpSettings>,
 }
 
 /// VRRP settings for all instances.
@@ -298,12 +306,56 @@ pub struct ApiSettings {
     pub fall: u32,
     /// Consecutive successes that mark a backend up.
     pub rise: u32,
+    /// Milliseconds between checks of a backend whose state is in doubt (failing but still
+    /// up, or passing but still down): haproxy's `fastinter`.
+    #[serde(default = "default_fast_check_interval_ms")]
+    pub fast_check_interval_ms: u32,
+    /// Milliseconds over which a backend that came back up grows to its full share of new
+    /// connections (haproxy's `slowstart`); 0: at once.
+    #[serde(default = "default_slowstart_ms")]
+    pub slowstart_ms: u32,
+    /// Close client connections to a backend when it is marked down (haproxy's
+    /// `on-marked-down shutdown-sessions`).
+    #[serde(default = "default_true")]
+    pub shutdown_sessions: bool,
     /// Backend connect timeout, milliseconds.
     pub connect_timeout_ms: u32,
     /// Idle timeout of a proxied connection, seconds.
     pub idle_timeout_secs: u32,
     /// Maximum concurrent client connections.
     pub max_connections: u32,
+}
+
+fn default_fast_check_interval_ms() -> u32 {
+    1000
+}
+
+fn default_slowstart_ms() -> u32 {
+    10_000
+}
+
+fn default_true() -> bool {
+    true
+}
+
+/// The Prometheus metrics endpoint (`docs/metrics.md`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct MetricsSettings {
+    /// TCP port of `/metrics` on every node (22625); 0 turns it off. Reachable from
+    /// `ignition.allowedNetworks` (the machine networks by default) and loopback only.
+    pub port: u16,
+}
+
+/// The default metrics port: next to the Ignition server's 22623/22624, clear of every
+/// port OpenShift's nodes use (9000-9999 and 10250-10259 host services, 2379-2380 etcd,
+/// 6443, 22623-22624, 30000-32767 node ports, 50936 and 9444/9445 of the on-prem haproxy).
+pub const METRICS_PORT: u16 = 22625;
+
+impl Default for MetricsSettings {
+    fn default() -> Self {
+        Self { port: METRICS_PORT }
+    }
 }
 
 /// How the proxy checks a backend.
@@ -631,7 +683,15 @@ impl ClusterConfig {
                 }
             }
         }
+        if let Some(bgp) = &self.bgp {
+            bgp.check(self)?;
+        }
         Ok(())
+    }
+
+    /// Whether the VIP of `vrrp.instances[]` entry `name` is announced by BGP (not VRRP).
+    pub fn bgp_mode(&self, name: &str) -> bool {
+        self.bgp.as_ref().is_some_and(|b| b.announces(name))
     }
 
     /// The instance named `name`, if any.

@@ -1,6 +1,7 @@
 //! keelson-ignition: the cluster's payloads as data.
 //!
-//! - [`cluster`]: `cluster.json`, the agent's cluster-wide configuration.
+//! - [`cluster`]: `cluster.json`, the agent's cluster-wide configuration ([`bgp`]: its
+//!   BGP section).
 //! - [`version`]: the Ignition spec versions keelson writes.
 //! - [`routes`]: the hook through which the agent adds routes to the config server.
 //! - [`negotiate`]: which spec version to serve for an `Accept` header.
@@ -9,6 +10,7 @@
 //! Everything here is pure (no sockets) except the config server, which `keelson serve`
 //! and the agent's `ignition_server` share.
 
+pub mod bgp;
 pub mod cluster;
 #[cfg(feature = "build")]
 pub mod install_config;
@@ -17,6 +19,7 @@ pub mod negotiate;
 #[cfg(feature = "build")]
 pub mod pki;
 pub mod render;
+pub mod resolver;
 pub mod routes;
 pub mod server;
 pub mod unit;

@@ -332,13 +332,13 @@ impl Drops {
         self.0[i].fetch_add(1, Ordering::Relaxed);
     }
 
-    /// The counters as JSON (`{"noMac": n, ...}`).
-    pub fn snapshot(&self) -> serde_json::Value {
-        let mut m = serde_json::Map::new();
-        for (i, r) in Reject::ALL.iter().enumerate() {
-            m.insert(r.as_str().into(), self.0[i].load(Ordering::Relaxed).into());
-        }
-        serde_json::Value::Object(m)
+    /// The counters by reason (`noMac`, ...).
+    pub fn counts(&self) -> std::collections::BTreeMap<String, u64> {
+        Reject::ALL
+            .iter()
+            .enumerate()
+            .map(|(i, r)| (r.as_str().to_string(), self.0[i].load(Ordering::Relaxed)))
+            .collect()
     }
 
     /// One counter.
@@ -645,7 +645,7 @@ mod tests {
         );
         v.drops.count(Reject::Replay);
         assert_eq!(v.drops.get(Reject::Replay), 1);
-        assert_eq!(v.drops.snapshot()["replay"], 1);
+        assert_eq!(v.drops.counts()["replay"], 1);
     }
 
     #[test]

@@ -49,26 +49,33 @@ pub struct Counters {
 }
 
 impl Counters {
-    /// A JSON snapshot.
-    pub fn snapshot(&self) -> serde_json::Value {
+    /// The typed status section (`status`, `/metrics`).
+    pub fn status(&self, transport: MembersTransport) -> crate::status::model::DiscoveryStatus {
         let g = |c: &AtomicU64| c.load(Ordering::Relaxed);
-        let registries = self
-            .registries
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone();
-        let mut v = serde_json::json!({
-            "packets": g(&self.packets),
-            "malformed": g(&self.malformed),
-            "badSourcePort": g(&self.bad_source_port),
-            "bogus": g(&self.bogus),
-            "otherCluster": g(&self.other_cluster),
-        });
-        if !registries.is_empty() || g(&self.refused) > 0 {
-            v["refused"] = g(&self.refused).into();
-            v["registries"] = serde_json::to_value(registries).unwrap_or_default();
+        crate::status::model::DiscoveryStatus {
+            transport: match transport {
+                MembersTransport::Mdns => "mdns",
+                MembersTransport::Unicast => "unicast",
+            }
+            .to_string(),
+            received: g(&self.packets),
+            drops: [
+                ("malformed", &self.malformed),
+                ("bad_source_port", &self.bad_source_port),
+                ("bogus", &self.bogus),
+                ("other_cluster", &self.other_cluster),
+            ]
+            .into_iter()
+            .map(|(k, c)| (k.to_string(), g(c)))
+            .collect(),
+            refused: g(&self.refused),
+            registries: self
+                .registries
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .clone(),
+            auth: None,
         }
-        v
     }
 }
 
@@ -122,39 +129,23 @@ pub async fn run_with(
     opts: RunOptions,
 ) -> anyhow::Result<()> {
     let counters = std::sync::Arc::new(Counters::default());
-    let status = {
-        let ctx = ctx.clone();
-        let counters = counters.clone();
-        let stop = stop.clone();
-        tokio::spawn(async move {
-            let mut tick = tokio::time::interval(std::time::Duration::from_secs(5));
-            loop {
-                tokio::select! {
-                    _ = stop.cancelled() => break,
-                    _ = tick.tick() => {
-                        let mut v = counters.snapshot();
-                        v["members"] = serde_json::to_value(&**ctx.bus.members.borrow()).unwrap_or_default();
-                        v["auth"] = ctx.member_registry.auth_snapshot();
-                        ctx.bus.publish_status("members", v);
-                    }
-                }
-            }
+    let _view = {
+        let (counters, transport) = (counters.clone(), ctx.cluster.members.transport);
+        let registry = ctx.member_registry.clone();
+        ctx.bus.views.discovery.install(move || {
+            let mut st = counters.status(transport);
+            st.auth = registry.auth_status();
+            st
         })
     };
-    let keys = match load_keys(&ctx) {
-        Ok(k) => k,
-        Err(e) => {
-            status.abort();
-            return Err(e);
-        }
-    };
+    let keys = load_keys(&ctx)?;
     // One verifier for both transports: its drop counters are the members status's
     // `auth.drops`, whichever transport heard the record.
     let verifier = std::sync::Arc::new(
         auth::Verifier::new(keys.clone()).with_window(ctx.cluster.members.max_clock_skew()),
     );
     ctx.member_registry.set_verifier(verifier.clone());
-    let result = match ctx.cluster.members.transport {
+    match ctx.cluster.members.transport {
         MembersTransport::Mdns => mdns_net::run(ctx, stop, &counters, verifier, keys).await,
         MembersTransport::Unicast => {
             let ca = opts
@@ -163,9 +154,7 @@ pub async fn run_with(
             let state = ctx.paths.state_dir.clone();
             unicast::run(ctx, stop, &counters, ca, state, keys).await
         }
-    };
-    status.abort();
-    result
+    }
 }
 
 /// The membership keys `cluster.json` names (`members.keyId`), from the node's TLS

@@ -103,14 +103,11 @@ impl Registry {
     }
 
     /// Whether records are authenticated, and the drops by reason (for `status`).
-    pub fn auth_snapshot(&self) -> serde_json::Value {
-        match self.verifier() {
-            Some(v) => serde_json::json!({
-                "authenticated": v.enabled(),
-                "drops": v.drops.snapshot(),
-            }),
-            None => serde_json::json!({"authenticated": true, "keysLoaded": false}),
-        }
+    pub fn auth_status(&self) -> Option<crate::status::model::MembersAuth> {
+        self.verifier().map(|v| crate::status::model::MembersAuth {
+            authenticated: v.enabled(),
+            drops: v.drops.counts(),
+        })
     }
 
     /// Lists `own` (the node serving this registry) in every answer, always fresh: a node
@@ -623,10 +620,10 @@ mod tests {
             .unwrap();
         assert_eq!(st, StatusCode::NO_CONTENT);
         assert!(r.list().is_empty());
-        let drops = r.auth_snapshot();
-        assert_eq!(drops["authenticated"], true);
+        let auth = r.auth_status().unwrap();
+        assert!(auth.authenticated);
         assert_eq!(
-            drops["drops"],
+            serde_json::to_value(&auth.drops).unwrap(),
             serde_json::json!({"noMac": 2, "badMac": 1, "stale": 0, "replay": 1, "addressMismatch": 1})
         );
     }
