@@ -249,8 +249,11 @@ impl AgentContext {
     /// A context with a fresh bus and the default paths.
     pub fn new(cluster: ClusterConfig, node: NodeIdentity) -> Self {
         let expiry = std::time::Duration::from_secs(u64::from(cluster.members.expiry_secs.max(1)));
-        let registry = crate::members::registry::Registry::new(&cluster.zone(), expiry)
+        let mut registry = crate::members::registry::Registry::new(&cluster.zone(), expiry)
             .with_own(crate::members::member_of(&node));
+        if cluster.members.key_id.is_some() {
+            registry = registry.awaiting_keys();
+        }
         Self {
             cluster: Arc::new(cluster),
             node: Arc::new(node),

@@ -89,15 +89,17 @@ impl Cluster {
         let seg = Segment::new(prefix, roles.len(), 0);
         seg.drop_multicast();
         let dir = tempfile::tempdir().unwrap();
-        let cpath = dir.path().join("cluster.json");
-        std::fs::write(&cpath, cluster.to_string()).unwrap();
         let config =
             keelson_ignition::ClusterConfig::from_json(cluster.to_string().as_bytes()).unwrap();
         let tls = dir.path().join("tls");
-        keelson_ignition::pki::load_or_create(&tls, &config, None)
-            .unwrap()
-            .write(&tls)
-            .unwrap();
+        // As `keelson build`: the CA, the server pair, and the membership key that
+        // cluster.json names (member records are authenticated).
+        let pki = keelson_ignition::pki::load_or_create(&tls, &config, None).unwrap();
+        pki.write(&tls).unwrap();
+        let mut cluster = cluster;
+        cluster["members"]["keyId"] = pki.membership_key_id().unwrap().into();
+        let cpath = dir.path().join("cluster.json");
+        std::fs::write(&cpath, cluster.to_string()).unwrap();
         Cluster {
             seg,
             dir,
@@ -647,6 +649,18 @@ fn unicast_cluster_converges_in_every_phase_without_multicast() {
     for i in c.running() {
         let st = c.status(i);
         eprintln!("{}: vrrp api counters {}", c.name(i), vrrp_api(&st));
+    }
+    // Member records were authenticated all along (cluster.json names the key), and not
+    // one genuine record was dropped through every phase: restarts, partitions, the pivot.
+    for i in c.running() {
+        let auth = &c.status(i)["discovery"]["auth"];
+        assert_eq!(auth["authenticated"], true, "{}: {auth}", c.name(i));
+        assert_eq!(
+            auth["drops"],
+            serde_json::json!({"noMac": 0, "badMac": 0, "stale": 0, "replay": 0, "addressMismatch": 0}),
+            "{}: genuine records dropped",
+            c.name(i)
+        );
     }
 }
 

@@ -255,7 +255,15 @@ fn assets_for(pki: &pki::Pki, agent: &[u8], agent_url: Option<String>) -> NodeAs
         server_key_pem: pki.server_key_pem.clone(),
         agent_sha512: hex::encode(Sha512::digest(agent)),
         agent_url,
+        membership_keys: pki.membership_keys.clone(),
     }
+}
+
+/// `cluster` naming the build's membership key (`members.keyId`), so every agent
+/// authenticates member records (docs/members.md).
+fn with_membership_key(mut cluster: ClusterConfig, pki: &pki::Pki) -> ClusterConfig {
+    cluster.members.key_id = pki.membership_key_id();
+    cluster
 }
 
 /// Runs `keelson validate`.
@@ -312,6 +320,7 @@ pub fn render_cmd(args: RenderArgs) -> anyhow::Result<()> {
     let cluster = cluster_config(&ic, args.spec, args.cluster_patch.as_deref(), &assets)?;
     let tls = args.dir.join("tls");
     let pki = pki::load_or_create(&tls, &cluster, source_date_epoch())?;
+    let cluster = with_membership_key(cluster, &pki);
     if !tls.join(pki::files::CA_CERT).exists() {
         eprintln!(
             "note: {} has no CA yet; this config uses a throw-away one (run keelson build first)",
@@ -427,6 +436,7 @@ pub fn build(args: BuildArgs) -> anyhow::Result<()> {
         .tempdir_in(&args.out)
         .context("creating a staging directory in --out")?;
     let pki = pki::load_or_create(&args.out.join("tls"), &cluster, source_date_epoch())?;
+    let cluster = with_membership_key(cluster, &pki);
     say(&format!(
         "rendering spec {} configs for {}",
         args.spec,
@@ -476,8 +486,13 @@ pub fn build(args: BuildArgs) -> anyhow::Result<()> {
     let sums = sha256sums(staging.path(), &names)?;
     std::fs::write(staging.path().join("SHA256SUMS"), &sums)?;
     names.push("SHA256SUMS".into());
+    // The secrets are not deliverables (not in SHA256SUMS), but they are kept: a rebuild
+    // into this --out reuses them (the same inputs give the same bytes).
     names.push("tls/ca.key".into());
     names.push("tls/server.key".into());
+    for name in pki.membership_keys.keys() {
+        names.push(format!("tls/{name}"));
+    }
     // Move everything into place only now that it is all written.
     for name in &names {
         let to = args.out.join(name);

@@ -95,7 +95,13 @@ fn two_builds_with_the_same_tls_give_the_same_sha256sums() {
     build(&a);
     // Same tls/ in a fresh directory.
     std::fs::create_dir_all(b.join("tls")).unwrap();
-    for f in ["ca.crt", "ca.key", "server.crt", "server.key"] {
+    for f in [
+        "ca.crt",
+        "ca.key",
+        "server.crt",
+        "server.key",
+        "membership.key",
+    ] {
         std::fs::copy(a.join("tls").join(f), b.join("tls").join(f)).unwrap();
     }
     build(&b);
@@ -104,6 +110,50 @@ fn two_builds_with_the_same_tls_give_the_same_sha256sums() {
         sums_a,
         std::fs::read_to_string(b.join("SHA256SUMS")).unwrap()
     );
+    // A rebuild into the same --out reuses tls/, the membership key included.
+    let key_a = std::fs::read_to_string(a.join("tls/membership.key")).unwrap();
+    build(&a);
+    assert_eq!(
+        sums_a,
+        std::fs::read_to_string(a.join("SHA256SUMS")).unwrap()
+    );
+    assert_eq!(
+        key_a,
+        std::fs::read_to_string(a.join("tls/membership.key")).unwrap()
+    );
+    // The membership key: kept beside the CA key (0600, not a deliverable), named by
+    // cluster.json, handed to every node in the full configs only.
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(a.join("tls/membership.key"))
+        .unwrap()
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o600);
+    assert!(!sums_a.contains("membership.key"));
+    let key = keelson_ignition::membership::parse_key(&key_a).unwrap();
+    let cluster_json: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(a.join("cluster.json")).unwrap()).unwrap();
+    assert_eq!(
+        cluster_json["members"]["keyId"],
+        keelson_ignition::membership::key_id(&key)
+    );
+    let key_file = |config: &serde_json::Value| -> Option<String> {
+        config["storage"]["files"]
+            .as_array()?
+            .iter()
+            .find(|f| f["path"] == "/etc/keelson/tls/membership.key")
+            .map(|f| f["contents"]["source"].as_str().unwrap_or("").to_string())
+    };
+    let boot: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(a.join("bootstrap.ign")).unwrap()).unwrap();
+    assert!(key_file(&boot).is_some(), "bootstrap.ign carries the key");
+    for pointer in ["master.ign", "worker.ign"] {
+        let text = std::fs::read_to_string(a.join(pointer)).unwrap();
+        assert!(
+            !text.contains("membership.key"),
+            "{pointer} is a pointer config: no secrets"
+        );
+    }
     for name in [
         "bootstrap.ign",
         "master.ign",
@@ -172,6 +222,19 @@ fn two_builds_with_the_same_tls_give_the_same_sha256sums() {
         )
         .unwrap();
     assert_eq!(rendered.trim_end().as_bytes(), &served[..]);
+    // Masters and workers get the key from the Ignition server.
+    for role in [
+        keelson_ignition::Role::Master,
+        keelson_ignition::Role::Worker,
+    ] {
+        let full: serde_json::Value = serde_json::from_slice(
+            &source
+                .config(role, keelson_ignition::SpecVersion::V3_2)
+                .unwrap(),
+        )
+        .unwrap();
+        assert!(key_file(&full).is_some(), "{role:?} config carries the key");
+    }
 }
 
 #[test]

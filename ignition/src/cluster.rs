@@ -422,6 +422,29 @@ pub struct MembersSettings {
     pub renew_interval_secs: u32,
     /// Seconds after which a member that stopped renewing is dropped.
     pub expiry_secs: u32,
+    /// The ID of the membership key that signs member records (`tls/membership.key`,
+    /// written by `keelson build`). Absent: records are not authenticated (clusters built
+    /// before the key existed; the agent warns loudly).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key_id: Option<String>,
+    /// How far, in seconds, a signed member record's time may be from the receiver's clock
+    /// (default 120). Wider tolerates worse clocks; narrower shortens the time in which a
+    /// captured record can be replayed to a node that has not heard it yet.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_clock_skew_secs: Option<u32>,
+}
+
+impl MembersSettings {
+    /// The default of [`MembersSettings::max_clock_skew_secs`].
+    pub const DEFAULT_MAX_CLOCK_SKEW_SECS: u32 = 120;
+
+    /// [`MembersSettings::max_clock_skew_secs`] or its default.
+    pub fn max_clock_skew(&self) -> std::time::Duration {
+        std::time::Duration::from_secs(u64::from(
+            self.max_clock_skew_secs
+                .unwrap_or(Self::DEFAULT_MAX_CLOCK_SKEW_SECS),
+        ))
+    }
 }
 
 /// When the supervisor restarts an operator service.
@@ -602,6 +625,24 @@ impl ClusterConfig {
                 }
             }
         }
+        if let Some(id) = &self.members.key_id
+            && !crate::membership::valid_key_id(id)
+        {
+            return Err(invalid(
+                "members.keyId".into(),
+                "16 lowercase hex digits (the ID keelson build writes)",
+                id,
+            ));
+        }
+        if let Some(secs) = self.members.max_clock_skew_secs
+            && !(1..=3600).contains(&secs)
+        {
+            return Err(invalid(
+                "members.maxClockSkewSecs".into(),
+                "1 to 3600 seconds",
+                secs,
+            ));
+        }
         if self.api.fall == 0 || self.api.rise == 0 {
             return Err(invalid("api.fall/api.rise".into(), ">= 1", 0));
         }
@@ -741,6 +782,46 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("merge patch"), "{e}");
+    }
+
+    #[test]
+    fn membership_settings_are_checked_and_optional() {
+        let base = example();
+        assert_eq!(
+            base.members.key_id, None,
+            "install-config alone names no key"
+        );
+        assert_eq!(
+            base.members.max_clock_skew(),
+            std::time::Duration::from_secs(120)
+        );
+        // Absent fields stay absent in the JSON (clusters built before them read the same).
+        let json = String::from_utf8(base.to_json()).unwrap();
+        assert!(!json.contains("keyId") && !json.contains("maxClockSkewSecs"));
+        let ok = base
+            .with_merge_patch(&serde_json::json!({"members": {"keyId": "0123456789abcdef", "maxClockSkewSecs": 30}}))
+            .unwrap();
+        assert_eq!(ok.members.key_id.as_deref(), Some("0123456789abcdef"));
+        assert_eq!(
+            ok.members.max_clock_skew(),
+            std::time::Duration::from_secs(30)
+        );
+        let e = base
+            .with_merge_patch(&serde_json::json!({"members": {"keyId": "not-a-key-id"}}))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("members.keyId") && e.contains("16 lowercase hex"),
+            "{e}"
+        );
+        let e = base
+            .with_merge_patch(&serde_json::json!({"members": {"maxClockSkewSecs": 0}}))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("members.maxClockSkewSecs") && e.contains("1 to 3600"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -731,6 +731,21 @@ fn members(m: &mut Builder, st: &AgentStatus) {
                 })
                 .collect(),
         );
+        if let Some(a) = &d.auth {
+            m.gauge(
+                "keelson_members_authenticated",
+                "1 when member records are signed and checked (cluster.json names a key).",
+                vec![(vec![], i64::from(a.authenticated))],
+            );
+            m.counter(
+                "keelson_members_auth_drops",
+                "Member records dropped by authentication, by reason.",
+                a.drops
+                    .iter()
+                    .map(|(r, n)| (vec![("reason", r.clone())], *n))
+                    .collect(),
+            );
+        }
         if d.transport == "unicast" {
             m.counter(
                 "keelson_members_registrations_refused",
@@ -903,6 +918,7 @@ mod tests {
                 drops: [("malformed".to_string(), 1)].into(),
                 refused: 0,
                 registries: Default::default(),
+                auth: None,
             }),
             ignition: Some(IgnitionStatus {
                 tls: None,

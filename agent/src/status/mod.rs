@@ -159,6 +159,7 @@ mod tests {
             drops: [("malformed".to_string(), 1)].into(),
             refused: 0,
             registries: Default::default(),
+            auth: None,
         });
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("s.sock");

@@ -313,6 +313,19 @@ pub struct DiscoveryStatus {
     /// Unicast: the outcome of the last registration with each registry, by address.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub registries: BTreeMap<String, String>,
+    /// Authenticated membership (docs/members.md): absent until the keys are loaded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub auth: Option<MembersAuth>,
+}
+
+/// Authenticated membership: whether records are signed and checked, and what was dropped.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct MembersAuth {
+    /// Records are signed and checked (`cluster.json` names a key).
+    pub authenticated: bool,
+    /// Records dropped, by reason (`noMac`, `badMac`, `addressMismatch`, `stale`, `replay`).
+    pub drops: BTreeMap<String, u64>,
 }
 
 /// The Ignition server.

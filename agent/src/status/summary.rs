@@ -241,6 +241,18 @@ pub fn summary(st: &AgentStatus) -> String {
                 d.refused
             );
         }
+        match &d.auth {
+            Some(a) if a.authenticated => {
+                let _ = writeln!(o, "  records signed; dropped: {}", counts(&a.drops));
+            }
+            Some(_) => {
+                let _ = writeln!(
+                    o,
+                    "  records NOT authenticated (cluster.json names no membership key)"
+                );
+            }
+            None => {}
+        }
     }
     if let Some(ig) = &st.ignition {
         let listen = join(ig.tls.iter().chain(ig.plain.iter()));

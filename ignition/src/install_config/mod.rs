@@ -482,6 +482,8 @@ impl InstallConfig {
                 transport: MembersTransport::Unicast,
                 renew_interval_secs: 10,
                 expiry_secs: 35,
+                key_id: None,
+                max_clock_skew_secs: None,
             },
             metrics: crate::cluster::MetricsSettings::default(),
             ssh_authorized_keys: self.ssh_keys.clone(),

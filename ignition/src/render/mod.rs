@@ -52,6 +52,10 @@ pub struct NodeAssets {
     pub agent_sha512: String,
     /// Where nodes fetch the agent; `None` for the appliance (the image already has it).
     pub agent_url: Option<String>,
+    /// Membership key files by name (`membership.key`, and during a rotation
+    /// `membership.previous.key` / `membership.next.key`), written to every node's
+    /// `/etc/keelson/tls/` (mode 0600).
+    pub membership_keys: std::collections::BTreeMap<String, String>,
 }
 
 /// Errors rendering a config.
@@ -181,6 +185,14 @@ pub fn full_model(cluster: &ClusterConfig, role: Role, assets: &NodeAssets) -> M
             crate::resolver::networkmanager_profile(&cluster.zone()).as_bytes(),
         ),
     ];
+    // Every node signs its member records (workers too).
+    for (name, text) in &assets.membership_keys {
+        files.push(inline(
+            &format!("/etc/keelson/tls/{name}"),
+            0o600,
+            text.as_bytes(),
+        ));
+    }
     // The bootstrap serves configs now and masters after the pivot; workers never do, so
     // they never hold the server key.
     if role != Role::Worker {
