@@ -25,7 +25,11 @@ REQUIRED=(
   "depmod kmod"
   "mkfs.ext4 e2fsprogs"
   "dpkg-deb dpkg"
+  "dpkg-query dpkg"
   "apt-get apt"
+  # The RHCOS stand-in the QEMU cluster's masters boot (qemu-tests/src/standin/): a Debian
+  # root built with mmdebstrap, made into ext4 without mounting it (mkfs.ext4 -d).
+  "mmdebstrap mmdebstrap"
   # Payloads: ignition-validate checks every config we write (spec 3.0-3.3).
   "ignition-validate ignition"
   "systemd-analyze systemd"
@@ -47,6 +51,11 @@ REQUIRED=(
   "openssl openssl"
   # Real peers the tests and benchmarks run against.
   "keepalived keepalived"
+  # Routing daemons: the appliance image carries BIRD for bgp-mode VIPs; the BGP fabric test
+  # and bench/bgp_failover.sh run BIRD and FRR as top-of-rack routers (docs/bgp.md).
+  "bird bird2"
+  "birdc bird2"
+  "vtysh frr"
   "haproxy haproxy"
   "nsd nsd"
   "dnsmasq dnsmasq-base"
@@ -56,6 +65,8 @@ REQUIRED=(
   "avahi-publish avahi-utils"
   "dbus-daemon dbus-daemon"
   "nginx nginx-light"
+  # `promtool check metrics` checks the agent's /metrics in agent/tests/metrics_roles.rs.
+  "promtool prometheus"
   "wrk wrk"
   "iperf3 iperf3"
 )
@@ -64,6 +75,8 @@ REQUIRED_FILES=(
   "/usr/share/ovmf/OVMF.fd ovmf"
   "/usr/lib/syslinux/mbr/gptmbr.bin syslinux-common"
   "/usr/lib/systemd/boot/efi/systemd-bootx64.efi systemd-boot-efi"
+  # The Ignition program itself (the test of the Accept header Ignition 2.14 sends).
+  "/usr/lib/dracut/modules.d/30ignition/ignition ignition"
 )
 # Cargo subcommands `make lint` and `make fuzz` run: "command crate".
 REQUIRED_CARGO=(

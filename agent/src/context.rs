@@ -4,18 +4,21 @@
 //!
 //! Producers own one channel each: `members` publishes the member list, `proxy` whether it
 //! has a healthy backend, `vrrp` which VIPs this node holds, `ignition_server` whether it
-//! runs. Everyone may publish a JSON status snapshot under its own name for `status`.
+//! runs. Everyone may publish a JSON status snapshot under its own name for `status`;
+//! the subsystems with a typed section in [`crate::status::model`] install a live view in
+//! [`Bus::views`] instead, read whenever `status` or `/metrics` asks.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use keelson_ignition::{ClusterConfig, Role};
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
 use crate::node::NodeIdentity;
+use crate::status::model::{DiscoveryStatus, DnsStatus, IgnitionStatus, ProxyStatus, VrrpInstance};
 
 /// One node of the cluster as members discovery sees it.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -45,6 +48,9 @@ pub struct Bus {
     pub ignition_running: watch::Sender<bool>,
     /// VIPs this node holds right now (published by `vrrp`).
     pub vips_held: watch::Sender<BTreeSet<IpAddr>>,
+    /// The last VRRP master whose adverts stopped (its Master_Down timer ran out here):
+    /// a hint that the node is gone, for the proxy (published by `vrrp`).
+    pub vrrp_peer_down: watch::Sender<Option<IpAddr>>,
     /// DNS upstreams learned from metadata or DHCP (published by `net`/`metadata`).
     pub dns_upstreams: watch::Sender<Vec<IpAddr>>,
     /// Status snapshots by subsystem name (published by everyone, read by `status`).
@@ -52,6 +58,105 @@ pub struct Bus {
     /// Services that are up (bound their sockets, started their loops); the supervisor
     /// logs the `keelson-agent ready:` line once every started service is here.
     pub ready: watch::Sender<BTreeSet<String>>,
+    /// Live views of the subsystems' state (typed status sections).
+    pub views: Views,
+    /// Restarts of services and operator processes by name (published by the supervisor).
+    pub restarts: watch::Sender<BTreeMap<String, Restarts>>,
+}
+
+/// How often a service or process was restarted, and why last.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Restarts {
+    /// Restarts so far.
+    pub restarts: u64,
+    /// Why it ended the last time.
+    pub last_error: String,
+}
+
+/// A function that reads one subsystem's state now.
+type ViewFn<T> = Arc<dyn Fn() -> T + Send + Sync>;
+
+/// One subsystem's live view: installed while it runs, read on request.
+pub struct ViewSlot<T>(Mutex<Option<(u64, ViewFn<T>)>>);
+
+impl<T> Default for ViewSlot<T> {
+    fn default() -> Self {
+        Self(Mutex::new(None))
+    }
+}
+
+impl<T> std::fmt::Debug for ViewSlot<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.lock().is_some() {
+            "ViewSlot(installed)"
+        } else {
+            "ViewSlot(empty)"
+        })
+    }
+}
+
+impl<T> ViewSlot<T> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Option<(u64, ViewFn<T>)>> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Installs `view` until the returned guard is dropped (a restarted subsystem installs
+    /// its new view; the old guard's drop then leaves it alone).
+    pub fn install(self: &Arc<Self>, view: impl Fn() -> T + Send + Sync + 'static) -> ViewGuard<T>
+    where
+        T: 'static,
+    {
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+        let id = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        *self.lock() = Some((id, Arc::new(view)));
+        ViewGuard {
+            slot: self.clone(),
+            id,
+        }
+    }
+
+    /// Reads the view, if one is installed.
+    pub fn read(&self) -> Option<T> {
+        let view = self.lock().as_ref().map(|(_, f)| f.clone());
+        view.map(|f| f())
+    }
+}
+
+/// Removes a view when its subsystem stops.
+pub struct ViewGuard<T: 'static> {
+    slot: Arc<ViewSlot<T>>,
+    id: u64,
+}
+
+impl<T> std::fmt::Debug for ViewGuard<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ViewGuard").field("id", &self.id).finish()
+    }
+}
+
+impl<T> Drop for ViewGuard<T> {
+    fn drop(&mut self) {
+        let mut slot = self.slot.lock();
+        if slot.as_ref().is_some_and(|(id, _)| *id == self.id) {
+            *slot = None;
+        }
+    }
+}
+
+/// The live views, one per subsystem with a typed status section.
+#[derive(Debug, Default)]
+pub struct Views {
+    /// VRRP instances (`vrrp`).
+    pub vrrp: Arc<ViewSlot<Vec<VrrpInstance>>>,
+    /// The API proxy (`proxy`).
+    pub proxy: Arc<ViewSlot<ProxyStatus>>,
+    /// The DNS server (`dns`).
+    pub dns: Arc<ViewSlot<DnsStatus>>,
+    /// Member discovery (`members`).
+    pub discovery: Arc<ViewSlot<DiscoveryStatus>>,
+    /// The Ignition server (`ignition`).
+    pub ignition: Arc<ViewSlot<IgnitionStatus>>,
 }
 
 impl Default for Bus {
@@ -61,9 +166,12 @@ impl Default for Bus {
             proxy_healthy: watch::Sender::new(false),
             ignition_running: watch::Sender::new(false),
             vips_held: watch::Sender::new(BTreeSet::new()),
+            vrrp_peer_down: watch::Sender::new(None),
             dns_upstreams: watch::Sender::new(Vec::new()),
             status: watch::Sender::new(BTreeMap::new()),
             ready: watch::Sender::new(BTreeSet::new()),
+            views: Views::default(),
+            restarts: watch::Sender::new(BTreeMap::new()),
         }
     }
 }
@@ -73,6 +181,20 @@ impl Bus {
     pub fn mark_ready(&self, name: &str) {
         self.ready
             .send_if_modified(|set| set.insert(name.to_string()));
+    }
+
+    /// Records that service or process `name` ended (`why`) and is restarted for the
+    /// `restarts`-th time.
+    pub fn record_restart(&self, name: &str, restarts: u64, why: &str) {
+        self.restarts.send_modify(|map| {
+            map.insert(
+                name.to_string(),
+                Restarts {
+                    restarts,
+                    last_error: why.to_string(),
+                },
+            );
+        });
     }
 
     /// Publishes `value` as subsystem `name`'s status snapshot.
@@ -127,8 +249,11 @@ impl AgentContext {
     /// A context with a fresh bus and the default paths.
     pub fn new(cluster: ClusterConfig, node: NodeIdentity) -> Self {
         let expiry = std::time::Duration::from_secs(u64::from(cluster.members.expiry_secs.max(1)));
-        let registry = crate::members::registry::Registry::new(&cluster.zone(), expiry)
+        let mut registry = crate::members::registry::Registry::new(&cluster.zone(), expiry)
             .with_own(crate::members::member_of(&node));
+        if cluster.members.key_id.is_some() {
+            registry = registry.awaiting_keys();
+        }
         Self {
             cluster: Arc::new(cluster),
             node: Arc::new(node),

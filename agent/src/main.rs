@@ -36,12 +36,15 @@ fn main() -> anyhow::Result<()> {
         keelson_agent::init::main();
     }
     let cli = Cli::parse();
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    {
+        use tracing_subscriber::layer::SubscriberExt as _;
+        use tracing_subscriber::util::SubscriberInitExt as _;
+        tracing_subscriber::fmt()
+            .with_writer(std::io::stderr)
+            .finish()
+            .with(keelson_agent::log_filter("info"))
+            .init();
+    }
     let runtime = tokio::runtime::Runtime::new()?;
     runtime.block_on(async move {
         match cli.command {

@@ -22,7 +22,8 @@ pub struct RunArgs {
     /// node.json: overrides the identity metadata would give.
     #[arg(long)]
     pub node: Option<PathBuf>,
-    /// Only these services (comma list of members, dns, ignition; default: the role's).
+    /// Only these services (comma list of members, ignition, dns, vrrp, proxy, bgp;
+    /// default: the role's).
     #[arg(long, value_delimiter = ',')]
     pub only: Vec<String>,
     /// Where to serve `keelson-agent status`.
@@ -44,6 +45,7 @@ pub const SERVICES: &[(&str, ServiceFn)] = &[
     ("dns", |c, s| boxed(crate::dns::run(c, s))),
     ("vrrp", |c, s| boxed(crate::vrrp::run(c, s))),
     ("proxy", |c, s| boxed(crate::proxy::run(c, s))),
+    ("bgp", |c, s| boxed(crate::bgp::run(c, s))),
 ];
 
 /// Which services a role runs (DESIGN §3): the control plane (bootstrap and masters) serves
@@ -75,7 +77,12 @@ pub async fn run_node(
     stop: CancellationToken,
 ) -> anyhow::Result<()> {
     let wanted: Vec<&'static str> = if only.is_empty() {
-        services_for(ctx.node.role)
+        let mut wanted = services_for(ctx.node.role);
+        // VIPs in bgp mode: only where the cluster has them for this role.
+        if crate::bgp::takes_part(&ctx) {
+            wanted.push("bgp");
+        }
+        wanted
     } else {
         let mut out = Vec::new();
         for name in only {
@@ -104,6 +111,14 @@ pub async fn run_node(
         }
     }
     let mut processes = Vec::new();
+    // The routing daemon for bgp VIPs, where the agent runs it: its configuration is
+    // written before it starts.
+    if wanted.contains(&"bgp")
+        && let Some(daemon) = crate::bgp::prepare(&ctx)?
+    {
+        processes.push(daemon.name.clone());
+        supervisor.process(daemon);
+    }
     for spec in ctx.cluster.services.clone() {
         let name = spec.name.clone();
         if supervisor.process(spec) {
@@ -129,14 +144,18 @@ pub async fn run_node(
         }
     };
     tokio::spawn(announce);
+    let started = std::time::Instant::now();
     {
         let (ctx, stop) = (ctx.clone(), stop.clone());
         tokio::spawn(async move {
-            if let Err(e) = crate::status::serve(ctx, status_socket, stop).await {
+            if let Err(e) = crate::status::serve(ctx, status_socket, started, stop).await {
                 tracing::warn!("status socket: {e:#}");
             }
         });
     }
+    // `/metrics` runs beside the status socket, not as a supervised service: it is never
+    // in the ready line, and a port it cannot bind must not hold the node's services back.
+    tokio::spawn(crate::metrics::serve(ctx.clone(), started, stop.clone()));
     if !processes.is_empty() {
         tracing::info!("operator processes: {}", processes.join(", "));
     }
@@ -165,8 +184,18 @@ pub fn stop_on_signals(stop: CancellationToken) -> anyhow::Result<()> {
 pub async fn cli(args: RunArgs) -> anyhow::Result<()> {
     let bytes = std::fs::read(&args.cluster)
         .with_context(|| format!("reading {}", args.cluster.display()))?;
-    let cluster =
+    let mut cluster =
         ClusterConfig::from_json(&bytes).with_context(|| format!("{}", args.cluster.display()))?;
+    // Outside the appliance the host's network manager owns /etc/resolv.conf (on RHCOS,
+    // NetworkManager, which the payload's profile points at the agent: docs/dns.md); the
+    // agent writing it there would fight NetworkManager and, under the unit's
+    // ProtectSystem=strict, fail.
+    if cluster.dns.manage_resolv_conf {
+        tracing::info!(
+            "dns: leaving /etc/resolv.conf to the host (dns.manageResolvConf applies to the appliance)"
+        );
+        cluster.dns.manage_resolv_conf = false;
+    }
     let node = match &args.node {
         Some(path) => NodeIdentity::load(path)?,
         None => crate::node::from_system(&cluster, std::path::Path::new("/"), None)?,

@@ -65,12 +65,12 @@ async fn zone_follows_members_and_resolv_conf_is_local_first() {
     let addr: SocketAddr = loop {
         let listen = ctx
             .bus
-            .status
-            .borrow()
-            .get("dns")
-            .map(|s| s["listen"][0].clone());
-        if let Some(serde_json::Value::String(a)) = listen {
-            break a.parse().unwrap();
+            .views
+            .dns
+            .read()
+            .and_then(|s| s.listen.first().copied());
+        if let Some(a) = listen {
+            break a;
         }
         assert!(t.elapsed() < Duration::from_secs(5), "dns did not come up");
         tokio::time::sleep(Duration::from_millis(50)).await;

@@ -133,6 +133,19 @@ fn write_config(dir: &Path, zone_name: &str, expiry: u32) -> PathBuf {
 }
 
 fn start_agent(dir: &Path, ns: &str, cluster: &Path, name: &str, role: &str, addr: &str) -> Agent {
+    start_agent_with(dir, ns, cluster, name, role, addr, &[])
+}
+
+/// [`start_agent`] with more arguments for `keelson-agent members`.
+fn start_agent_with(
+    dir: &Path,
+    ns: &str,
+    cluster: &Path,
+    name: &str,
+    role: &str,
+    addr: &str,
+    extra: &[&str],
+) -> Agent {
     let node = dir.join(format!("{name}.json"));
     std::fs::write(
         &node,
@@ -152,6 +165,7 @@ fn start_agent(dir: &Path, ns: &str, cluster: &Path, name: &str, role: &str, add
         .arg(cluster)
         .arg("--node")
         .arg(&node)
+        .args(extra)
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         .spawn()
@@ -373,7 +387,7 @@ fn avahi_interop_both_ways() {
     if running && skip("an avahi-daemon already runs on this machine (its pid file is fixed)") {
         return;
     }
-    let seg = Segment::new("kda", 2, 72);
+    let seg = Segment::new("kda", 3, 72);
     let dir = tempfile::tempdir().unwrap();
     // A private system bus for avahi and its clients.
     let bus_sock = dir.path().join("bus");
@@ -505,6 +519,60 @@ fn avahi_interop_both_ways() {
         },
     );
     eprintln!("avahi-browse: {last}");
+
+    // A node of a cluster whose records are authenticated (cluster.json names the key):
+    // avahi still browses and resolves it, the proof in its TXT record; it believes neither
+    // avahi's unsigned node nor the unauthenticated agent, which still sees it.
+    let tls = dir.path().join("tls");
+    std::fs::create_dir_all(&tls).unwrap();
+    let key_text = keelson_ignition::membership::generate().unwrap();
+    std::fs::write(tls.join("membership.key"), &key_text).unwrap();
+    let key_id = keelson_ignition::membership::key_id(
+        &keelson_ignition::membership::parse_key(&key_text).unwrap(),
+    );
+    let mut signed: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&cluster).unwrap()).unwrap();
+    signed["members"]["keyId"] = key_id.clone().into();
+    let signed_path = dir.path().join("cluster-signed.json");
+    std::fs::write(&signed_path, signed.to_string()).unwrap();
+    let tls_arg = tls.display().to_string();
+    let authenticated = start_agent_with(
+        dir.path(),
+        &seg.nodes[2],
+        &signed_path,
+        "master-1",
+        "master",
+        "10.72.0.12/24",
+        &["--tls-dir", &tls_arg],
+    );
+    wait_for(
+        "avahi-browse resolves master-1 with its proof",
+        Duration::from_secs(15),
+        || {
+            let out = avahi_cmd("avahi-browse")
+                .args(["-r", "-t", "-p", "_keelson._tcp"])
+                .stderr(Stdio::null())
+                .output()
+                .unwrap();
+            last = String::from_utf8_lossy(&out.stdout).into_owned();
+            last.lines().any(|l| {
+                l.starts_with("=;")
+                    && l.contains(";master-1;")
+                    && l.contains("master-1.local;10.72.0.12;22623")
+                    && l.contains("\"addrs=10.72.0.12\"")
+                    && l.contains(&format!("\"kid={key_id}\""))
+                    && l.contains("\"mac=")
+            })
+        },
+    );
+    eprintln!("avahi-browse: {last}");
+    wait_for("master-0 sees master-1", Duration::from_secs(15), || {
+        agent.member("master-1").is_some()
+    });
+    // A few renewals in which master-1 heard avahi-node and master-0 announce.
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(authenticated.names(), ["master-1"]);
+    drop(authenticated);
     drop(agent);
     drop(seg);
 }

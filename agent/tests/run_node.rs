@@ -89,7 +89,8 @@ fn run_prints_ready_serves_status_runs_operator_processes_and_stops_on_sigterm()
         String::from_utf8_lossy(&status.stderr)
     );
     let doc: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
-    assert_eq!(doc["node"], "master-0");
+    assert_eq!(doc["node"]["name"], "master-0");
+    assert_eq!(doc["node"]["role"], "master");
     assert_eq!(doc["ready"], serde_json::json!(["dns"]));
     let human = Command::new(BIN)
         .args(["status", "--socket"])

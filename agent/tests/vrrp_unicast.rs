@@ -89,15 +89,17 @@ impl Cluster {
         let seg = Segment::new(prefix, roles.len(), 0);
         seg.drop_multicast();
         let dir = tempfile::tempdir().unwrap();
-        let cpath = dir.path().join("cluster.json");
-        std::fs::write(&cpath, cluster.to_string()).unwrap();
         let config =
             keelson_ignition::ClusterConfig::from_json(cluster.to_string().as_bytes()).unwrap();
         let tls = dir.path().join("tls");
-        keelson_ignition::pki::load_or_create(&tls, &config, None)
-            .unwrap()
-            .write(&tls)
-            .unwrap();
+        // As `keelson build`: the CA, the server pair, and the membership key that
+        // cluster.json names (member records are authenticated).
+        let pki = keelson_ignition::pki::load_or_create(&tls, &config, None).unwrap();
+        pki.write(&tls).unwrap();
+        let mut cluster = cluster;
+        cluster["members"]["keyId"] = pki.membership_key_id().unwrap().into();
+        let cpath = dir.path().join("cluster.json");
+        std::fs::write(&cpath, cluster.to_string()).unwrap();
         Cluster {
             seg,
             dir,
@@ -486,7 +488,7 @@ fn unicast_cluster_converges_in_every_phase_without_multicast() {
     );
     for m in masters {
         let st = c.status(m);
-        let gate = &st["services"]["vrrp"]["api"]["claimGate"];
+        let gate = &vrrp_api(&st)["claimGate"];
         assert!(
             gate == "heard" || gate == "peerKnown",
             "{} claim gate: {st}",
@@ -646,10 +648,18 @@ fn unicast_cluster_converges_in_every_phase_without_multicast() {
     eprintln!("multicast frames dropped at the bridge: {dropped}");
     for i in c.running() {
         let st = c.status(i);
-        eprintln!(
-            "{}: vrrp api counters {}",
-            c.name(i),
-            st["services"]["vrrp"]["api"]["counters"]
+        eprintln!("{}: vrrp api counters {}", c.name(i), vrrp_api(&st));
+    }
+    // Member records were authenticated all along (cluster.json names the key), and not
+    // one genuine record was dropped through every phase: restarts, partitions, the pivot.
+    for i in c.running() {
+        let auth = &c.status(i)["discovery"]["auth"];
+        assert_eq!(auth["authenticated"], true, "{}: {auth}", c.name(i));
+        assert_eq!(
+            auth["drops"],
+            serde_json::json!({"noMac": 0, "badMac": 0, "stale": 0, "replay": 0, "addressMismatch": 0}),
+            "{}: genuine records dropped",
+            c.name(i)
         );
     }
 }
@@ -718,7 +728,7 @@ fn keepalived_unicast_peer_and_keelson_elect_one_holder() {
     }
     for m in [m0, m1] {
         let st = c.status(m);
-        assert_eq!(st["services"]["vrrp"]["api"]["master"], ka_ip, "{st}");
+        assert_eq!(vrrp_api(&st)["master"], ka_ip, "{st}");
     }
 
     // keepalived stops (priority 0): one keelson master takes over. They have not met
@@ -778,4 +788,12 @@ fn wait(mut cond: impl FnMut() -> bool, limit: Duration, what: &str) {
         assert!(t.elapsed() < limit, "{what}: not within {limit:?}");
         std::thread::sleep(Duration::from_millis(10));
     }
+}
+
+/// The `api` instance's section of a status document (`vrrp` lists the instances).
+fn vrrp_api(st: &serde_json::Value) -> serde_json::Value {
+    st["vrrp"]
+        .as_array()
+        .and_then(|v| v.iter().find(|i| i["name"] == "api").cloned())
+        .unwrap_or_default()
 }

@@ -52,9 +52,39 @@ pub struct BuildArgs {
     /// service whose `asset` names it.
     #[arg(long = "asset", value_name = "FILE")]
     pub assets: Vec<PathBuf>,
+    /// Where the routing daemon the appliance image carries for bgp-mode VIPs (BIRD, at
+    /// `bgp.daemon.path`) and its libraries are found (default: this machine).
+    #[arg(long, default_value = "/", value_name = "DIR")]
+    pub routing_daemon_root: PathBuf,
     /// Print only errors.
     #[arg(long)]
     pub quiet: bool,
+}
+
+/// The files the appliance image needs to run the routing daemon of bgp-mode VIPs (BIRD and
+/// its libraries, from `root`), when the cluster has them and the agent runs the daemon;
+/// none otherwise.
+pub fn routing_daemon_files(
+    cluster: &ClusterConfig,
+    root: &Path,
+) -> anyhow::Result<Vec<(String, PathBuf)>> {
+    use keelson_ignition::bgp::{DaemonKind, DaemonRun};
+    let Some(bgp) = &cluster.bgp else {
+        return Ok(vec![]);
+    };
+    if bgp.vips.is_empty()
+        || bgp.daemon.run != DaemonRun::Agent
+        || bgp.daemon.kind != DaemonKind::Bird
+    {
+        return Ok(vec![]);
+    }
+    keelson_image::daemon::closure(root, &bgp.daemon.path).with_context(|| {
+        format!(
+            "the appliance image carries BIRD for the bgp VIPs: {} under {} (install Debian's bird2, or --routing-daemon-root)",
+            bgp.daemon.path,
+            root.display()
+        )
+    })
 }
 
 /// `keelson render`.
@@ -95,6 +125,10 @@ pub struct ConfigArgs {
     /// install-config.yaml.
     #[arg(long)]
     pub config: PathBuf,
+    /// A cluster.json merge patch to check as well (as for build; its misspelt or wrong
+    /// fields are named).
+    #[arg(long, value_name = "PATCH.json")]
+    pub cluster_patch: Option<PathBuf>,
 }
 
 /// Reads and checks an install-config; errors name the file.
@@ -221,7 +255,15 @@ fn assets_for(pki: &pki::Pki, agent: &[u8], agent_url: Option<String>) -> NodeAs
         server_key_pem: pki.server_key_pem.clone(),
         agent_sha512: hex::encode(Sha512::digest(agent)),
         agent_url,
+        membership_keys: pki.membership_keys.clone(),
     }
+}
+
+/// `cluster` naming the build's membership key (`members.keyId`), so every agent
+/// authenticates member records (docs/members.md).
+fn with_membership_key(mut cluster: ClusterConfig, pki: &pki::Pki) -> ClusterConfig {
+    cluster.members.key_id = pki.membership_key_id();
+    cluster
 }
 
 /// Runs `keelson validate`.
@@ -230,8 +272,19 @@ pub fn validate(args: ConfigArgs) -> anyhow::Result<()> {
     for note in &ic.notes {
         eprintln!("note: {note}");
     }
-    let cluster = ic.cluster_config();
+    let cluster = match &args.cluster_patch {
+        Some(patch) => cluster_config(&ic, SpecVersion::DEFAULT, Some(patch), &[])?,
+        None => ic.cluster_config(),
+    };
     cluster.check()?;
+    if let Some(bgp) = &cluster.bgp {
+        println!(
+            "bgp: {} announced by BGP (AS{}, {} peers)",
+            bgp.vips.join(", "),
+            bgp.local_asn,
+            bgp.peers.len()
+        );
+    }
     println!(
         "{}: cluster {} ({} masters, {} workers), API VIP {:?}, ingress VIP {:?}: valid",
         args.config.display(),
@@ -267,6 +320,7 @@ pub fn render_cmd(args: RenderArgs) -> anyhow::Result<()> {
     let cluster = cluster_config(&ic, args.spec, args.cluster_patch.as_deref(), &assets)?;
     let tls = args.dir.join("tls");
     let pki = pki::load_or_create(&tls, &cluster, source_date_epoch())?;
+    let cluster = with_membership_key(cluster, &pki);
     if !tls.join(pki::files::CA_CERT).exists() {
         eprintln!(
             "note: {} has no CA yet; this config uses a throw-away one (run keelson build first)",
@@ -352,6 +406,13 @@ pub fn sha256sums(dir: &Path, names: &[String]) -> anyhow::Result<String> {
     Ok(out)
 }
 
+/// What `keelson build` says when it writes a bootstrap.ign without `--agent-url`.
+pub const NO_AGENT_URL_WARNING: &str = "bootstrap.ign is for the keelson appliance image \
+(keelson.qcow2, whose PID 1 is the agent); an RHCOS bootstrap booted from it would run no \
+keelson-agent, so no API VIP and no Ignition server for the masters. For an RHCOS bootstrap \
+pass --agent-url URL, where the bootstrap can download the agent binary (out/assets/keelson-agent, \
+sha512-verified).";
+
 /// Runs `keelson build`.
 pub fn build(args: BuildArgs) -> anyhow::Result<()> {
     let say = |m: &str| {
@@ -375,6 +436,7 @@ pub fn build(args: BuildArgs) -> anyhow::Result<()> {
         .tempdir_in(&args.out)
         .context("creating a staging directory in --out")?;
     let pki = pki::load_or_create(&args.out.join("tls"), &cluster, source_date_epoch())?;
+    let cluster = with_membership_key(cluster, &pki);
     say(&format!(
         "rendering spec {} configs for {}",
         args.spec,
@@ -384,10 +446,10 @@ pub fn build(args: BuildArgs) -> anyhow::Result<()> {
         Some(url) => say(&format!(
             "bootstrap.ign fetches the agent from {url} (RHCOS bootstrap; sha512-verified)"
         )),
-        None => say(
-            "bootstrap.ign is for the keelson appliance image, which already holds the agent \
-             (--agent-url URL for an RHCOS bootstrap)",
-        ),
+        // A warning, not progress: shown with --quiet too. An RHCOS bootstrap booted from
+        // this config comes up without the agent, so without VIPs and without the Ignition
+        // server the masters fetch their configs from; nothing else would say so.
+        None => eprintln!("keelson: warning: {}", NO_AGENT_URL_WARNING),
     }
     let mut names = write_outputs(
         staging.path(),
@@ -400,12 +462,20 @@ pub fn build(args: BuildArgs) -> anyhow::Result<()> {
     )?;
     if !args.no_image {
         say("building the appliance image (kernel, initramfs, disk, qcow2)");
+        let daemon = routing_daemon_files(&cluster, &args.routing_daemon_root)?;
+        if !daemon.is_empty() {
+            say(&format!(
+                "the image carries the routing daemon of the bgp VIPs ({} files: the program, its loader and libraries)",
+                daemon.len()
+            ));
+        }
         let opts = keelson_image::ImageOptions {
             kernel: args.kernel.clone(),
             modules: args.modules.clone(),
             extra_files: assets
                 .iter()
                 .map(|a| (format!("{IMAGE_ASSETS_DIR}/{}", a.name), a.path.clone()))
+                .chain(daemon)
                 .collect(),
             ..keelson_image::ImageOptions::new(staging.path(), &agent_binary.path)
         };
@@ -416,8 +486,13 @@ pub fn build(args: BuildArgs) -> anyhow::Result<()> {
     let sums = sha256sums(staging.path(), &names)?;
     std::fs::write(staging.path().join("SHA256SUMS"), &sums)?;
     names.push("SHA256SUMS".into());
+    // The secrets are not deliverables (not in SHA256SUMS), but they are kept: a rebuild
+    // into this --out reuses them (the same inputs give the same bytes).
     names.push("tls/ca.key".into());
     names.push("tls/server.key".into());
+    for name in pki.membership_keys.keys() {
+        names.push(format!("tls/{name}"));
+    }
     // Move everything into place only now that it is all written.
     for name in &names {
         let to = args.out.join(name);

@@ -62,38 +62,40 @@ impl AgentBinary {
 }
 
 /// Why an executable cannot be the appliance's `/init` or an RHCOS node's agent.
-fn not_static(bytes: &[u8]) -> Option<String> {
-    let elf = match goblin::elf::Elf::parse(bytes) {
-        Ok(elf) => elf,
-        Err(e) => return Some(format!("not an ELF executable ({e})")),
-    };
-    if elf.header.e_machine != goblin::elf::header::EM_X86_64 {
+fn not_static(path: &Path, bytes: &[u8]) -> Option<String> {
+    // e_machine, at offset 18 of every ELF header: 62 is x86-64.
+    if bytes.get(..4) != Some(b"\x7fELF") {
+        return Some("not an ELF executable".into());
+    }
+    let machine = bytes.get(18..20).map(|m| u16::from_le_bytes([m[0], m[1]]));
+    if machine != Some(62) {
         return Some(format!(
-            "built for machine {}, expected x86_64",
-            goblin::elf::header::machine_to_str(elf.header.e_machine)
+            "built for ELF machine {machine:?}, expected x86-64 (62)"
         ));
     }
+    let needs = match keelson_image::daemon::needs(path, bytes) {
+        Ok(needs) => needs,
+        Err(e) => return Some(e.to_string()),
+    };
     // A static-pie executable has a dynamic section of its own (for self-relocation) but no
     // interpreter and no needed libraries; those two are what a kernel cannot run as /init.
-    if let Some(interp) = elf.interpreter {
-        return Some(format!(
+    match (needs.interpreter, needs.libraries.is_empty()) {
+        (Some(interp), _) => Some(format!(
             "dynamically linked (interpreter {interp}, needs {})",
-            elf.libraries.join(", ")
-        ));
-    }
-    if !elf.libraries.is_empty() {
-        return Some(format!(
+            needs.libraries.join(", ")
+        )),
+        (None, false) => Some(format!(
             "dynamically linked (needs {})",
-            elf.libraries.join(", ")
-        ));
+            needs.libraries.join(", ")
+        )),
+        (None, true) => None,
     }
-    None
 }
 
 /// Reads `path` and checks that it is a static x86_64 executable.
 pub fn load_static_agent(path: &Path) -> anyhow::Result<AgentBinary> {
     let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
-    if let Some(why) = not_static(&bytes) {
+    if let Some(why) = not_static(path, &bytes) {
         anyhow::bail!(
             "{}: {why}; the agent in an image or served to nodes must be the static build \
              (`make agent` writes target/x86_64-unknown-linux-gnu/release/keelson-agent)",

@@ -218,6 +218,7 @@ mod tests {
             server_key_pem: key.serialize_pem(),
             agent_sha512: hex::encode(<sha2::Sha512 as sha2::Digest>::digest(b"\x7fELF agent")),
             agent_url: None,
+            membership_keys: Default::default(),
         };
         assert_eq!(
             master,

@@ -95,7 +95,13 @@ fn two_builds_with_the_same_tls_give_the_same_sha256sums() {
     build(&a);
     // Same tls/ in a fresh directory.
     std::fs::create_dir_all(b.join("tls")).unwrap();
-    for f in ["ca.crt", "ca.key", "server.crt", "server.key"] {
+    for f in [
+        "ca.crt",
+        "ca.key",
+        "server.crt",
+        "server.key",
+        "membership.key",
+    ] {
         std::fs::copy(a.join("tls").join(f), b.join("tls").join(f)).unwrap();
     }
     build(&b);
@@ -104,6 +110,50 @@ fn two_builds_with_the_same_tls_give_the_same_sha256sums() {
         sums_a,
         std::fs::read_to_string(b.join("SHA256SUMS")).unwrap()
     );
+    // A rebuild into the same --out reuses tls/, the membership key included.
+    let key_a = std::fs::read_to_string(a.join("tls/membership.key")).unwrap();
+    build(&a);
+    assert_eq!(
+        sums_a,
+        std::fs::read_to_string(a.join("SHA256SUMS")).unwrap()
+    );
+    assert_eq!(
+        key_a,
+        std::fs::read_to_string(a.join("tls/membership.key")).unwrap()
+    );
+    // The membership key: kept beside the CA key (0600, not a deliverable), named by
+    // cluster.json, handed to every node in the full configs only.
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(a.join("tls/membership.key"))
+        .unwrap()
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o600);
+    assert!(!sums_a.contains("membership.key"));
+    let key = keelson_ignition::membership::parse_key(&key_a).unwrap();
+    let cluster_json: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(a.join("cluster.json")).unwrap()).unwrap();
+    assert_eq!(
+        cluster_json["members"]["keyId"],
+        keelson_ignition::membership::key_id(&key)
+    );
+    let key_file = |config: &serde_json::Value| -> Option<String> {
+        config["storage"]["files"]
+            .as_array()?
+            .iter()
+            .find(|f| f["path"] == "/etc/keelson/tls/membership.key")
+            .map(|f| f["contents"]["source"].as_str().unwrap_or("").to_string())
+    };
+    let boot: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(a.join("bootstrap.ign")).unwrap()).unwrap();
+    assert!(key_file(&boot).is_some(), "bootstrap.ign carries the key");
+    for pointer in ["master.ign", "worker.ign"] {
+        let text = std::fs::read_to_string(a.join(pointer)).unwrap();
+        assert!(
+            !text.contains("membership.key"),
+            "{pointer} is a pointer config: no secrets"
+        );
+    }
     for name in [
         "bootstrap.ign",
         "master.ign",
@@ -172,6 +222,19 @@ fn two_builds_with_the_same_tls_give_the_same_sha256sums() {
         )
         .unwrap();
     assert_eq!(rendered.trim_end().as_bytes(), &served[..]);
+    // Masters and workers get the key from the Ignition server.
+    for role in [
+        keelson_ignition::Role::Master,
+        keelson_ignition::Role::Worker,
+    ] {
+        let full: serde_json::Value = serde_json::from_slice(
+            &source
+                .config(role, keelson_ignition::SpecVersion::V3_2)
+                .unwrap(),
+        )
+        .unwrap();
+        assert!(key_file(&full).is_some(), "{role:?} config carries the key");
+    }
 }
 
 #[test]
@@ -447,8 +510,31 @@ fn build_says_which_bootstrap_its_config_is_for() {
     };
     let appliance = run(&work.path().join("a").display().to_string(), None);
     assert!(
-        appliance.contains("for the keelson appliance image"),
+        appliance.contains("warning: bootstrap.ign is for the keelson appliance image"),
         "{appliance}"
+    );
+    assert!(
+        appliance.contains("pass --agent-url URL"),
+        "the warning says what to pass: {appliance}"
+    );
+    // A warning is not progress: --quiet keeps it.
+    let quiet_out = work.path().join("q").display().to_string();
+    let quiet = keelson(&[
+        "build",
+        "--config",
+        EXAMPLE,
+        "--out",
+        &quiet_out,
+        "--agent",
+        &agent,
+        "--no-image",
+        "--quiet",
+    ]);
+    ok(&quiet);
+    assert!(
+        String::from_utf8_lossy(&quiet.stderr).contains("--agent-url"),
+        "{}",
+        String::from_utf8_lossy(&quiet.stderr)
     );
     let rhcos = run(
         &work.path().join("b").display().to_string(),
@@ -457,5 +543,68 @@ fn build_says_which_bootstrap_its_config_is_for() {
     assert!(
         rhcos.contains("fetches the agent from https://objects.example/keelson-agent"),
         "{rhcos}"
+    );
+    assert!(!rhcos.contains("warning"), "{rhcos}");
+}
+
+#[test]
+fn a_bgp_patch_is_validated_and_reaches_cluster_json() {
+    let work = tempfile::tempdir().unwrap();
+    let patch = work.path().join("bgp.json");
+    let good = r#"{"bgp": {"vips": ["api"], "localAsn": 64512,
+                  "peers": [{"address": "10.0.0.1", "asn": 65001}]}}"#;
+    std::fs::write(&patch, good).unwrap();
+    let p = patch.display().to_string();
+    let out = ok(&keelson(&[
+        "validate",
+        "--config",
+        EXAMPLE,
+        "--cluster-patch",
+        &p,
+    ]));
+    assert!(
+        out.contains("bgp: api announced by BGP (AS64512, 1 peers)"),
+        "{out}"
+    );
+    // A wrong field is named, with what was expected.
+    std::fs::write(&patch, good.replace("\"api\"]", "\"apii\"]")).unwrap();
+    let result = keelson(&["validate", "--config", EXAMPLE, "--cluster-patch", &p]);
+    assert!(!result.status.success());
+    let err = String::from_utf8_lossy(&result.stderr);
+    assert!(
+        err.contains("bgp.vips[0]: expected the name of a vrrp.instances[] entry"),
+        "{err}"
+    );
+    std::fs::write(&patch, good.replace("localAsn", "localASN")).unwrap();
+    let err = String::from_utf8_lossy(
+        &keelson(&["validate", "--config", EXAMPLE, "--cluster-patch", &p]).stderr,
+    )
+    .into_owned();
+    assert!(err.contains("unknown field `localASN`"), "{err}");
+    // build writes it, with the defaults filled in.
+    std::fs::write(&patch, good).unwrap();
+    let agent = fake_agent(work.path());
+    let out = work.path().join("out").display().to_string();
+    ok(&keelson(&[
+        "build",
+        "--config",
+        EXAMPLE,
+        "--out",
+        &out,
+        "--agent",
+        &agent,
+        "--no-image",
+        "--quiet",
+        "--cluster-patch",
+        &p,
+    ]));
+    let cluster = keelson_ignition::ClusterConfig::from_json(
+        &std::fs::read(work.path().join("out/cluster.json")).unwrap(),
+    )
+    .unwrap();
+    let bgp = cluster.bgp.unwrap();
+    assert_eq!(
+        (bgp.table, bgp.bfd.interval_ms, bgp.bfd.multiplier),
+        (198, 300, 3)
     );
 }

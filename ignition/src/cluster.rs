@@ -11,6 +11,8 @@ use std::net::{IpAddr, SocketAddr};
 use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
 
+pub use crate::bgp::BgpSettings;
+
 /// The only `cluster.json` version this code reads and writes.
 pub const CLUSTER_JSON_VERSION: u32 = 1;
 
@@ -111,12 +113,18 @@ pub struct ClusterConfig {
     pub ignition: IgnitionServerSettings,
     /// Member discovery.
     pub members: MembersSettings,
+    /// The Prometheus metrics endpoint.
+    #[serde(default)]
+    pub metrics: MetricsSettings,
     /// SSH public keys for user `core` (the install-config's `sshKey`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub ssh_authorized_keys: Vec<String>,
     /// Extra processes the appliance supervisor runs (operator-defined).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub services: Vec<ServiceSpec>,
+    /// VIPs announced by BGP instead of VRRP (`docs/bgp.md`); absent: every VIP uses VRRP.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bgp: Option<BgpSettings>,
 }
 
 /// VRRP settings for all instances.
@@ -298,12 +306,56 @@ pub struct ApiSettings {
     pub fall: u32,
     /// Consecutive successes that mark a backend up.
     pub rise: u32,
+    /// Milliseconds between checks of a backend whose state is in doubt (failing but still
+    /// up, or passing but still down): haproxy's `fastinter`.
+    #[serde(default = "default_fast_check_interval_ms")]
+    pub fast_check_interval_ms: u32,
+    /// Milliseconds over which a backend that came back up grows to its full share of new
+    /// connections (haproxy's `slowstart`); 0: at once.
+    #[serde(default = "default_slowstart_ms")]
+    pub slowstart_ms: u32,
+    /// Close client connections to a backend when it is marked down (haproxy's
+    /// `on-marked-down shutdown-sessions`).
+    #[serde(default = "default_true")]
+    pub shutdown_sessions: bool,
     /// Backend connect timeout, milliseconds.
     pub connect_timeout_ms: u32,
     /// Idle timeout of a proxied connection, seconds.
     pub idle_timeout_secs: u32,
     /// Maximum concurrent client connections.
     pub max_connections: u32,
+}
+
+fn default_fast_check_interval_ms() -> u32 {
+    1000
+}
+
+fn default_slowstart_ms() -> u32 {
+    10_000
+}
+
+fn default_true() -> bool {
+    true
+}
+
+/// The Prometheus metrics endpoint (`docs/metrics.md`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct MetricsSettings {
+    /// TCP port of `/metrics` on every node (22625); 0 turns it off. Reachable from
+    /// `ignition.allowedNetworks` (the machine networks by default) and loopback only.
+    pub port: u16,
+}
+
+/// The default metrics port: next to the Ignition server's 22623/22624, clear of every
+/// port OpenShift's nodes use (9000-9999 and 10250-10259 host services, 2379-2380 etcd,
+/// 6443, 22623-22624, 30000-32767 node ports, 50936 and 9444/9445 of the on-prem haproxy).
+pub const METRICS_PORT: u16 = 22625;
+
+impl Default for MetricsSettings {
+    fn default() -> Self {
+        Self { port: METRICS_PORT }
+    }
 }
 
 /// How the proxy checks a backend.
@@ -370,6 +422,29 @@ pub struct MembersSettings {
     pub renew_interval_secs: u32,
     /// Seconds after which a member that stopped renewing is dropped.
     pub expiry_secs: u32,
+    /// The ID of the membership key that signs member records (`tls/membership.key`,
+    /// written by `keelson build`). Absent: records are not authenticated (clusters built
+    /// before the key existed; the agent warns loudly).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key_id: Option<String>,
+    /// How far, in seconds, a signed member record's time may be from the receiver's clock
+    /// (default 120). Wider tolerates worse clocks; narrower shortens the time in which a
+    /// captured record can be replayed to a node that has not heard it yet.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_clock_skew_secs: Option<u32>,
+}
+
+impl MembersSettings {
+    /// The default of [`MembersSettings::max_clock_skew_secs`].
+    pub const DEFAULT_MAX_CLOCK_SKEW_SECS: u32 = 120;
+
+    /// [`MembersSettings::max_clock_skew_secs`] or its default.
+    pub fn max_clock_skew(&self) -> std::time::Duration {
+        std::time::Duration::from_secs(u64::from(
+            self.max_clock_skew_secs
+                .unwrap_or(Self::DEFAULT_MAX_CLOCK_SKEW_SECS),
+        ))
+    }
 }
 
 /// When the supervisor restarts an operator service.
@@ -550,6 +625,24 @@ impl ClusterConfig {
                 }
             }
         }
+        if let Some(id) = &self.members.key_id
+            && !crate::membership::valid_key_id(id)
+        {
+            return Err(invalid(
+                "members.keyId".into(),
+                "16 lowercase hex digits (the ID keelson build writes)",
+                id,
+            ));
+        }
+        if let Some(secs) = self.members.max_clock_skew_secs
+            && !(1..=3600).contains(&secs)
+        {
+            return Err(invalid(
+                "members.maxClockSkewSecs".into(),
+                "1 to 3600 seconds",
+                secs,
+            ));
+        }
         if self.api.fall == 0 || self.api.rise == 0 {
             return Err(invalid("api.fall/api.rise".into(), ">= 1", 0));
         }
@@ -590,7 +683,15 @@ impl ClusterConfig {
                 }
             }
         }
+        if let Some(bgp) = &self.bgp {
+            bgp.check(self)?;
+        }
         Ok(())
+    }
+
+    /// Whether the VIP of `vrrp.instances[]` entry `name` is announced by BGP (not VRRP).
+    pub fn bgp_mode(&self, name: &str) -> bool {
+        self.bgp.as_ref().is_some_and(|b| b.announces(name))
     }
 
     /// The instance named `name`, if any.
@@ -681,6 +782,46 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("merge patch"), "{e}");
+    }
+
+    #[test]
+    fn membership_settings_are_checked_and_optional() {
+        let base = example();
+        assert_eq!(
+            base.members.key_id, None,
+            "install-config alone names no key"
+        );
+        assert_eq!(
+            base.members.max_clock_skew(),
+            std::time::Duration::from_secs(120)
+        );
+        // Absent fields stay absent in the JSON (clusters built before them read the same).
+        let json = String::from_utf8(base.to_json()).unwrap();
+        assert!(!json.contains("keyId") && !json.contains("maxClockSkewSecs"));
+        let ok = base
+            .with_merge_patch(&serde_json::json!({"members": {"keyId": "0123456789abcdef", "maxClockSkewSecs": 30}}))
+            .unwrap();
+        assert_eq!(ok.members.key_id.as_deref(), Some("0123456789abcdef"));
+        assert_eq!(
+            ok.members.max_clock_skew(),
+            std::time::Duration::from_secs(30)
+        );
+        let e = base
+            .with_merge_patch(&serde_json::json!({"members": {"keyId": "not-a-key-id"}}))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("members.keyId") && e.contains("16 lowercase hex"),
+            "{e}"
+        );
+        let e = base
+            .with_merge_patch(&serde_json::json!({"members": {"maxClockSkewSecs": 0}}))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("members.maxClockSkewSecs") && e.contains("1 to 3600"),
+            "{e}"
+        );
     }
 
     #[test]

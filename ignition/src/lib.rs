@@ -1,6 +1,7 @@
 //! keelson-ignition: the cluster's payloads as data.
 //!
-//! - [`cluster`]: `cluster.json`, the agent's cluster-wide configuration.
+//! - [`cluster`]: `cluster.json`, the agent's cluster-wide configuration ([`bgp`]: its
+//!   BGP section).
 //! - [`version`]: the Ignition spec versions keelson writes.
 //! - [`routes`]: the hook through which the agent adds routes to the config server.
 //! - [`negotiate`]: which spec version to serve for an `Accept` header.
@@ -9,13 +10,16 @@
 //! Everything here is pure (no sockets) except the config server, which `keelson serve`
 //! and the agent's `ignition_server` share.
 
+pub mod bgp;
 pub mod cluster;
 #[cfg(feature = "build")]
 pub mod install_config;
+pub mod membership;
 pub mod negotiate;
 #[cfg(feature = "build")]
 pub mod pki;
 pub mod render;
+pub mod resolver;
 pub mod routes;
 pub mod server;
 pub mod unit;
@@ -33,5 +37,14 @@ pub mod tls_files {
     pub const SERVER_CERT: &str = "server.crt";
     /// Server key.
     pub const SERVER_KEY: &str = "server.key";
+    /// The membership key: signs and verifies member records (docs/members.md).
+    pub const MEMBERSHIP_KEY: &str = "membership.key";
+    /// A key being retired: still verifies, never signs (key rotation).
+    pub const MEMBERSHIP_PREVIOUS_KEY: &str = "membership.previous.key";
+    /// A key being introduced: already verifies, does not sign yet (key rotation).
+    pub const MEMBERSHIP_NEXT_KEY: &str = "membership.next.key";
+    /// Every membership key file, signing key first.
+    pub const MEMBERSHIP_KEYS: [&str; 3] =
+        [MEMBERSHIP_KEY, MEMBERSHIP_PREVIOUS_KEY, MEMBERSHIP_NEXT_KEY];
 }
 pub use version::SpecVersion;

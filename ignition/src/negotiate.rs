@@ -212,6 +212,17 @@ mod tests {
         }
     }
 
+    /// The exact header of the Ignition the RHCOS stand-in runs (Debian's 2.14.0,
+    /// `internal/resource/url.go`), and what RHCOS 4.6-4.12 send (2.7-2.14: 3.1.0-3.3.0).
+    /// `ignition_binary_sends_this_header` in tests/ checks the first against the program.
+    pub const IGNITION_2_14_ACCEPT: &str =
+        "application/vnd.coreos.ignition+json;version=3.3.0, */*;q=0.1";
+
+    #[test]
+    fn ignition_2_14_gets_3_3() {
+        assert_eq!(n(IGNITION_2_14_ACCEPT).unwrap(), SpecVersion::V3_3);
+    }
+
     #[test]
     fn patch_and_prerelease_map_to_the_minor() {
         assert_eq!(

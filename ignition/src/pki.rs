@@ -3,7 +3,8 @@
 //!
 //! Reused when present, so rebuilding into the same directory gives the same bytes; validity
 //! starts at `SOURCE_DATE_EPOCH` when set. The CA key never leaves `tls/`: nodes get the CA
-//! certificate and the server pair only.
+//! certificate and the server pair only. Beside them, the membership key(s)
+//! ([`crate::membership`]), which every node gets.
 
 use std::path::Path;
 
@@ -28,6 +29,19 @@ pub struct Pki {
     pub server_cert_pem: String,
     /// Server key.
     pub server_key_pem: String,
+    /// Membership key files by name: `membership.key` always, and the rotation files when
+    /// the operator put them there.
+    pub membership_keys: std::collections::BTreeMap<String, String>,
+}
+
+impl Pki {
+    /// The ID of the signing membership key (`members.keyId` in `cluster.json`).
+    pub fn membership_key_id(&self) -> Option<String> {
+        let text = self.membership_keys.get(files::MEMBERSHIP_KEY)?;
+        crate::membership::parse_key(text)
+            .ok()
+            .map(|k| crate::membership::key_id(&k))
+    }
 }
 
 /// Errors making or loading the PKI.
@@ -41,6 +55,14 @@ pub enum PkiError {
         what: String,
         /// The error.
         source: rcgen::Error,
+    },
+    /// A membership key file is not one.
+    #[error("{path}: {source}")]
+    MembershipKey {
+        /// The file.
+        path: String,
+        /// What is wrong with it.
+        source: crate::membership::KeyError,
     },
     /// Reading or writing a file failed.
     #[error("{path}: {source}")]
@@ -132,11 +154,29 @@ pub fn load_or_create(
                 server_cert(cluster, &issuer, source_date_epoch)?
             }
         };
+    let mut membership_keys = std::collections::BTreeMap::new();
+    for name in files::MEMBERSHIP_KEYS {
+        if let Some(text) = read(name) {
+            crate::membership::parse_key(&text).map_err(|source| PkiError::MembershipKey {
+                path: dir.join(name).display().to_string(),
+                source,
+            })?;
+            membership_keys.insert(name.to_string(), text);
+        }
+    }
+    if !membership_keys.contains_key(files::MEMBERSHIP_KEY) {
+        let text = crate::membership::generate().map_err(|source| PkiError::MembershipKey {
+            path: dir.join(files::MEMBERSHIP_KEY).display().to_string(),
+            source,
+        })?;
+        membership_keys.insert(files::MEMBERSHIP_KEY.to_string(), text);
+    }
     Ok(Pki {
         ca_cert_pem,
         ca_key_pem,
         server_cert_pem,
         server_key_pem,
+        membership_keys,
     })
 }
 
@@ -148,12 +188,16 @@ impl Pki {
             path: dir.display().to_string(),
             source,
         })?;
-        for (name, text, mode) in [
+        let mut all = vec![
             (files::CA_CERT, &self.ca_cert_pem, 0o644),
             (files::CA_KEY, &self.ca_key_pem, 0o600),
             (files::SERVER_CERT, &self.server_cert_pem, 0o644),
             (files::SERVER_KEY, &self.server_key_pem, 0o600),
-        ] {
+        ];
+        for (name, text) in &self.membership_keys {
+            all.push((name.as_str(), text, 0o600));
+        }
+        for (name, text, mode) in all {
             let path = dir.join(name);
             std::fs::write(&path, text)
                 .and_then(|_| {

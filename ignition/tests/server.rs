@@ -17,10 +17,12 @@ use keelson_ignition::server::{
 use keelson_ignition::{Role, SpecVersion};
 use tokio_util::sync::CancellationToken;
 
-/// Renders a small deterministic JSON per (pool, spec) and counts renderings.
+/// Renders a small deterministic JSON per (pool, spec), counts renderings and records the
+/// spec each one was negotiated to.
 #[derive(Default)]
 struct Fake {
     calls: Arc<AtomicUsize>,
+    specs: Arc<std::sync::Mutex<Vec<SpecVersion>>>,
 }
 
 fn fake_config(pool: Role, spec: SpecVersion) -> Vec<u8> {
@@ -30,6 +32,7 @@ fn fake_config(pool: Role, spec: SpecVersion) -> Vec<u8> {
 impl ConfigSource for Fake {
     fn config(&self, pool: Role, spec: SpecVersion) -> Result<Bytes, SourceError> {
         self.calls.fetch_add(1, Ordering::SeqCst);
+        self.specs.lock().unwrap().push(spec);
         Ok(fake_config(pool, spec).into())
     }
 }
@@ -76,6 +79,7 @@ struct Running {
     done: tokio::task::JoinHandle<()>,
     pki: Pki,
     calls: Arc<AtomicUsize>,
+    specs: Arc<std::sync::Mutex<Vec<SpecVersion>>>,
     _assets_dir: tempfile::TempDir,
 }
 
@@ -91,6 +95,7 @@ async fn start(edit: impl FnOnce(&mut ServerOptions, &Path)) -> Running {
     let assets = Assets::from_dir(assets_dir.path()).unwrap();
     let fake = Fake::default();
     let calls = fake.calls.clone();
+    let specs = fake.specs.clone();
     let tls = tls_config(pki.cert_pem.as_bytes(), pki.key_pem.as_bytes(), "test").unwrap();
     let server = IgnitionServer::new(fake, assets, opts)
         .with_tls(tls)
@@ -109,6 +114,7 @@ async fn start(edit: impl FnOnce(&mut ServerOptions, &Path)) -> Running {
         done,
         pki,
         calls,
+        specs,
         _assets_dir: assets_dir,
     }
 }
@@ -591,4 +597,151 @@ async fn graceful_stop() {
     let mut buf = [0u8; 16];
     assert_eq!(idle.read(&mut buf).unwrap_or(0), 0);
     assert!(TcpStream::connect(plain).is_err());
+}
+
+/// The Ignition program of Debian's `ignition` package (2.14, what the RHCOS stand-in's
+/// initramfs runs), where setup.sh installs it.
+const IGNITION_BIN: &str = "/usr/lib/dracut/modules.d/30ignition/ignition";
+
+/// The exact header Ignition 2.14 sends (its `internal/resource/url.go`).
+const IGNITION_2_14_ACCEPT: &str = "application/vnd.coreos.ignition+json;version=3.3.0, */*;q=0.1";
+
+/// The real Ignition 2.14 fetches a pointer config's merge from our server, over TLS with
+/// the pointer's CA as a data URL (what `master.ign` is): its stage `fetch` succeeds and the
+/// server negotiated spec 3.3.0 from its Accept header. Then the header itself, as sent on
+/// the wire, is the one the negotiation tests name.
+#[tokio::test]
+async fn ignition_binary_fetches_a_pointer_merge_and_gets_3_3() {
+    if !Path::new(IGNITION_BIN).exists() {
+        panic!("{IGNITION_BIN} missing: run scripts/setup.sh (apt package ignition)");
+    }
+    let r = start(|_, _| {}).await;
+    let work = tempfile::tempdir().unwrap();
+    let ca = std::fs::read(r.pki.ca_path()).unwrap();
+    let pointer = serde_json::json!({
+        "ignition": {
+            "version": "3.3.0",
+            "config": {"merge": [{"source": format!("https://127.0.0.1:{}/config/master", r.tls.port())}]},
+            "security": {"tls": {"certificateAuthorities": [
+                {"source": keelson_ignition::render::plain_data_url(&ca)}
+            ]}}
+        }
+    });
+    let config = work.path().join("config.ign");
+    std::fs::write(&config, serde_json::to_vec(&pointer).unwrap()).unwrap();
+    let root = work.path().join("root");
+    std::fs::create_dir_all(&root).unwrap();
+    let cache = work.path().join("cache.json");
+    let out = {
+        let (root, cache, config, state, neednet) = (
+            root.clone(),
+            cache.clone(),
+            config.clone(),
+            work.path().join("state"),
+            work.path().join("neednet"),
+        );
+        tokio::task::spawn_blocking(move || {
+            Command::new("timeout")
+                .arg("60")
+                .arg(IGNITION_BIN)
+                .args(["-platform", "file", "-stage", "fetch", "-log-to-stdout"])
+                .arg("-root")
+                .arg(&root)
+                .arg("-config-cache")
+                .arg(&cache)
+                .arg("-state-file")
+                .arg(&state)
+                .arg("-neednet")
+                .arg(&neednet)
+                .env("IGNITION_CONFIG_FILE", &config)
+                .output()
+                .unwrap()
+        })
+        .await
+        .unwrap()
+    };
+    let log = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "ignition failed:\n{log}");
+    assert!(
+        log.contains(&format!(
+            "fetched referenced config at https://127.0.0.1:{}/config/master",
+            r.tls.port()
+        )),
+        "{log}"
+    );
+    assert_eq!(
+        r.specs.lock().unwrap().as_slice(),
+        [SpecVersion::V3_3],
+        "{log}"
+    );
+    // The config Ignition goes on with (its own internal spec, translated up) is cached.
+    let merged: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&cache).unwrap()).unwrap();
+    assert!(merged["ignition"]["version"].is_string(), "{merged}");
+    r.stop.cancel();
+    r.done.await.unwrap();
+
+    // The header on the wire: a listener that records one request and answers a config.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let recorder = std::thread::spawn(move || {
+        let (mut conn, _) = listener.accept().unwrap();
+        conn.set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+        let mut request = Vec::new();
+        let mut buf = [0u8; 4096];
+        while !request.windows(4).any(|w| w == b"\r\n\r\n") {
+            let n = conn.read(&mut buf).unwrap();
+            assert!(n > 0, "connection closed mid-request");
+            request.extend_from_slice(&buf[..n]);
+        }
+        let body = br#"{"ignition":{"version":"3.3.0"}}"#;
+        write!(
+            conn,
+            "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+            body.len()
+        )
+        .unwrap();
+        conn.write_all(body).unwrap();
+        String::from_utf8_lossy(&request).into_owned()
+    });
+    let plain = serde_json::json!({"ignition": {"version": "3.3.0", "config": {"merge": [
+        {"source": format!("http://127.0.0.1:{port}/config/master")}
+    ]}}});
+    std::fs::write(&config, serde_json::to_vec(&plain).unwrap()).unwrap();
+    let _ = std::fs::remove_file(&cache);
+    let status = Command::new("timeout")
+        .arg("60")
+        .arg(IGNITION_BIN)
+        .args(["-platform", "file", "-stage", "fetch", "-log-to-stdout"])
+        .arg("-root")
+        .arg(&root)
+        .arg("-config-cache")
+        .arg(&cache)
+        .arg("-state-file")
+        .arg(work.path().join("state2"))
+        .arg("-neednet")
+        .arg(work.path().join("neednet2"))
+        .env("IGNITION_CONFIG_FILE", &config)
+        .output()
+        .unwrap();
+    let request = recorder.join().unwrap();
+    assert!(
+        status.status.success(),
+        "{}",
+        String::from_utf8_lossy(&status.stdout)
+    );
+    let accept = request
+        .lines()
+        .find_map(|l| l.strip_prefix("Accept: "))
+        .unwrap_or_else(|| panic!("no Accept header in {request:?}"));
+    assert_eq!(accept, IGNITION_2_14_ACCEPT);
+    assert_eq!(
+        keelson_ignition::negotiate::negotiate(Some(accept.as_bytes())).unwrap(),
+        SpecVersion::V3_3
+    );
 }

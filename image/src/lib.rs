@@ -6,6 +6,7 @@
 //! without a kernel; [`build`] puts them together with the files on this machine.
 
 pub mod bootcfg;
+pub mod daemon;
 pub mod disk;
 pub mod initramfs;
 pub mod kernel;

@@ -11,7 +11,8 @@ use crate::configdrive::{NetworkMode, NodeDrive};
 use crate::netns::Netns;
 use crate::neutron::{Dhcp, DhcpHost, DhcpSettings, Instance, MetadataService};
 use crate::segment::{BridgeSegment, NicLink, Segment, TapBridge};
-use crate::vm::{Vm, VmSpec};
+use crate::standin::{self, BootSpec, NodeNetwork, StandinImage};
+use crate::vm::{Boot, Vm, VmSpec};
 
 /// The machine network of `examples/install-config.yaml`.
 pub const PREFIX: u8 = 16;
@@ -116,12 +117,44 @@ pub struct NodePlan {
     pub mac: String,
     /// Where its metadata comes from.
     pub source: MetadataSource,
+    /// What it boots.
+    pub image: ImageKind,
 }
 
-/// Bootstrap 10.0.0.10, masters .11-.13, workers .21-.22. Half the nodes boot as most clouds
+/// What a node boots.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ImageKind {
+    /// `keelson.qcow2`: the agent is PID 1 and applies the Ignition subset itself.
+    Appliance,
+    /// The RHCOS stand-in (`crate::standin`): upstream Ignition in the initramfs applies the
+    /// config, systemd runs the agent, NetworkManager owns the network.
+    Standin,
+}
+
+impl ImageKind {
+    /// `appliance` or `standin` (the `QEMU_CLUSTER_MASTERS` values).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ImageKind::Appliance => "appliance",
+            ImageKind::Standin => "standin",
+        }
+    }
+}
+
+/// What the masters boot: the stand-in unless `QEMU_CLUSTER_MASTERS=appliance`.
+pub fn master_image() -> Result<ImageKind> {
+    match std::env::var("QEMU_CLUSTER_MASTERS").as_deref() {
+        Err(_) | Ok("") | Ok("standin") => Ok(ImageKind::Standin),
+        Ok("appliance") => Ok(ImageKind::Appliance),
+        Ok(other) => bail!("QEMU_CLUSTER_MASTERS={other:?}: expected standin or appliance"),
+    }
+}
+
+/// Bootstrap 10.0.0.10, masters .11-.13, workers .21-.22; the bootstrap and the workers boot
+/// the appliance, the masters `masters`. Half the nodes boot as most clouds
 /// boot instances (no config drive: DHCP and the metadata service, with the service's usual
 /// faults), the rest from a config drive, static or DHCP.
-pub fn plan() -> Vec<NodePlan> {
+pub fn plan(masters: ImageKind) -> Vec<NodePlan> {
     use MetadataSource::{ConfigDrive, Service};
     let node = |name: &str, role, host: u8, source| NodePlan {
         mac: format!("52:54:00:0a:00:{host:02x}"),
@@ -129,6 +162,11 @@ pub fn plan() -> Vec<NodePlan> {
         name: name.to_owned(),
         role,
         source,
+        image: if role == "master" {
+            masters
+        } else {
+            ImageKind::Appliance
+        },
     };
     vec![
         node(
@@ -195,13 +233,29 @@ pub struct Cluster {
     pub metadata: Option<MetadataService>,
     /// Its namespace.
     pub netns: Netns,
+    /// The RHCOS stand-in, when a node boots it.
+    pub standin: Option<StandinImage>,
+    /// Nodes booted at least once: a stand-in node's later boots keep its disk and run no
+    /// Ignition.
+    pub booted: std::collections::BTreeSet<String>,
 }
 
 impl Cluster {
     /// Creates the namespace and the segment of `config`, with the host-side participant on
-    /// it, and starts the segment's DHCP server and metadata service there.
-    pub fn new(work: &Path, out: &Path, image: &Path, config: Config) -> Result<Self> {
+    /// it, and starts the segment's DHCP server and metadata service there; `plan` says who
+    /// boots what, `standin` is the stand-in image if anyone boots it.
+    pub fn new(
+        work: &Path,
+        out: &Path,
+        image: &Path,
+        config: Config,
+        plan: Vec<NodePlan>,
+        standin: Option<StandinImage>,
+    ) -> Result<Self> {
         crate::tools::require_all()?;
+        if plan.iter().any(|n| n.image == ImageKind::Standin) && standin.is_none() {
+            bail!("the plan boots the RHCOS stand-in but no stand-in image was given");
+        }
         let segment = Segment::for_this_process();
         let netns = Netns::create(&format!("kqc{}", std::process::id() % 100_000))?;
         let (bridge, bridge_segment, host_iface) = match config {
@@ -233,11 +287,13 @@ impl Cluster {
             bridge_segment,
             host_iface: host_iface.to_string(),
             vms: BTreeMap::new(),
-            plan: plan(),
+            plan,
             bridge,
             dhcp: None,
             metadata: None,
             netns,
+            standin,
+            booted: Default::default(),
         };
         let hosts: Vec<DhcpHost> = cluster
             .plan
@@ -326,18 +382,20 @@ impl Cluster {
     }
 
     /// Boots (or reboots) one node: with its config drive, or without one (then its metadata
-    /// comes from the service, with the fault its plan names on the first boot).
+    /// comes from the service, with the fault its plan names on the first boot); the
+    /// appliance, or the RHCOS stand-in (a reboot keeps the disk Ignition wrote).
     pub fn boot(&mut self, name: &str) -> Result<()> {
         let node = self.node(name)?.clone();
+        let drive = self.drive(&node)?;
         let config_drive = match node.source {
             MetadataSource::ConfigDrive(_) => {
                 let iso = self.work.join(format!("{name}-config.iso"));
-                self.drive(&node)?.write_iso(&self.work, &iso)?;
+                drive.write_iso(&self.work, &iso)?;
                 Some(iso)
             }
             MetadataSource::Service(..) => None,
         };
-        let first_boot = !self.vms.contains_key(name);
+        let first_boot = !self.booted.contains(name);
         // The old VM (and with it its tap) goes first.
         self.vms.remove(name);
         if first_boot
@@ -349,20 +407,63 @@ impl Cluster {
             Some(b) => b.tap(&format!("kqt-{name}"))?,
             None => self.segment.into(),
         };
-        let vm = Vm::start(
-            VmSpec {
+        let spec = match node.image {
+            ImageKind::Appliance => VmSpec {
                 name: node.name.clone(),
                 image: self.image.clone(),
                 config_drive,
                 mac: node.mac,
                 memory_mib: 384,
                 uefi: false,
+                boot: Boot::Disk,
+                keep_disk: false,
+                guest_agent: false,
             },
-            link,
-            &self.work,
-        )?;
+            ImageKind::Standin => {
+                let image = self.standin.as_ref().context("no stand-in image")?;
+                // As RHCOS on OpenStack: DHCP, unless the network has no DHCP (a static
+                // network_data.json), where static addressing is `ip=` kernel arguments.
+                let network = match drive.network {
+                    NetworkMode::Static => NodeNetwork::Static {
+                        address: node.address,
+                        prefix: PREFIX,
+                        gateway: None,
+                    },
+                    NetworkMode::Dhcp | NetworkMode::Absent => NodeNetwork::Dhcp,
+                };
+                let cmdline = standin::recipe::cmdline(&BootSpec {
+                    hostname: node.name.clone(),
+                    network,
+                    first_boot,
+                });
+                VmSpec {
+                    name: node.name.clone(),
+                    image: image.root.clone(),
+                    config_drive,
+                    mac: node.mac,
+                    // systemd, NetworkManager and a 35 MiB initramfs unpacked in memory.
+                    memory_mib: 768,
+                    uefi: false,
+                    boot: Boot::Kernel {
+                        kernel: image.kernel.clone(),
+                        initrd: image.initrd.clone(),
+                        cmdline,
+                    },
+                    // A reboot keeps the disk Ignition wrote on the first boot.
+                    keep_disk: !first_boot,
+                    guest_agent: true,
+                }
+            }
+        };
+        let vm = Vm::start(spec, link, &self.work)?;
         self.vms.insert(name.to_owned(), vm);
+        self.booted.insert(name.to_owned());
         Ok(())
+    }
+
+    /// Whether `name` boots the RHCOS stand-in.
+    pub fn is_standin(&self, name: &str) -> bool {
+        self.node(name).is_ok_and(|n| n.image == ImageKind::Standin)
     }
 
     /// Drops `address`'s packets to the metadata service (an nftables rule in the namespace)
@@ -530,19 +631,84 @@ impl Cluster {
         bail!("{vip}: held by {last:?} after {timeout:?}, not by an expected node")
     }
 
-    /// The last console lines of the named nodes (for a failed scenario).
+    /// The last console lines of the named nodes (for a failed scenario); for stand-in
+    /// nodes also the journal of `keelson-agent.service` and Ignition's log (journald
+    /// forwards every entry to the serial console, `systemd.journald.forward_to_console`).
     pub fn consoles(&self, names: &[&str], lines: usize) -> String {
         let mut text = String::new();
         for name in names {
-            if let Some(vm) = self.vms.get(*name) {
-                text.push_str(&format!(
-                    "---- {name} (last {lines} lines)\n{}\n",
-                    vm.console_tail(lines)
-                ));
+            let Some(vm) = self.vms.get(*name) else {
+                continue;
+            };
+            text.push_str(&format!(
+                "---- {name} (last {lines} lines)\n{}\n",
+                vm.console_tail(lines)
+            ));
+            if self.is_standin(name) {
+                let console = vm.console_text();
+                for (what, tag, argv) in [
+                    (
+                        "journal of keelson-agent.service",
+                        "keelson-agent[",
+                        [
+                            "journalctl",
+                            "--no-pager",
+                            "-q",
+                            "-u",
+                            "keelson-agent.service",
+                        ],
+                    ),
+                    (
+                        "Ignition's log",
+                        "ignition[",
+                        ["journalctl", "--no-pager", "-q", "-t", "ignition"],
+                    ),
+                ] {
+                    // From the node's journal (every level, every boot) when its guest agent
+                    // answers; else the entries journald forwarded to the console.
+                    if let Some(journal) = vm
+                        .guest
+                        .as_ref()
+                        .and_then(|g| g.output(&argv, Duration::from_secs(10)).ok())
+                    {
+                        let entries: Vec<&str> = journal.lines().collect();
+                        let shown = &entries[entries.len().saturating_sub(lines)..];
+                        text.push_str(&format!(
+                            "---- {name}: {what} (`{}`, last {} of {} entries)\n{}\n",
+                            argv.join(" "),
+                            shown.len(),
+                            entries.len(),
+                            shown.join("\n")
+                        ));
+                        continue;
+                    }
+                    let entries = journal_entries(&console, tag);
+                    let shown = &entries[entries.len().saturating_sub(lines)..];
+                    text.push_str(&format!(
+                        "---- {name}: {what} (from the console, last {} of {} entries)\n{}\n",
+                        shown.len(),
+                        entries.len(),
+                        shown.join("\n")
+                    ));
+                }
             }
         }
         text
     }
+}
+
+/// The journal entries of one syslog identifier (`tag` is `name[`) among the console's
+/// lines, as journald forwards them (`[  12.345678] name[pid]: message`).
+pub fn journal_entries<'a>(console: &'a str, tag: &str) -> Vec<&'a str> {
+    console
+        .lines()
+        .filter(|l| {
+            l.find(tag).is_some_and(|i| {
+                // The identifier starts the entry: after the timestamp or the line start.
+                l[..i].trim_end().is_empty() || l[..i].trim_end().ends_with(']')
+            })
+        })
+        .collect()
 }
 
 impl Drop for Cluster {
@@ -552,5 +718,42 @@ impl Drop for Cluster {
         self.metadata.take();
         self.dhcp.take();
         self.bridge.take();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn journal_entries_by_identifier() {
+        let console = "[    3.1] ignition[312]: fetch: fetched referenced config\n\
+                       [    3.2] systemd[1]: Started ignition-files.service\n\
+                       [   20.0] keelson-agent[640]: keelson-agent ready: node=master-0\n\
+                       some keelson-agent[ in the middle\n\
+                       ignition[1]: at the start";
+        assert_eq!(
+            journal_entries(console, "keelson-agent["),
+            ["[   20.0] keelson-agent[640]: keelson-agent ready: node=master-0"]
+        );
+        assert_eq!(journal_entries(console, "ignition[").len(), 2);
+    }
+
+    #[test]
+    fn masters_boot_what_they_are_told() {
+        let p = plan(ImageKind::Standin);
+        for n in &p {
+            let want = if n.role == "master" {
+                ImageKind::Standin
+            } else {
+                ImageKind::Appliance
+            };
+            assert_eq!(n.image, want, "{}", n.name);
+        }
+        assert!(
+            plan(ImageKind::Appliance)
+                .iter()
+                .all(|n| n.image == ImageKind::Appliance)
+        );
     }
 }

@@ -3,10 +3,13 @@
 
 pub mod cluster;
 pub mod configdrive;
+pub mod fabric;
+pub mod guest;
 pub mod netns;
 pub mod neutron;
 pub mod probe;
 pub mod scenarios;
 pub mod segment;
+pub mod standin;
 pub mod tools;
 pub mod vm;

@@ -16,19 +16,20 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use keelson_qemu_tests::cluster::{Cluster, Config};
+use keelson_qemu_tests::cluster::{self, Cluster, Config, ImageKind};
 use keelson_qemu_tests::scenarios;
 use keelson_qemu_tests::segment::{Segment, TapBridge};
 
 fn main() {
     let mut args = std::env::args().skip(1);
-    let usage =
-        "usage: qemu-cluster [--config unicast|multicast] | qemu-cluster bridge GROUP PORT NETNS";
+    let usage = "usage: qemu-cluster [--config unicast|multicast] | qemu-cluster standin | qemu-cluster bridge GROUP PORT NETNS";
     let default_config =
         std::env::var("QEMU_CLUSTER_CONFIG").unwrap_or_else(|_| "unicast".to_string());
     let result = match args.next().as_deref() {
         // Debug aid: bridge a segment into an existing namespace until killed.
         Some("bridge") => bridge(args.collect()),
+        // Builds (or finds in the cache) the RHCOS stand-in and prints what it is.
+        Some("standin") => standin().map(|_| ()),
         None => default_config.parse().and_then(run),
         Some("--config") => match args.next() {
             Some(c) => c.parse().and_then(run),
@@ -59,6 +60,38 @@ fn bridge(args: Vec<String>) -> Result<()> {
     }
 }
 
+/// The RHCOS stand-in for the masters: built on first use, then taken from `.cache/standin/`.
+fn standin() -> Result<keelson_qemu_tests::standin::StandinImage> {
+    let apiserver = env_path(
+        "KEELSON_STANDIN_BIN",
+        "target/x86_64-unknown-linux-gnu/release/kube-standin",
+    );
+    let cache = env_path("STANDIN_CACHE", ".cache/standin");
+    let (image, times) = keelson_qemu_tests::standin::ensure(&cache, &apiserver)?;
+    let m = &image.manifest;
+    let mib = |b: u64| b as f64 / (1024.0 * 1024.0);
+    let took = |d: Option<Duration>| {
+        d.map(|d| format!("built in {:.1} s", d.as_secs_f64()))
+            .unwrap_or_else(|| "cached".into())
+    };
+    eprintln!(
+        "standin: {} (kernel {}, ignition {}, {} packages): root files {:.0} MiB, root.qcow2 {:.0} MiB, \
+         kernel {:.1} MiB, initramfs {:.1} MiB; base {}, image {}; {:.1} s in all",
+        image.dir.display(),
+        m.kernel_release,
+        m.ignition_version,
+        m.packages,
+        mib(m.bytes.root_files),
+        mib(m.bytes.root_qcow2),
+        mib(m.bytes.kernel),
+        mib(m.bytes.initrd),
+        took(times.base),
+        took(times.image),
+        times.total.as_secs_f64()
+    );
+    Ok(image)
+}
+
 fn workspace() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
@@ -74,27 +107,41 @@ fn env_path(var: &str, default: &str) -> PathBuf {
 
 /// The operator services of the test cluster: the stand-in kube-apiserver on the control
 /// plane and, with `--plain` on :1936, the ingress router's readiness endpoint on workers.
-/// Both are the `kube-standin` build asset. The API stand-in binds the node's own address,
-/// not the wildcard, so the agent's proxy can bind VIP:6443 on the VIP holder (on RHCOS,
-/// where kube-apiserver holds *:6443, see docs/proxy.md).
-const CLUSTER_PATCH: &str = r#"{
+/// Both are the `kube-standin` build asset. On appliance nodes the API stand-in binds the
+/// node's own address, not the wildcard, so the agent's proxy can bind VIP:6443 itself (the
+/// appliance has no `nft` for the redirect). The RHCOS stand-in masters run their own
+/// apiserver on `*:6443` from systemd, as RHCOS runs kube-apiserver, so the agent there
+/// runs none and reaches VIP:6443 through its nftables redirect (docs/proxy.md).
+fn services_patch(masters: ImageKind) -> String {
+    let api_roles = match masters {
+        ImageKind::Appliance => r#"["bootstrap", "master"]"#,
+        ImageKind::Standin => r#"["bootstrap"]"#,
+    };
+    format!(
+        r#"{{
   "services": [
-    {"name": "kube-apiserver", "path": "/usr/local/bin/kube-standin",
-     "args": ["--listen", "${KEELSON_NODE_ADDRESS}:6443"], "roles": ["bootstrap", "master"],
-     "asset": "kube-standin"},
-    {"name": "router", "path": "/usr/local/bin/kube-standin",
+    {{"name": "kube-apiserver", "path": "/usr/local/bin/kube-standin",
+     "args": ["--listen", "${{KEELSON_NODE_ADDRESS}}:6443"], "roles": {api_roles},
+     "asset": "kube-standin"}},
+    {{"name": "router", "path": "/usr/local/bin/kube-standin",
      "args": ["--plain", "--listen", "0.0.0.0:1936"], "roles": ["worker"],
-     "asset": "kube-standin"}
+     "asset": "kube-standin"}}
   ]
+}}
+"#
+    )
 }
-"#;
 
 /// The patch of `config` over the build's defaults (`defaults`: the `cluster.json` a plain
 /// build writes): the stand-ins always; for the multicast configuration, every VRRP
 /// instance multicast and the members on mDNS (a merge patch replaces arrays whole, so the
 /// instances are the build's own with one field changed).
-fn cluster_patch(config: Config, defaults: &serde_json::Value) -> Result<String> {
-    let mut patch: serde_json::Value = serde_json::from_str(CLUSTER_PATCH)?;
+fn cluster_patch(
+    config: Config,
+    masters: ImageKind,
+    defaults: &serde_json::Value,
+) -> Result<String> {
+    let mut patch: serde_json::Value = serde_json::from_str(&services_patch(masters))?;
     if config == Config::Multicast {
         let mut vrrp = defaults["vrrp"].clone();
         for inst in vrrp["instances"]
@@ -123,7 +170,7 @@ fn keelson_build(keelson: &Path, args: &[&std::ffi::OsStr]) -> Result<()> {
 }
 
 /// `keelson build` of the example cluster with the stand-ins; returns the output directory.
-fn build(work: &Path, config: Config) -> Result<PathBuf> {
+fn build(work: &Path, config: Config, masters: ImageKind) -> Result<PathBuf> {
     let keelson = env_path("KEELSON_BIN", "target/debug/keelson");
     let agent = env_path(
         "KEELSON_AGENT_BIN",
@@ -168,7 +215,7 @@ fn build(work: &Path, config: Config) -> Result<PathBuf> {
         &std::fs::read(defaults_dir.join("cluster.json")).context("the build's cluster.json")?,
     )?;
     let patch = work.join("cluster-patch.json");
-    std::fs::write(&patch, cluster_patch(config, &defaults)?)?;
+    std::fs::write(&patch, cluster_patch(config, masters, &defaults)?)?;
     let out = work.join("out");
     let _ = std::fs::remove_dir_all(&out);
     keelson_build(
@@ -278,9 +325,18 @@ fn run(config: Config) -> Result<()> {
         config.as_str(),
         work.display()
     );
-    let out = build(&work, config)?;
+    let masters = cluster::master_image()?;
+    let out = build(&work, config, masters)?;
     let image = out.join("keelson.qcow2");
-    let mut cluster = Cluster::new(&work, &out, &image, config)?;
+    let standin = match masters {
+        ImageKind::Standin => Some(standin()?),
+        ImageKind::Appliance => None,
+    };
+    eprintln!(
+        "qemu-cluster: bootstrap and workers boot the appliance, masters the {}",
+        masters.as_str()
+    );
+    let mut cluster = Cluster::new(&work, &out, &image, config, cluster::plan(masters), standin)?;
     match config {
         Config::Unicast => eprintln!(
             "qemu-cluster: segment: bridge {} of taps in {}, every multicast frame dropped (checked)",
@@ -303,9 +359,12 @@ fn run(config: Config) -> Result<()> {
     let control = ["bootstrap", "master-0", "master-1", "master-2"];
     let order = [
         "1 boot",
+        "1b cloud",
         "2 dns",
         "3 api",
         "4 pivot",
+        "4b dns",
+        "4c api",
         "5 failover",
         "6 rejoin",
         "7 renewal",
@@ -315,7 +374,7 @@ fn run(config: Config) -> Result<()> {
         report.run(&mut cluster, order[0], &all, scenarios::boot, |d| d.clone())?;
         report.run(
             &mut cluster,
-            "1b cloud",
+            order[1],
             &all,
             |c| scenarios::cloud_boot(c),
             |d| d.clone(),
@@ -323,47 +382,56 @@ fn run(config: Config) -> Result<()> {
         let control_names: Vec<String> = control.iter().map(|s| s.to_string()).collect();
         report.run(
             &mut cluster,
-            order[1],
+            order[2],
             &control,
             |c| scenarios::dns(c, &control_names),
             |d| d.clone(),
         )?;
         report.run(
             &mut cluster,
-            order[2],
+            order[3],
             &control,
             |c| scenarios::api_spread(c),
             |d| d.clone(),
         )?;
-        report.run(&mut cluster, order[3], &all, scenarios::pivot, |d| {
+        report.run(&mut cluster, order[4], &all, scenarios::pivot, |d| {
             d.clone()
         })?;
         // DNS from the workers, now that they have booted.
         let everyone: Vec<String> = all[1..].iter().map(|s| s.to_string()).collect();
         report.run(
             &mut cluster,
-            "4b dns",
+            order[5],
             &all[1..],
             |c| scenarios::dns(c, &everyone),
             |d| d.clone(),
         )?;
+        // The API through the VIP again, now that a master holds it: on the RHCOS stand-in
+        // its apiserver owns *:6443 and the VIP goes through the agent's nftables redirect.
+        report.run(
+            &mut cluster,
+            order[6],
+            &all[1..4],
+            |c| scenarios::api_on_rhcos(c),
+            |d| d.clone(),
+        )?;
         let (dead, _) = report.run(
             &mut cluster,
-            order[4],
+            order[7],
             &all[1..],
             scenarios::failover,
             |(_, d)| d.clone(),
         )?;
         report.run(
             &mut cluster,
-            order[5],
+            order[8],
             &all[1..4],
             |c| scenarios::rejoin(c, &dead),
             |d| d.clone(),
         )?;
         report.run(
             &mut cluster,
-            order[6],
+            order[9],
             &all,
             |c| scenarios::renewals(c),
             |d| d.clone(),

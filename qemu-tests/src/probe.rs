@@ -175,6 +175,9 @@ pub struct Outage {
     pub first_success: Option<Duration>,
     /// Requests sent after the event.
     pub requests_after: usize,
+    /// Failed requests sent after the service answered again (the first answer to a
+    /// request sent after the event): what bench/api_outage.sh's bar forbids.
+    pub failures_after_back: usize,
 }
 
 /// Summarises `samples` around `event`. A request under way when the event happened
@@ -194,6 +197,15 @@ pub fn outage(samples: &[Sample], event: Instant) -> Outage {
             .find(|s| s.ok && s.sent >= event)
             .map(|s| s.sent.duration_since(event)),
         requests_after: after.len(),
+        failures_after_back: match after
+            .iter()
+            .filter(|s| s.ok && s.sent >= event)
+            .map(|s| s.done)
+            .min()
+        {
+            Some(back) => after.iter().filter(|s| !s.ok && s.sent > back).count(),
+            None => 0,
+        },
     }
 }
 
@@ -328,6 +340,8 @@ mod tests {
         assert_eq!(o.last_failure, Some(Duration::from_millis(350)));
         assert_eq!(o.first_success, Some(Duration::from_millis(250)));
         assert_eq!(o.requests_after, 6);
+        // The first answer after the event came at 450; the one sent at 500 failed after it.
+        assert_eq!(o.failures_after_back, 1);
         // At 250 the one sent at 120 had given up; the one sent at 200 was still under way.
         let o = outage(&samples, at(250));
         assert_eq!(o.failures_before, 1);

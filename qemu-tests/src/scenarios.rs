@@ -16,6 +16,9 @@ pub const ZONE: &str = "ocp4.osd2019.local";
 /// How long a node may take from QEMU start to its ready line under TCG with six VMs on a
 /// small host.
 pub const BOOT_TIMEOUT: Duration = Duration::from_secs(300);
+/// The same for an RHCOS stand-in: Ignition in the initramfs, then a systemd root (about
+/// twice an appliance's boot under TCG, and far more on a loaded host).
+pub const STANDIN_BOOT_TIMEOUT: Duration = Duration::from_secs(600);
 const ACCEPT_32: &str = "Accept: application/vnd.coreos.ignition+json;version=3.2.0, */*;q=0.1";
 
 fn names(c: &Cluster, role: &str) -> Vec<String> {
@@ -24,6 +27,15 @@ fn names(c: &Cluster, role: &str) -> Vec<String> {
         .filter(|n| n.role == role)
         .map(|n| n.name.clone())
         .collect()
+}
+
+/// How long `nodes` may take to boot: longer when one is a stand-in.
+fn boot_timeout(c: &Cluster, nodes: &[String]) -> Duration {
+    if nodes.iter().any(|n| c.is_standin(n)) {
+        STANDIN_BOOT_TIMEOUT
+    } else {
+        BOOT_TIMEOUT
+    }
 }
 
 fn secs(d: Duration) -> String {
@@ -41,11 +53,19 @@ pub fn boot(c: &mut Cluster) -> Result<String> {
     let holder = c.wait_holder(API_VIP, Duration::from_secs(60), |h| h == "bootstrap")?;
     let vip_at = start.elapsed();
     let masters = names(c, "master");
-    c.wait_ready(&masters, BOOT_TIMEOUT.saturating_sub(start.elapsed()))?;
+    c.wait_ready(
+        &masters,
+        boot_timeout(c, &masters).saturating_sub(start.elapsed()),
+    )?;
     let masters_at = start.elapsed();
+    let mut standin_notes = Vec::new();
     for m in &masters {
-        let console = c.vms[m].console_text();
         let url = format!("https://{API_VIP}:22623/config/master");
+        if c.is_standin(m) {
+            standin_notes.push(standin_first_boot(c, m, &url)?);
+            continue;
+        }
+        let console = c.vms[m].console_text();
         ensure!(
             console.contains(&format!("fetched config {url}")),
             "{m} did not log fetching {url}"
@@ -78,8 +98,13 @@ pub fn boot(c: &mut Cluster) -> Result<String> {
         sole == "bootstrap",
         "{API_VIP} answered by {sole}, expected the bootstrap alone"
     );
+    let standin = if standin_notes.is_empty() {
+        String::new()
+    } else {
+        format!("; RHCOS stand-ins: {}", standin_notes.join("; "))
+    };
     Ok(format!(
-        "{holder} ready in {} and holds {API_VIP} at {} (the only node answering ARP for it once the masters are up); 3 masters ready at {} (configs from :22623); {} retrying on 500",
+        "{holder} ready in {} and holds {API_VIP} at {} (the only node answering ARP for it once the masters are up); 3 masters ready at {} (configs from :22623); {} retrying on 500{standin}",
         secs(bootstrap),
         secs(vip_at),
         secs(masters_at),
@@ -99,57 +124,79 @@ pub fn cloud_boot(c: &Cluster) -> Result<String> {
         let Some(vm) = c.vms.get(&node.name) else {
             continue;
         };
+        // The appliance's agent reads the metadata and says where from; on the RHCOS
+        // stand-in Ignition reads user_data (config drive or service) and NetworkManager does
+        // DHCP, so the service's own log says who asked it.
+        let standin = c.is_standin(&node.name);
         let console = vm.console_text();
-        let said = console
-            .lines()
-            .find_map(|l| l.split("metadata from ").nth(1))
-            .with_context(|| format!("{}: no `metadata from` line", node.name))?;
+        let said = if standin {
+            None
+        } else {
+            Some(
+                console
+                    .lines()
+                    .find_map(|l| l.split("metadata from ").nth(1))
+                    .with_context(|| format!("{}: no `metadata from` line", node.name))?,
+            )
+        };
+        let served = service.served_to(node.address);
+        let served_user_data = served
+            .iter()
+            .any(|r| r.path.ends_with("user_data") && r.status == 200);
         let keeps_dhcp = match node.source {
             MetadataSource::ConfigDrive(mode) => {
+                if let Some(said) = said {
+                    ensure!(
+                        said.starts_with("config-drive:"),
+                        "{}: metadata from {said}, expected the config drive",
+                        node.name
+                    );
+                }
                 ensure!(
-                    said.starts_with("config-drive:"),
-                    "{}: metadata from {said}, expected the config drive",
+                    !served_user_data,
+                    "{}: has a config drive but took user_data from the service",
                     node.name
                 );
                 mode == NetworkMode::Dhcp
             }
             MetadataSource::Service(mode, fault) => {
+                if let Some(said) = said {
+                    ensure!(
+                        said.starts_with("http://169.254.169.254"),
+                        "{}: metadata from {said}, expected the metadata service",
+                        node.name
+                    );
+                }
                 ensure!(
-                    said.starts_with("http://169.254.169.254"),
-                    "{}: metadata from {said}, expected the metadata service",
-                    node.name
-                );
-                let served = service.served_to(node.address);
-                ensure!(
-                    served
-                        .iter()
-                        .any(|r| r.path.ends_with("user_data") && r.status == 200),
+                    served_user_data,
                     "{}: the service never served it user_data ({served:?})",
                     node.name
                 );
-                if let ServiceFault::UnreachableFor(_) = fault {
+                if !standin {
+                    if let ServiceFault::UnreachableFor(_) = fault {
+                        ensure!(
+                            console.lines().any(|l| l.contains("metadata service: ")
+                                && l.contains("169.254.169.254")
+                                && l.contains("retrying in")),
+                            "{}: no console line saying it waits for http://169.254.169.254",
+                            node.name
+                        );
+                    }
+                    if mode == NetworkMode::Absent {
+                        ensure!(
+                            served
+                                .iter()
+                                .any(|r| r.path.ends_with("network_data.json") && r.status == 404),
+                            "{}: network_data.json was not asked for (and refused)",
+                            node.name
+                        );
+                    }
                     ensure!(
-                        console.lines().any(|l| l.contains("metadata service: ")
-                            && l.contains("169.254.169.254")
-                            && l.contains("retrying in")),
-                        "{}: no console line saying it waits for http://169.254.169.254",
+                        console.contains(&format!("DHCPv4 on eth0 ({})", node.mac)),
+                        "{}: no ephemeral DHCP line on the console",
                         node.name
                     );
                 }
-                if mode == NetworkMode::Absent {
-                    ensure!(
-                        served
-                            .iter()
-                            .any(|r| r.path.ends_with("network_data.json") && r.status == 404),
-                        "{}: network_data.json was not asked for (and refused)",
-                        node.name
-                    );
-                }
-                ensure!(
-                    console.contains(&format!("DHCPv4 on eth0 ({})", node.mac)),
-                    "{}: no ephemeral DHCP line on the console",
-                    node.name
-                );
                 mode != NetworkMode::Static
             }
         };
@@ -161,7 +208,12 @@ pub fn cloud_boot(c: &Cluster) -> Result<String> {
                 node.mac
             );
         }
-        lines.push(format!("{} <- {}", node.name, node.source.describe()));
+        lines.push(format!(
+            "{} ({}) <- {}",
+            node.name,
+            node.image.as_str(),
+            node.source.describe()
+        ));
     }
     Ok(lines.join("; "))
 }
@@ -197,6 +249,125 @@ pub fn renewals(c: &Cluster) -> Result<String> {
         "no node keeping DHCP ran long enough to renew"
     );
     Ok(renewed.join(", "))
+}
+
+/// How long a command inside a node may take.
+const GUEST_TIMEOUT: Duration = Duration::from_secs(30);
+
+fn guest(c: &Cluster, name: &str) -> Result<crate::guest::GuestAgent> {
+    c.vms
+        .get(name)
+        .and_then(|vm| vm.guest.clone())
+        .with_context(|| format!("{name} has no guest agent"))
+}
+
+/// Runs `argv` in `name` and returns its output.
+pub fn in_node(c: &Cluster, name: &str, argv: &[&str]) -> Result<String> {
+    guest(c, name)?
+        .output(argv, GUEST_TIMEOUT)
+        .with_context(|| format!("on {name}"))
+}
+
+/// The seconds since kernel start of a `journalctl -o short-monotonic` line.
+fn monotonic(line: &str) -> Option<f64> {
+    let rest = line.trim_start().strip_prefix('[')?;
+    rest.split(']').next()?.trim().parse().ok()
+}
+
+/// Journal entries of `ident` in `-o short-monotonic` (this boot only with `this_boot`).
+fn journal(c: &Cluster, name: &str, ident: &str, this_boot: bool) -> Result<Vec<String>> {
+    let mut argv = vec![
+        "journalctl",
+        "--no-pager",
+        "-q",
+        "-o",
+        "short-monotonic",
+        "-t",
+        ident,
+    ];
+    if this_boot {
+        argv.push("-b");
+    }
+    Ok(in_node(c, name, &argv)?
+        .lines()
+        .filter(|l| monotonic(l).is_some())
+        .map(str::to_owned)
+        .collect())
+}
+
+/// What an RHCOS node's first boot must show: the unmodified Ignition fetched the full
+/// config from `url` (the pointer's merge, through the API VIP, trusting the pointer's CA)
+/// and finished; NetworkManager, not the agent, owns the NIC; systemd runs the agent as
+/// Ignition enabled it. Returns "name: Ignition X s, ready Y s".
+pub fn standin_first_boot(c: &Cluster, name: &str, url: &str) -> Result<String> {
+    let g = guest(c, name)?;
+    g.wait(Duration::from_secs(60))?;
+    let log = journal(c, name, "ignition", false)?;
+    ensure!(
+        log.iter()
+            .any(|l| l.contains(&format!("fetched referenced config at {url}"))),
+        "{name}: Ignition's log has no \"fetched referenced config at {url}\":\n{}",
+        log.join("\n")
+    );
+    let finished = log
+        .iter()
+        .rev()
+        .find(|l| l.contains("Ignition finished successfully"))
+        .with_context(|| format!("{name}: Ignition never finished:\n{}", log.join("\n")))?;
+    let ignition =
+        monotonic(finished).unwrap_or(0.0) - log.first().and_then(|l| monotonic(l)).unwrap_or(0.0);
+    for unit in [
+        "keelson-agent.service",
+        "NetworkManager.service",
+        "kube-apiserver.service",
+    ] {
+        let state = in_node(c, name, &["systemctl", "is-active", unit]).unwrap_or_default();
+        ensure!(
+            state.trim() == "active",
+            "{name}: {unit} is {state:?}, expected active"
+        );
+    }
+    let enabled = in_node(
+        c,
+        name,
+        &["systemctl", "is-enabled", "keelson-agent.service"],
+    )?;
+    ensure!(
+        enabled.trim() == "enabled",
+        "{name}: keelson-agent.service is {enabled:?}: Ignition's preset did not enable it"
+    );
+    // NetworkManager holds the NIC with the node's address.
+    let address = c.node(name)?.address.to_string();
+    let devices = in_node(
+        c,
+        name,
+        &["nmcli", "-t", "-f", "DEVICE,TYPE,STATE", "device"],
+    )?;
+    let nic = devices
+        .lines()
+        .find(|l| l.contains(":ethernet:connected"))
+        .and_then(|l| l.split(':').next())
+        .with_context(|| {
+            format!("{name}: NetworkManager manages no connected ethernet device:\n{devices}")
+        })?
+        .to_owned();
+    let addrs = in_node(
+        c,
+        name,
+        &["nmcli", "-g", "IP4.ADDRESS", "device", "show", &nic],
+    )?;
+    ensure!(
+        addrs.contains(&format!("{address}/")),
+        "{name}: NetworkManager's {nic} has {addrs:?}, expected {address}"
+    );
+    let ready = journal(c, name, "keelson-agent", true)?
+        .iter()
+        .find(|l| l.contains("keelson-agent ready:"))
+        .and_then(|l| monotonic(l))
+        .with_context(|| format!("{name}: no ready line in the agent's journal"))?;
+    Ok(format!(
+        "{name}: Ignition {ignition:.1} s in the initramfs, agent ready {ready:.1} s after kernel start, NIC {nic} by NetworkManager"
+    ))
 }
 
 /// 2. DNS from `nodes`: api/api-int -> API VIP, *.apps -> ingress VIP, node names -> node
@@ -248,11 +419,74 @@ pub fn dns(c: &Cluster, nodes: &[String]) -> Result<String> {
             "dig @{server} nosuchnode.{ZONE}: {missing:?}, expected NXDOMAIN"
         );
         checked += 2;
+        if c.is_standin(node) {
+            checked += own_resolver(c, node)?;
+        }
     }
     Ok(format!(
         "{checked} answers from {} nodes ({})",
         nodes.len(),
         nodes.join(", ")
+    ))
+}
+
+/// The node's own resolver (glibc, through the resolv.conf NetworkManager wrote from the
+/// payload's profile) answers cluster names from the agent: `api-int` by FQDN and, through
+/// the search domain, by its short name. Returns the number of names checked.
+fn own_resolver(c: &Cluster, node: &str) -> Result<usize> {
+    let resolv = in_node(c, node, &["cat", "/etc/resolv.conf"])?;
+    ensure!(
+        resolv.contains("Generated by NetworkManager"),
+        "{node}: /etc/resolv.conf was not written by NetworkManager:\n{resolv}"
+    );
+    let first = resolv.lines().find(|l| l.starts_with("nameserver"));
+    ensure!(
+        first == Some("nameserver 127.0.0.1") && resolv.contains(&format!("search {ZONE}")),
+        "{node}: /etc/resolv.conf does not ask the agent first for {ZONE}:\n{resolv}"
+    );
+    for name in [
+        format!("api-int.{ZONE}"),
+        "api-int".to_owned(),
+        format!("{node}.{ZONE}"),
+    ] {
+        let want = if name.starts_with("api") {
+            API_VIP.to_owned()
+        } else {
+            c.node(node)?.address.to_string()
+        };
+        let got = in_node(c, node, &["getent", "hosts", &name])?;
+        ensure!(
+            got.split_whitespace().next() == Some(want.as_str()),
+            "{node}: getent hosts {name} gave {got:?}, expected {want}"
+        );
+    }
+    Ok(3)
+}
+
+/// 4c. API through VIP:6443 on an RHCOS master: the holder's kube-apiserver owns `*:6443`, so
+///     the agent reaches the VIP through its nftables redirect to the proxy; requests
+///     through the VIP are spread over every master (the local apiserver alone would only
+///     ever name the holder).
+pub fn api_on_rhcos(c: &Cluster) -> Result<String> {
+    let holder = c.wait_holder(API_VIP, Duration::from_secs(30), |h| {
+        h.starts_with("master-")
+    })?;
+    if !c.is_standin(&holder) {
+        return api_spread(c);
+    }
+    let listeners = in_node(c, &holder, &["ss", "-Hltnp", "sport = :6443"])?;
+    ensure!(
+        listeners.contains("0.0.0.0:6443") && listeners.contains("kube-standin"),
+        "{holder}: *:6443 is not the apiserver's: {listeners:?}"
+    );
+    let table = in_node(c, &holder, &["nft", "list", "table", "inet", "keelson_api"])?;
+    ensure!(
+        table.contains(&format!("ip daddr {API_VIP} tcp dport 6443 redirect to :")),
+        "{holder}: no VIP:6443 redirect in nftables:\n{table}"
+    );
+    let spread = api_spread(c)?;
+    Ok(format!(
+        "{holder} holds {API_VIP}, its apiserver owns *:6443, nftables redirects the VIP to the proxy; {spread}"
     ))
 }
 
@@ -481,12 +715,13 @@ pub fn failover(c: &mut Cluster) -> Result<(String, String)> {
     Ok((
         api_dead.clone(),
         format!(
-            "API: {api_dead} killed, {API_VIP} answered again after {} (now {api_new}), {} of {} requests failed, the last {} after the kill; \
+            "API: {api_dead} killed, {API_VIP} answered again after {} (now {api_new}), {} of {} requests failed, the last {} after the kill, {} after it answered again; \
              ingress: {ing_dead} killed, {INGRESS_VIP} answered again after {} (now {ing_new}), {} of {} requests failed",
             secs(api_back),
             api.failures_after,
             api.requests_after,
             secs(api_last),
+            api.failures_after_back,
             secs(ing_back),
             ing.failures_after,
             ing.requests_after
@@ -499,8 +734,13 @@ pub fn failover(c: &mut Cluster) -> Result<(String, String)> {
 pub fn rejoin(c: &mut Cluster, master: &str) -> Result<String> {
     let start = Instant::now();
     c.boot(master)?;
-    c.wait_ready(&[master.to_owned()], BOOT_TIMEOUT)?;
+    c.wait_ready(&[master.to_owned()], boot_timeout(c, &[master.to_owned()]))?;
     let ready = start.elapsed();
+    let second_boot = if c.is_standin(master) {
+        standin_second_boot(c, master)?
+    } else {
+        String::new()
+    };
     let other = names(c, "master")
         .into_iter()
         .find(|m| m != master && c.vms.contains_key(m))
@@ -510,7 +750,10 @@ pub fn rejoin(c: &mut Cluster, master: &str) -> Result<String> {
     let name = format!("{master}.{ZONE}");
     let mut dns_at = None;
     let mut api_at = None;
-    while start.elapsed() < Duration::from_secs(180) && (dns_at.is_none() || api_at.is_none()) {
+    // From the ready line on: members and the proxy's checks need their time after the boot,
+    // however long the boot took.
+    let deadline = Instant::now() + Duration::from_secs(180);
+    while Instant::now() < deadline && (dns_at.is_none() || api_at.is_none()) {
         if dns_at.is_none() && probe::dig(&c.netns, &server, &name, "A").records == want {
             dns_at = Some(start.elapsed());
         }
@@ -524,9 +767,67 @@ pub fn rejoin(c: &mut Cluster, master: &str) -> Result<String> {
     c.sole_holder(API_VIP, Duration::from_secs(10))?;
     c.sole_holder(INGRESS_VIP, Duration::from_secs(10))?;
     Ok(format!(
-        "{master} ready in {}; in {other}'s DNS at {}; serving through the API VIP at {}",
+        "{master} ready in {}{second_boot}; in {other}'s DNS at {}; serving through the API VIP at {}",
         secs(ready),
         secs(dns_at),
         secs(api_at)
     ))
+}
+
+/// A stand-in's second boot: the disk Ignition wrote is kept, no Ignition runs (no
+/// `ignition.firstboot`, no Ignition entry in this boot's journal while the first boot's are
+/// still there), and systemd started the agent again on its own.
+fn standin_second_boot(c: &Cluster, name: &str) -> Result<String> {
+    guest(c, name)?.wait(Duration::from_secs(60))?;
+    let cmdline = in_node(c, name, &["cat", "/proc/cmdline"])?;
+    ensure!(
+        !cmdline
+            .split_whitespace()
+            .any(|w| w == "ignition.firstboot"),
+        "{name}: the second boot has ignition.firstboot: {cmdline}"
+    );
+    let this_boot = journal(c, name, "ignition", true)?;
+    ensure!(
+        this_boot.is_empty(),
+        "{name}: Ignition ran on the second boot:\n{}",
+        this_boot.join("\n")
+    );
+    let all = journal(c, name, "ignition", false)?;
+    ensure!(
+        all.iter()
+            .any(|l| l.contains("Ignition finished successfully")),
+        "{name}: the first boot's Ignition entries are gone: the disk was not kept"
+    );
+    let state = in_node(
+        c,
+        name,
+        &["systemctl", "is-active", "keelson-agent.service"],
+    )?;
+    ensure!(
+        state.trim() == "active",
+        "{name}: keelson-agent.service is {state:?}"
+    );
+    let ready = journal(c, name, "keelson-agent", true)?
+        .iter()
+        .find(|l| l.contains("keelson-agent ready:"))
+        .and_then(|l| monotonic(l))
+        .unwrap_or(0.0);
+    Ok(format!(
+        " (second boot: no Ignition, systemd started the agent, ready {ready:.1} s after kernel start)"
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn monotonic_timestamps_of_journal_lines() {
+        assert_eq!(
+            monotonic("[    4.123456] master-0 ignition[312]: Ignition 2.14.0"),
+            Some(4.123456)
+        );
+        assert_eq!(monotonic("-- No entries --"), None);
+        assert_eq!(monotonic("[abc] x"), None);
+    }
 }

@@ -1,6 +1,7 @@
-//! One QEMU virtual machine of the appliance image: its own copy-on-write overlay of
-//! `keelson.qcow2`, a config drive, a NIC on the test segment, the serial console captured to
-//! a file, and the human monitor on a unix socket (`system_powerdown`, `quit`).
+//! One QEMU virtual machine: its own copy-on-write overlay of the image it boots
+//! (`keelson.qcow2`, or the RHCOS stand-in's root), a config drive, a NIC on the test
+//! segment, the serial console captured to a file, and the human monitor on a unix socket
+//! (`system_powerdown`, `quit`).
 
 use std::io::Write;
 use std::os::unix::net::UnixStream;
@@ -10,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 
+use crate::guest::{self, GuestAgent};
 use crate::segment::NicLink;
 
 /// How to start one VM.
@@ -27,6 +29,30 @@ pub struct VmSpec {
     pub memory_mib: u32,
     /// Boot with UEFI (OVMF) instead of SeaBIOS.
     pub uefi: bool,
+    /// What starts the VM: the boot loader on the image, or a kernel QEMU loads itself.
+    pub boot: Boot,
+    /// Keep the overlay of an earlier run of this VM (a reboot keeps the node's disk);
+    /// otherwise every start begins from a fresh overlay of `image`.
+    pub keep_disk: bool,
+    /// Give the VM a QEMU guest agent port (`<name>.qga`; the image runs `qemu-ga`).
+    pub guest_agent: bool,
+}
+
+/// How a VM boots.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Boot {
+    /// From the image's own boot loader (the appliance: syslinux or systemd-boot).
+    Disk,
+    /// `-kernel`/`-initrd`/`-append`: QEMU loads the kernel and passes this command line
+    /// (the RHCOS stand-in, whose command line differs per node and per boot).
+    Kernel {
+        /// The kernel.
+        kernel: PathBuf,
+        /// The initramfs.
+        initrd: PathBuf,
+        /// The kernel command line.
+        cmdline: String,
+    },
 }
 
 /// A running VM.
@@ -37,6 +63,8 @@ pub struct Vm {
     /// The serial console log.
     pub console: PathBuf,
     monitor: PathBuf,
+    /// The guest agent, when the VM has one.
+    pub guest: Option<GuestAgent>,
     child: Option<Child>,
     /// When QEMU was started.
     pub started: Instant,
@@ -52,18 +80,24 @@ impl Vm {
     pub fn start(spec: VmSpec, link: impl Into<NicLink>, work: &Path) -> Result<Self> {
         let link = link.into();
         let overlay = work.join(format!("{}.qcow2", spec.name));
-        let _ = std::fs::remove_file(&overlay);
-        let status = Command::new(crate::tools::require("qemu-img")?)
-            .args(["create", "-q", "-f", "qcow2", "-F", "qcow2", "-b"])
-            .arg(&spec.image)
-            .arg(&overlay)
-            .status()
-            .context("running qemu-img")?;
-        if !status.success() {
-            bail!("qemu-img create failed for {}", spec.name);
+        if !(spec.keep_disk && overlay.exists()) {
+            let _ = std::fs::remove_file(&overlay);
+            let status = Command::new(crate::tools::require("qemu-img")?)
+                .args(["create", "-q", "-f", "qcow2", "-F", "qcow2", "-b"])
+                .arg(&spec.image)
+                .arg(&overlay)
+                .status()
+                .context("running qemu-img")?;
+            if !status.success() {
+                bail!("qemu-img create failed for {}", spec.name);
+            }
         }
         let console = work.join(format!("{}.console", spec.name));
         let monitor = work.join(format!("{}.monitor", spec.name));
+        if spec.keep_disk && console.exists() {
+            // The earlier boot's console stays readable beside the new one.
+            let _ = std::fs::rename(&console, work.join(format!("{}.console.prev", spec.name)));
+        }
         let _ = std::fs::remove_file(&console);
         let _ = std::fs::remove_file(&monitor);
         let mut cmd = Command::new(crate::tools::require("qemu-system-x86_64")?);
@@ -86,6 +120,25 @@ impl Vm {
         if spec.uefi {
             cmd.args(["-bios", "/usr/share/ovmf/OVMF.fd"]);
         }
+        if let Boot::Kernel {
+            kernel,
+            initrd,
+            cmdline,
+        } = &spec.boot
+        {
+            cmd.arg("-kernel")
+                .arg(kernel)
+                .arg("-initrd")
+                .arg(initrd)
+                .arg("-append")
+                .arg(cmdline);
+        }
+        let guest = spec.guest_agent.then(|| {
+            let socket = work.join(format!("{}.qga", spec.name));
+            let _ = std::fs::remove_file(&socket);
+            cmd.args(guest::qemu_args(&socket));
+            GuestAgent { socket }
+        });
         cmd.stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped());
@@ -116,6 +169,7 @@ impl Vm {
             spec,
             console,
             monitor,
+            guest,
             child: Some(child),
             started: Instant::now(),
         })

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use base64::Engine;
 use keelson_qemu_tests::configdrive::NodeDrive;
 use keelson_qemu_tests::segment::Segment;
-use keelson_qemu_tests::vm::{Vm, VmSpec};
+use keelson_qemu_tests::vm::{Boot, Vm, VmSpec};
 
 /// The static agent `make agent` built (the Makefile exports its path).
 fn agent_or_skip() -> Option<PathBuf> {
@@ -93,6 +93,9 @@ fn boot(image: &Path, work: &Path, segment: Segment, uefi: bool, host: u8) -> (D
             mac: drive.mac.clone(),
             memory_mib: 512,
             uefi,
+            boot: Boot::Disk,
+            keep_disk: false,
+            guest_agent: false,
         },
         segment,
         work,

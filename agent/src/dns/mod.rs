@@ -251,11 +251,22 @@ pub async fn run_with(
         resolv::write(&opts.resolv_conf, &cluster.zone(), &ups)
             .with_context(|| format!("writing {}", opts.resolv_conf.display()))?;
     }
+    let _view = {
+        let (shared, forwarder, bound) = (shared.clone(), forwarder.clone(), bound.clone());
+        let zone_name = cluster.zone();
+        ctx.bus.views.dns.install(move || {
+            let mut st = shared.stats.status();
+            st.zone = zone_name.clone();
+            st.nodes = shared.zone.borrow().node_count() as u64;
+            st.listen = bound.clone();
+            st.upstreams = forwarder.upstreams();
+            st
+        })
+    };
     ctx.bus.mark_ready("dns");
 
     let mut members_rx = ctx.bus.members.subscribe();
     let mut upstreams_rx = ctx.bus.dns_upstreams.subscribe();
-    let mut tick = tokio::time::interval(std::time::Duration::from_secs(5));
     loop {
         tokio::select! {
             _ = stop.cancelled() => break,
@@ -276,15 +287,6 @@ pub async fn run_with(
                 {
                     tracing::warn!(error = %e, "dns: resolv.conf update failed");
                 }
-            }
-            _ = tick.tick() => {
-                let zone = shared.zone.borrow().clone();
-                let mut status = shared.stats.snapshot();
-                status["zone"] = serde_json::json!(cluster.zone());
-                status["nodes"] = serde_json::json!(zone.node_count());
-                status["listen"] = serde_json::json!(bound);
-                status["upstreams"] = serde_json::json!(forwarder.upstreams());
-                ctx.bus.publish_status("dns", status);
             }
         }
     }

@@ -27,9 +27,77 @@ const MAX_TCP_CONNECTIONS: usize = 256;
 /// uncached names towards a dead upstream cannot pile up tasks and sockets.
 const MAX_FORWARDS: usize = 1024;
 
+/// Question types counted one by one; everything else is `other` (bounded labels).
+pub const QTYPES: [(u16, &str); 12] = [
+    (1, "A"),
+    (2, "NS"),
+    (5, "CNAME"),
+    (6, "SOA"),
+    (12, "PTR"),
+    (15, "MX"),
+    (16, "TXT"),
+    (28, "AAAA"),
+    (33, "SRV"),
+    (65, "HTTPS"),
+    (64, "SVCB"),
+    (255, "ANY"),
+];
+
+/// Response codes counted one by one; everything else is `other`.
+pub const RCODES: [(u16, &str); 7] = [
+    (0, "NOERROR"),
+    (1, "FORMERR"),
+    (2, "SERVFAIL"),
+    (3, "NXDOMAIN"),
+    (4, "NOTIMP"),
+    (5, "REFUSED"),
+    (16, "BADVERS"),
+];
+
+/// The question type of a query packet, read straight from the bytes (no decoding: this
+/// runs for every packet), or `None` when it has not exactly one question or the name does
+/// not end inside the packet.
+pub fn question_type(packet: &[u8]) -> Option<u16> {
+    if packet.len() < 12 || u16::from_be_bytes([packet[4], packet[5]]) != 1 {
+        return None;
+    }
+    let mut i = 12;
+    loop {
+        let len = usize::from(*packet.get(i)?);
+        match len {
+            0 => break,
+            // A compression pointer ends the name (two bytes).
+            l if l & 0xc0 == 0xc0 => {
+                i += 1;
+                break;
+            }
+            l if l & 0xc0 != 0 => return None,
+            l => i += 1 + l,
+        }
+    }
+    let t = packet.get(i + 1..i + 3)?;
+    Some(u16::from_be_bytes([t[0], t[1]]))
+}
+
+/// Index of `code` in `table`, or the `other` slot after the table's last.
+fn slot(table: &[(u16, &str)], code: u16) -> usize {
+    table
+        .iter()
+        .position(|(c, _)| *c == code)
+        .unwrap_or(table.len())
+}
+
 /// Counters, published in the status snapshot.
 #[derive(Debug, Default)]
 pub struct Stats {
+    /// Queries by question type ([`QTYPES`] then `other`).
+    pub qtypes: [AtomicU64; QTYPES.len() + 1],
+    /// Responses by code ([`RCODES`] then `other`).
+    pub rcodes: [AtomicU64; RCODES.len() + 1],
+    /// Forwarded queries that no upstream answered (SERVFAIL sent).
+    pub forward_failures: AtomicU64,
+    /// Upstream round trips of forwarded queries.
+    pub forward_latency: crate::status::histogram::Histogram,
     /// Requests received (UDP datagrams and TCP messages).
     pub received: AtomicU64,
     /// Answered from the zone.
@@ -53,24 +121,44 @@ pub struct Stats {
 }
 
 impl Stats {
-    /// A JSON snapshot.
-    pub fn snapshot(&self) -> serde_json::Value {
+    /// The counters as the typed status section (the caller fills in zone, nodes, listen
+    /// and upstreams).
+    pub fn status(&self) -> crate::status::model::DnsStatus {
         let g = |c: &AtomicU64| c.load(Ordering::Relaxed);
-        serde_json::json!({
-            "received": g(&self.received),
-            "authoritative": g(&self.authoritative),
-            "forwarded": g(&self.forwarded),
-            "cacheHits": g(&self.cache_hits),
-            "droppedShort": g(&self.dropped_short),
-            "droppedResponse": g(&self.dropped_response),
-            "formerr": g(&self.formerr),
-            "servfail": g(&self.servfail),
-            "truncated": g(&self.truncated),
-            "tcpRefused": g(&self.tcp_refused),
-        })
+        let table = |names: &[(u16, &'static str)], counts: &[AtomicU64]| {
+            names
+                .iter()
+                .map(|(_, n)| *n)
+                .chain(["other"])
+                .zip(counts)
+                .map(|(n, c)| (n.to_string(), g(c)))
+                .collect()
+        };
+        crate::status::model::DnsStatus {
+            zone: String::new(),
+            nodes: 0,
+            listen: Vec::new(),
+            upstreams: Vec::new(),
+            received: g(&self.received),
+            queries: table(&QTYPES, &self.qtypes),
+            responses: table(&RCODES, &self.rcodes),
+            authoritative: g(&self.authoritative),
+            forwarded: g(&self.forwarded),
+            forward_failures: g(&self.forward_failures),
+            cache_hits: g(&self.cache_hits),
+            forward_latency: self.forward_latency.snapshot(),
+            dropped: [
+                ("short".to_string(), g(&self.dropped_short)),
+                ("response".to_string(), g(&self.dropped_response)),
+            ]
+            .into(),
+            truncated: g(&self.truncated),
+            tcp_refused: g(&self.tcp_refused),
+        }
     }
 
     fn count_reply(&self, rcode: ResponseCode, truncated: bool) {
+        self.rcodes[slot(&RCODES, u16::from(rcode))].fetch_add(1, Ordering::Relaxed);
         if rcode == ResponseCode::FormErr {
             self.formerr.fetch_add(1, Ordering::Relaxed);
         }
@@ -111,6 +199,9 @@ impl Shared {
     /// Decides on `packet`; counts drops.
     fn decide(&self, packet: &[u8], transport: Transport) -> Outcome {
         self.stats.received.fetch_add(1, Ordering::Relaxed);
+        if let Some(t) = question_type(packet) {
+            self.stats.qtypes[slot(&QTYPES, t)].fetch_add(1, Ordering::Relaxed);
+        }
         let zone = self.zone.borrow().clone();
         let out = handler::handle(packet, &zone, transport);
         match &out {
@@ -143,9 +234,14 @@ impl Shared {
     }
 
     async fn forward(&self, req: &Request) -> Vec<u8> {
+        let started = std::time::Instant::now();
         let result = self.forwarder.resolve(req.query()).await;
-        if let Err(e) = &result {
-            tracing::debug!(query = %req.query(), error = %e, "forwarding failed");
+        match &result {
+            Ok(_) => self.stats.forward_latency.observe(started.elapsed()),
+            Err(e) => {
+                self.stats.forward_failures.fetch_add(1, Ordering::Relaxed);
+                tracing::debug!(query = %req.query(), error = %e, "forwarding failed");
+            }
         }
         self.build(req, result)
     }
@@ -205,6 +301,10 @@ pub async fn serve_udp(sock: UdpSocket, shared: Shared, stop: CancellationToken)
                     continue;
                 }
                 let Ok(permit) = shared.forwards.clone().try_acquire_owned() else {
+                    shared
+                        .stats
+                        .forward_failures
+                        .fetch_add(1, Ordering::Relaxed);
                     let bytes = shared.build(&req, Err(super::forward::ForwardError::Busy));
                     send(&sock, &bytes, peer).await;
                     continue;
@@ -298,5 +398,44 @@ async fn tcp_conn(mut stream: TcpStream, shared: &Shared) -> std::io::Result<()>
         out.extend_from_slice(&(bytes.len() as u16).to_be_bytes());
         out.extend_from_slice(&bytes);
         stream.write_all(&out).await?;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use hickory_proto::op::{MessageType, OpCode, Query};
+    use hickory_proto::rr::{Name, RecordType};
+    use proptest::prelude::*;
+
+    fn query(name: &str, t: RecordType) -> Vec<u8> {
+        let mut m = Message::new(7, MessageType::Query, OpCode::Query);
+        m.add_query(Query::query(Name::from_ascii(name).unwrap(), t));
+        m.to_vec().unwrap()
+    }
+
+    #[test]
+    fn question_type_reads_the_wire() {
+        assert_eq!(
+            question_type(&query("api.ocp4.example.com.", RecordType::A)),
+            Some(1)
+        );
+        assert_eq!(question_type(&query("x.", RecordType::AAAA)), Some(28));
+        assert_eq!(question_type(&query(".", RecordType::SRV)), Some(33));
+        let mut two = query("x.", RecordType::A);
+        two[5] = 2;
+        assert_eq!(question_type(&two), None, "two questions");
+        let p = query("abc.example.", RecordType::A);
+        assert_eq!(question_type(&p[..p.len() - 3]), None, "cut short");
+        assert_eq!(question_type(&p[..10]), None);
+        assert_eq!(slot(&QTYPES, 28), 7);
+        assert_eq!(slot(&QTYPES, 9999), QTYPES.len());
+    }
+
+    proptest! {
+        #[test]
+        fn question_type_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..300)) {
+            let _ = question_type(&bytes);
+        }
     }
 }

@@ -72,6 +72,8 @@ pub struct CheckState {
     pub passing: bool,
     /// Its weight.
     pub weight: i32,
+    /// Times it changed between passing and failing.
+    pub transitions: u64,
 }
 
 /// Sum of the weights of passing checks.
@@ -116,6 +118,7 @@ pub fn spawn(
             name: c.name.clone(),
             passing: false,
             weight: c.weight,
+            transitions: 0,
         })
         .collect();
     let (tx, rx) = watch::channel(initial);
@@ -147,7 +150,10 @@ pub fn spawn(
                         check.name,
                         if rf.passing() { "passing" } else { "failing" }
                     );
-                    tx.send_modify(|v| v[i].passing = rf.passing());
+                    tx.send_modify(|v| {
+                        v[i].passing = rf.passing();
+                        v[i].transitions += 1;
+                    });
                 }
             }
         });
@@ -183,6 +189,7 @@ mod tests {
             name: "c".into(),
             passing,
             weight,
+            transitions: 0,
         };
         assert_eq!(weight(&[s(true, 50), s(false, 20), s(true, -5)]), 45);
         assert_eq!(weight(&[]), 0);

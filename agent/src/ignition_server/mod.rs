@@ -4,9 +4,10 @@
 //! bootstrap mode on the bootstrap node, the agent's own binary as `/assets/keelson-agent`,
 //! and the bus (`ignition_running`, the `ignition` ready mark and status snapshot).
 
+use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use anyhow::Context;
 use bytes::Bytes;
@@ -14,8 +15,8 @@ use keelson_ignition::Role;
 use keelson_ignition::cluster::MembersTransport;
 use keelson_ignition::routes::ExtraRoutes;
 use keelson_ignition::server::{
-    Assets, BoundServer, ConfigSource, IgnitionServer, RenderSource, ServerOptions,
-    default_allowed_networks, tls_config_from_files,
+    Assets, BoundServer, ConfigSource, IgnitionServer, RenderSource, RequestObserver,
+    RequestRecord, ServerOptions, default_allowed_networks, tls_config_from_files,
 };
 use tokio_util::sync::CancellationToken;
 
@@ -56,6 +57,45 @@ impl Paths {
             assets_dir: PathBuf::from("/etc/keelson/assets"),
             self_asset: Some(AGENT_ASSET.to_string()),
         }
+    }
+}
+
+/// What one count of [`RequestCounts`] is for: route, pool, served spec, status.
+type RequestKey = (&'static str, &'static str, String, u16);
+
+/// Requests answered, by route, pool, served spec and status (all bounded).
+#[derive(Debug, Default)]
+pub struct RequestCounts(Mutex<BTreeMap<RequestKey, u64>>);
+
+impl RequestObserver for RequestCounts {
+    fn observe(&self, r: &RequestRecord) {
+        let spec = r.spec.map(|s| s.to_string()).unwrap_or_default();
+        *self
+            .0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry((r.route, r.pool, spec, r.status))
+            .or_default() += 1;
+    }
+}
+
+impl RequestCounts {
+    /// The counts, sorted.
+    pub fn list(&self) -> Vec<crate::status::model::IgnitionRequests> {
+        self.0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .map(
+                |((route, pool, spec, status), count)| crate::status::model::IgnitionRequests {
+                    route: route.to_string(),
+                    pool: pool.to_string(),
+                    spec: spec.clone(),
+                    status: *status,
+                    count: *count,
+                },
+            )
+            .collect()
     }
 }
 
@@ -136,7 +176,11 @@ impl IgnitionService {
         Ok(assets)
     }
 
-    async fn bind(self, ctx: &AgentContext) -> anyhow::Result<BoundServer> {
+    async fn bind(
+        self,
+        ctx: &AgentContext,
+        counts: Arc<RequestCounts>,
+    ) -> anyhow::Result<BoundServer> {
         let tls = tls_config_from_files(&self.paths.cert, &self.paths.key)?;
         let assets = self.assets(&ctx.cluster)?;
         let settings = &ctx.cluster.ignition;
@@ -149,7 +193,8 @@ impl IgnitionService {
                 ..ServerOptions::default()
             };
             let s = IgnitionServer::from_shared(self.source.clone(), assets.clone(), opts)
-                .with_tls(tls.clone());
+                .with_tls(tls.clone())
+                .with_observer(counts.clone());
             match &self.extra {
                 Some(x) => s.with_extra_routes(x.clone()),
                 None => s,
@@ -171,18 +216,25 @@ impl IgnitionService {
 
     /// Runs until `stop` is cancelled.
     pub async fn run(self, ctx: AgentContext, stop: CancellationToken) -> anyhow::Result<()> {
-        let bound = self.bind(&ctx).await?;
+        let counts = Arc::new(RequestCounts::default());
+        let bound = self.bind(&ctx, counts.clone()).await?;
         let running = Running(ctx.bus.clone());
         ctx.bus.ignition_running.send_replace(true);
-        ctx.bus.publish_status(
-            "ignition",
-            serde_json::json!({
-                "tls": bound.tls_addr(),
-                "plain": bound.plain_addr(),
-                "bootstrap": ctx.node.role == Role::Bootstrap,
-                "allowedNetworks": default_allowed_networks(&ctx.cluster),
-            }),
-        );
+        let _view = {
+            let (tls, plain) = (bound.tls_addr(), bound.plain_addr());
+            let bootstrap = ctx.node.role == Role::Bootstrap;
+            let allowed = default_allowed_networks(&ctx.cluster);
+            ctx.bus
+                .views
+                .ignition
+                .install(move || crate::status::model::IgnitionStatus {
+                    tls,
+                    plain,
+                    bootstrap,
+                    allowed_networks: allowed.clone(),
+                    requests: counts.list(),
+                })
+        };
         ctx.bus.mark_ready("ignition");
         let result = bound.serve(stop).await;
         drop(running);

@@ -1,7 +1,6 @@
 //! The agent's Ignition service on loopback: TLS from files, ports from cluster.json,
 //! bootstrap mode from the node's role, and the bus.
 
-use std::net::SocketAddr;
 use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
@@ -99,10 +98,6 @@ fn curl(args: &[&str]) -> (String, Vec<u8>) {
     )
 }
 
-fn addr(status: &serde_json::Value, key: &str) -> SocketAddr {
-    status[key].as_str().unwrap().parse().unwrap()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bootstrap_node_serves_master_and_sets_the_bus() {
     let dir = tempfile::tempdir().unwrap();
@@ -127,10 +122,13 @@ async fn bootstrap_node_serves_master_and_sets_the_bus() {
     .expect("ready within 5 s")
     .unwrap();
     assert!(*bus.ignition_running.borrow());
-    let status = bus.status.borrow().get("ignition").cloned().unwrap();
-    assert_eq!(status["bootstrap"], true);
-    assert_eq!(status["allowedNetworks"][0], "10.0.0.0/16");
-    let (tls, plain) = (addr(&status, "tls"), addr(&status, "plain"));
+    let status = bus.views.ignition.read().expect("ignition view");
+    assert!(status.bootstrap);
+    assert_eq!(
+        status.allowed_networks,
+        vec!["10.0.0.0/16".parse().unwrap()]
+    );
+    let (tls, plain) = (status.tls.unwrap(), status.plain.unwrap());
     assert_ne!(tls.port(), 0);
     let ca = dir.path().join("ca.crt").display().to_string();
     let results = tokio::task::spawn_blocking(move || {
@@ -170,6 +168,27 @@ async fn bootstrap_node_serves_master_and_sets_the_bus() {
     );
     assert_eq!(results[1].0, "500");
     assert_eq!(results[2], ("200".into(), b"agent bytes".to_vec()));
+    // Every answer is counted, with the spec served (the metrics read these).
+    let counted: Vec<(String, String, String, u16, u64)> = bus
+        .views
+        .ignition
+        .read()
+        .unwrap()
+        .requests
+        .into_iter()
+        .map(|r| (r.route, r.pool, r.spec, r.status, r.count))
+        .collect();
+    let c = |route: &str, pool: &str, spec: &str, status| {
+        (route.into(), pool.into(), spec.into(), status, 1)
+    };
+    assert_eq!(
+        counted,
+        vec![
+            c("asset", "", "", 200),
+            c("config", "master", "3.4.0", 200),
+            c("config", "worker", "", 500),
+        ]
+    );
     stop.cancel();
     tokio::time::timeout(Duration::from_secs(5), task)
         .await
@@ -202,8 +221,7 @@ async fn master_serves_worker_and_its_own_binary() {
     .await
     .unwrap()
     .unwrap();
-    let status = bus.status.borrow().get("ignition").cloned().unwrap();
-    let plain = addr(&status, "plain");
+    let plain = bus.views.ignition.read().unwrap().plain.unwrap();
     let (worker, exe_len) = tokio::task::spawn_blocking(move || {
         let w = curl(&[&format!("http://{plain}/config/worker")]);
         // The asset is this very test binary: compare sizes via HEAD, not 100 MB of bytes.

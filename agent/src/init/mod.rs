@@ -17,6 +17,8 @@ use std::time::Duration;
 use anyhow::Context;
 use keelson_ignition::ClusterConfig;
 use tokio_util::sync::CancellationToken;
+use tracing_subscriber::layer::SubscriberExt as _;
+use tracing_subscriber::util::SubscriberInitExt as _;
 
 use crate::context::AgentContext;
 
@@ -72,13 +74,13 @@ pub fn log(message: &str) {
 
 fn init_logging() {
     let _ = tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| "info,hickory_proto=warn,hickory_server=warn".into()),
-        )
         .with_ansi(false)
         .with_writer(std::io::stderr)
         .with_target(false)
+        .finish()
+        .with(crate::log_filter(
+            "info,hickory_proto=warn,hickory_server=warn",
+        ))
         .try_init();
 }
 

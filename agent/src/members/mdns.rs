@@ -7,19 +7,30 @@
 //! - `<node>._keelson._tcp.local. TXT "role=.." "cluster=<zone>" "version=.."` (cache-flush),
 //! - `<node>.local. A/AAAA` per address (cache-flush).
 //!
+//! In a cluster whose records are authenticated (`members.keyId`, [`super::auth`]) the TXT
+//! record is the whole member record, signed: it also carries `addrs=` (the addresses,
+//! comma-separated, continued in `addrs2=`, `addrs3=`... past 255 bytes) and the proof
+//! (`kid=`, `time=`, `seq=`, `mac=`), and a TTL-0 TXT is a signed goodbye. A cache with a
+//! [`Verifier`] then believes only signed TXT records (from one of the addresses they sign,
+//! or from an IPv6 link-local address, which is where IPv6 mDNS comes from); PTR, SRV and
+//! A/AAAA records, which anyone can send, only tell it what to ask for. avahi still browses
+//! and resolves the nodes: the records it reads are all there.
+//!
 //! The wire format is hickory-proto's `Message` (without its `mdns` feature, which would
 //! change record parsing for the unicast DNS server too): the cache-flush and unicast-response
 //! bits are carried in the class field by hand, as `DNSClass::Unknown(0x8001)`.
 
 use std::collections::HashMap;
-use std::net::IpAddr;
-use std::time::{Duration, Instant};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
 
 use hickory_proto::op::{Message, MessageType, OpCode, Query, ResponseCode};
 use hickory_proto::rr::rdata::{A, AAAA, PTR, SRV, TXT};
 use hickory_proto::rr::{DNSClass, Name, RData, Record, RecordType};
 use keelson_ignition::Role;
 
+use super::auth::{Fields, Fresh, Op, Proof, Reject, Signer, Verifier, source_matches};
 use crate::context::Member;
 
 /// The DNS-SD service type members use.
@@ -87,10 +98,72 @@ fn flush(mut r: Record) -> Record {
     r
 }
 
+/// The longest character-string in a TXT record (RFC 1035 §3.3).
+const TXT_STRING_MAX: usize = 255;
+
 impl Announce {
-    /// Our records, with `ttl` (0 for a goodbye).
+    /// Our records, with `ttl` (0 for a goodbye), unsigned.
     pub fn records(&self, ttl: u32) -> Result<Vec<Record>, MdnsError> {
+        self.records_with(ttl, Vec::new())
+    }
+
+    /// The TXT items that carry our record: role, cluster, version.
+    fn txt_items(&self) -> Vec<String> {
+        vec![
+            format!("role={}", self.member.role.as_str()),
+            format!("cluster={}", self.zone),
+            format!("version={}", self.member.version),
+        ]
+    }
+
+    /// Our records with `ttl`, the TXT record signed by `signer` at `now` (an announcement,
+    /// or with `ttl` 0 a goodbye; [`super::auth`]).
+    pub fn signed_records(
+        &self,
+        ttl: u32,
+        signer: &Signer,
+        now: SystemTime,
+    ) -> Result<Vec<Record>, MdnsError> {
         let m = &self.member;
+        let proof = signer.sign(
+            &Fields {
+                op: if ttl == 0 { Op::Goodbye } else { Op::Announce },
+                cluster: &self.zone,
+                name: &m.name,
+                role: Some(m.role),
+                addresses: &m.addresses,
+                version: &m.version,
+            },
+            now,
+        );
+        let mut extra = addrs_items(&m.addresses);
+        extra.extend([
+            format!("kid={}", proof.key_id),
+            format!("time={}", proof.time_ms),
+            format!("seq={}", proof.seq),
+            format!("mac={}", proof.mac),
+        ]);
+        self.records_with(ttl, extra)
+    }
+
+    /// [`Announce::packet`], signed by `signer` at `now` when there is one.
+    pub fn packet_signed(
+        &self,
+        ttl: u32,
+        signer: Option<&Signer>,
+        now: SystemTime,
+    ) -> Result<Vec<u8>, MdnsError> {
+        let records = match signer {
+            Some(s) => self.signed_records(ttl, s, now)?,
+            None => self.records(ttl)?,
+        };
+        Ok(response(records))
+    }
+
+    fn records_with(&self, ttl: u32, extra: Vec<String>) -> Result<Vec<Record>, MdnsError> {
+        let m = &self.member;
+        let mut items = self.txt_items();
+        items.extend(extra);
         let inst = instance_name(&m.name)?;
         let host = host_name(&m.name)?;
         let mut out = vec![
@@ -100,15 +173,7 @@ impl Announce {
                 ttl,
                 RData::SRV(SRV::new(0, 0, self.port, host.clone())),
             )),
-            flush(Record::from_rdata(
-                inst,
-                ttl,
-                RData::TXT(TXT::new(vec![
-                    format!("role={}", m.role.as_str()),
-                    format!("cluster={}", self.zone),
-                    format!("version={}", m.version),
-                ])),
-            )),
+            flush(Record::from_rdata(inst, ttl, RData::TXT(TXT::new(items)))),
         ];
         for ip in &m.addresses {
             let data = match ip {
@@ -123,10 +188,7 @@ impl Announce {
     /// An unsolicited announcement (or, with `ttl` 0, a goodbye): an authoritative response
     /// with id 0 and no question (RFC 6762 §8.3, §10.1).
     pub fn packet(&self, ttl: u32) -> Result<Vec<u8>, MdnsError> {
-        let mut m = Message::new(0, MessageType::Response, OpCode::Query);
-        m.metadata.authoritative = true;
-        m.answers = self.records(ttl)?;
-        Ok(m.to_vec().unwrap_or_default())
+        Ok(response(self.records(ttl)?))
     }
 
     /// Whether a received query asks for one of our records.
@@ -143,6 +205,36 @@ impl Announce {
                 })
         })
     }
+}
+
+/// An unsolicited response carrying `records` (RFC 6762 §8.3, §10.1).
+fn response(records: Vec<Record>) -> Vec<u8> {
+    let mut m = Message::new(0, MessageType::Response, OpCode::Query);
+    m.metadata.authoritative = true;
+    m.answers = records;
+    m.to_vec().unwrap_or_default()
+}
+
+/// `addrs=a,b,...` items, each at most 255 bytes: `addrs=`, then `addrs2=`, `addrs3=`...
+fn addrs_items(addresses: &[IpAddr]) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    let mut cur = String::from("addrs=");
+    let mut empty = true;
+    for a in addresses {
+        let a = a.to_string();
+        if !empty && cur.len() + 1 + a.len() > TXT_STRING_MAX {
+            out.push(std::mem::take(&mut cur));
+            cur = format!("addrs{}=", out.len() + 1);
+            empty = true;
+        }
+        if !empty {
+            cur.push(',');
+        }
+        cur.push_str(&a);
+        empty = false;
+    }
+    out.push(cur);
+    out
 }
 
 /// A query for every keelson instance on the segment.
@@ -199,6 +291,8 @@ struct Service {
     name: String,
     target: Option<Name>,
     txt: Option<(Role, String)>,
+    /// A TXT record was heard (believed or not): nothing more to ask for it.
+    txt_heard: bool,
     seen: Instant,
 }
 
@@ -208,7 +302,7 @@ struct Host {
 }
 
 /// What we know about the other nodes: DNS-SD instances and host addresses, with the time
-/// each was last heard.
+/// each was last heard; with a [`Verifier`], the signed member records.
 #[derive(Debug)]
 pub struct Cache {
     zone: String,
@@ -218,6 +312,10 @@ pub struct Cache {
     services: HashMap<String, Service>,
     /// Host name (lower case, fqdn text) -> addresses.
     hosts: HashMap<String, Host>,
+    /// Set: only signed TXT records make members.
+    verifier: Option<Arc<Verifier>>,
+    /// Instance label (lower case) -> the member its last accepted signed record names.
+    signed: HashMap<String, (Member, Instant)>,
 }
 
 fn key(name: &Name) -> String {
@@ -245,11 +343,36 @@ impl Cache {
             expiry,
             services: HashMap::new(),
             hosts: HashMap::new(),
+            verifier: None,
+            signed: HashMap::new(),
         }
     }
 
-    /// Takes in one packet from `src_port`, received at `now`.
+    /// The same cache believing only records `verifier` accepts (when it holds keys), and
+    /// counting the others in its drops.
+    pub fn with_verifier(mut self, verifier: Arc<Verifier>) -> Self {
+        self.verifier = verifier.enabled().then_some(verifier);
+        self
+    }
+
+    /// Takes in one packet from `src_port`, received at `now`, its sender's address unknown
+    /// (so, in a cache with a [`Verifier`], no signed record is believed: the address check
+    /// fails); [`Cache::receive_from`] is the whole thing.
     pub fn receive(&mut self, packet: &[u8], src_port: u16, now: Instant) -> Received {
+        let src = SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), src_port);
+        self.receive_from(packet, src, now, SystemTime::now())
+    }
+
+    /// Takes in one packet from `src`, received at `now` (`wall`: the same moment on the
+    /// clock signed records are checked against).
+    pub fn receive_from(
+        &mut self,
+        packet: &[u8],
+        src: SocketAddr,
+        now: Instant,
+        wall: SystemTime,
+    ) -> Received {
+        let src_port = src.port();
         let Ok(msg) = Message::from_vec(packet) else {
             return Received::Dropped(Rejected::Malformed);
         };
@@ -339,18 +462,29 @@ impl Cache {
                 RData::TXT(txt) if instance_label(&r.name).is_some() => {
                     match self.instance(&r.name) {
                         Ok(Some(k)) => match parse_txt(txt) {
-                            Ok((role, cluster, version)) => {
-                                if !cluster.eq_ignore_ascii_case(&self.zone) {
-                                    self.services.remove(&k);
+                            Ok(info) => {
+                                if !info.cluster.eq_ignore_ascii_case(&self.zone) {
+                                    // Unsigned, it may only forget what is unsigned too.
+                                    if self.verifier.is_none() {
+                                        self.services.remove(&k);
+                                    }
                                     rejected.push(Rejected::OtherCluster);
                                     continue;
                                 }
+                                if let Some(v) = self.verifier.clone() {
+                                    self.touch(&k, now).txt_heard = true;
+                                    self.take_signed(&v, &k, info, r.ttl, src, now, wall);
+                                    touched.push(k);
+                                    continue;
+                                }
+                                let Txt { role, version, .. } = info;
                                 if r.ttl == 0 {
                                     self.services.remove(&k);
                                     continue;
                                 }
                                 let s = self.touch(&k, now);
                                 s.txt = Some((role, version));
+                                s.txt_heard = true;
                                 touched.push(k);
                             }
                             Err(e) => rejected.push(e),
@@ -368,6 +502,15 @@ impl Cache {
             .iter()
             .filter_map(|k| {
                 let s = self.services.get(k)?;
+                if self.verifier.is_some() {
+                    // Signed: the TXT record is the whole member; ask until one is heard.
+                    return (!s.txt_heard).then(|| {
+                        (
+                            instance_name(&s.name).unwrap_or_else(|_| service_name()),
+                            s.target.clone(),
+                        )
+                    });
+                }
                 let has_addrs = s
                     .target
                     .as_ref()
@@ -399,6 +542,67 @@ impl Cache {
         Ok((k != self.own).then_some(k))
     }
 
+    /// Takes in the TXT record `info` of instance `k` with `ttl`, heard from `src`, in a
+    /// cache whose records are signed: believed (an announcement, or with TTL 0 a goodbye)
+    /// only when `v` accepts it and it came from an address it signs (or from an IPv6
+    /// link-local address: IPv6 mDNS is sent from one, and it names no member).
+    #[allow(clippy::too_many_arguments)]
+    fn take_signed(
+        &mut self,
+        v: &Verifier,
+        k: &str,
+        info: Txt,
+        ttl: u32,
+        src: SocketAddr,
+        now: Instant,
+        wall: SystemTime,
+    ) {
+        let proof = match info.proof {
+            TxtProof::Absent => None,
+            TxtProof::Malformed => return v.refuse(Reject::BadMac, k, src),
+            TxtProof::Present(p) => Some(p),
+        };
+        let fields = Fields {
+            op: if ttl == 0 { Op::Goodbye } else { Op::Announce },
+            cluster: &info.cluster,
+            name: k,
+            role: Some(info.role),
+            addresses: &info.addrs,
+            version: &info.version,
+        };
+        let from_it = is_v6_link_local(&src.ip()) || source_matches(src.ip(), &info.addrs);
+        let fresh = match v.check(&fields, proof.as_ref(), from_it, wall) {
+            Ok(f) => f,
+            Err(r) => return v.refuse(r, k, src),
+        };
+        if fresh == Fresh::Duplicate {
+            return;
+        }
+        v.accept(k, proof.as_ref());
+        if ttl == 0 {
+            self.signed.remove(k);
+            return;
+        }
+        let mut addresses: Vec<IpAddr> = info
+            .addrs
+            .into_iter()
+            .filter(|a| !is_link_local(a))
+            .collect();
+        addresses.sort();
+        self.signed.insert(
+            k.to_string(),
+            (
+                Member {
+                    name: k.to_string(),
+                    role: info.role,
+                    addresses,
+                    version: info.version,
+                },
+                now,
+            ),
+        );
+    }
+
     fn touch(&mut self, k: &str, now: Instant) -> &mut Service {
         let s = self
             .services
@@ -407,6 +611,7 @@ impl Cache {
                 name: k.to_string(),
                 target: None,
                 txt: None,
+                txt_heard: false,
                 seen: now,
             });
         s.seen = now;
@@ -423,10 +628,23 @@ impl Cache {
                 .retain(|(_, t)| now.saturating_duration_since(*t) <= expiry);
         }
         self.hosts.retain(|_, h| !h.addrs.is_empty());
+        self.signed
+            .retain(|_, (_, t)| now.saturating_duration_since(*t) <= expiry);
     }
 
-    /// The complete members (SRV, TXT and at least one address known), sorted by name.
+    /// The complete members (SRV, TXT and at least one address known; with a verifier, the
+    /// signed records with an address), sorted by name.
     pub fn members(&self) -> Vec<Member> {
+        if self.verifier.is_some() {
+            let mut out: Vec<Member> = self
+                .signed
+                .values()
+                .filter(|(m, _)| !m.addresses.is_empty())
+                .map(|(m, _)| m.clone())
+                .collect();
+            out.sort();
+            return out;
+        }
         let mut out: Vec<Member> = self
             .services
             .values()
@@ -455,11 +673,43 @@ fn is_link_local(ip: &IpAddr) -> bool {
     }
 }
 
-/// Reads `role=`, `cluster=`, `version=` from a TXT record.
-fn parse_txt(txt: &TXT) -> Result<(Role, String, String), Rejected> {
+fn is_v6_link_local(ip: &IpAddr) -> bool {
+    matches!(ip, IpAddr::V6(_)) && is_link_local(ip)
+}
+
+/// The proof items of a TXT record.
+#[derive(Debug)]
+enum TxtProof {
+    /// None of `kid=`, `time=`, `seq=`, `mac=`.
+    Absent,
+    /// Some, or unreadable: a proof that cannot verify.
+    Malformed,
+    /// All four.
+    Present(Proof),
+}
+
+/// What a TXT record of our service says.
+#[derive(Debug)]
+struct Txt {
+    role: Role,
+    cluster: String,
+    version: String,
+    /// `addrs=`, `addrs2=`... (signed records).
+    addrs: Vec<IpAddr>,
+    proof: TxtProof,
+}
+
+/// The most addresses a record may carry (as a unicast registration).
+const MAX_ADDRS: usize = 16;
+
+/// Reads `role=`, `cluster=`, `version=`, and for signed records `addrs=` (continued in
+/// `addrs2=`...) and the proof, from a TXT record.
+fn parse_txt(txt: &TXT) -> Result<Txt, Rejected> {
     let mut role = None;
     let mut cluster = None;
     let mut version = String::new();
+    let mut addr_parts: Vec<(u32, String)> = Vec::new();
+    let (mut kid, mut time, mut seq, mut mac) = (None, None, None, None);
     for item in txt.txt_data.iter() {
         let Ok(item) = std::str::from_utf8(item) else {
             continue;
@@ -467,7 +717,8 @@ fn parse_txt(txt: &TXT) -> Result<(Role, String, String), Rejected> {
         let Some((k, v)) = item.split_once('=') else {
             continue;
         };
-        match k.to_ascii_lowercase().as_str() {
+        let k = k.to_ascii_lowercase();
+        match k.as_str() {
             "role" => {
                 role = Some(match v {
                     "bootstrap" => Role::Bootstrap,
@@ -478,11 +729,56 @@ fn parse_txt(txt: &TXT) -> Result<(Role, String, String), Rejected> {
             }
             "cluster" => cluster = Some(v.to_string()),
             "version" if v.len() <= 64 => version = v.to_string(),
-            _ => {}
+            "kid" => kid = Some(v.to_string()),
+            "time" => time = Some(v.parse::<u64>().ok()),
+            "seq" => seq = Some(v.parse::<u64>().ok()),
+            "mac" => mac = Some(v.to_string()),
+            _ => {
+                if let Some(n) = k.strip_prefix("addrs") {
+                    let index = if n.is_empty() {
+                        Some(1)
+                    } else {
+                        n.parse::<u32>().ok().filter(|i| *i >= 2)
+                    };
+                    if let Some(i) = index
+                        && addr_parts.len() < MAX_ADDRS
+                    {
+                        addr_parts.push((i, v.to_string()));
+                    }
+                }
+            }
         }
     }
+    addr_parts.sort_by_key(|(i, _)| *i);
+    let mut addrs = Vec::new();
+    for (_, part) in &addr_parts {
+        for a in part.split(',').filter(|a| !a.is_empty()) {
+            addrs.push(a.parse::<IpAddr>().map_err(|_| Rejected::Bogus)?);
+        }
+    }
+    if addrs.len() > MAX_ADDRS {
+        return Err(Rejected::Bogus);
+    }
+    let proof = match (kid, time, seq, mac) {
+        (None, None, None, None) => TxtProof::Absent,
+        (Some(key_id), Some(Some(time_ms)), Some(Some(seq)), Some(mac)) => {
+            TxtProof::Present(Proof {
+                key_id,
+                time_ms,
+                seq,
+                mac,
+            })
+        }
+        _ => TxtProof::Malformed,
+    };
     match (role, cluster) {
-        (Some(r), Some(c)) => Ok((r, c, version)),
+        (Some(role), Some(cluster)) => Ok(Txt {
+            role,
+            cluster,
+            version,
+            addrs,
+            proof,
+        }),
         _ => Err(Rejected::Bogus),
     }
 }
@@ -661,6 +957,219 @@ mod tests {
     #[test]
     fn bad_node_name() {
         assert!(announce("bad name", "c", "10.0.0.1").packet(1).is_err());
+    }
+
+    mod signed {
+        use super::*;
+        use crate::members::auth::{Keys, Reject, Signer, Verifier};
+
+        const ZONE: &str = "c.example";
+
+        fn keys(b: u8) -> Arc<Keys> {
+            Arc::new(Keys::from_raw(&[vec![b; 32]]))
+        }
+
+        fn at(secs: u64) -> SystemTime {
+            SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000 + secs)
+        }
+
+        fn from(ip: &str) -> SocketAddr {
+            SocketAddr::new(ip.parse().unwrap(), MDNS_PORT)
+        }
+
+        /// A cache of node `me` that verifies with key 1, and its verifier.
+        fn cache() -> (Cache, Arc<Verifier>) {
+            let v = Arc::new(Verifier::new(Some(keys(1))));
+            let c = Cache::new(ZONE, "me", Duration::from_secs(6)).with_verifier(v.clone());
+            (c, v)
+        }
+
+        fn drops(v: &Verifier) -> Vec<u64> {
+            Reject::ALL.iter().map(|r| v.drops.get(*r)).collect()
+        }
+
+        fn names(c: &Cache) -> Vec<String> {
+            c.members().into_iter().map(|m| m.name).collect()
+        }
+
+        #[test]
+        fn a_signed_announcement_is_believed_from_its_own_address_only() {
+            let (mut c, v) = cache();
+            let signer = Signer::new(keys(1), at(0));
+            let a = announce("master-1", ZONE, "10.0.0.11");
+            let t = Instant::now();
+            let p1 = a.packet_signed(6, Some(&signer), at(0)).unwrap();
+            // From another address: dropped.
+            c.receive_from(&p1, from("10.0.0.66"), t, at(0));
+            assert!(c.members().is_empty());
+            assert_eq!(drops(&v), [0, 0, 0, 0, 1]);
+            // From its own: believed, with the signed addresses.
+            c.receive_from(&p1, from("10.0.0.11"), t, at(0));
+            assert_eq!(names(&c), ["master-1"]);
+            assert_eq!(
+                c.members()[0].addresses,
+                vec!["10.0.0.11".parse::<IpAddr>().unwrap()]
+            );
+            // The same packet on IPv6 (from a link-local address): a duplicate, renews
+            // nothing: it is still dropped at the expiry of the first.
+            c.receive_from(&p1, from("fe80::1"), t + Duration::from_secs(5), at(5));
+            c.expire(t + Duration::from_secs(7));
+            assert!(c.members().is_empty(), "a duplicate renewed the member");
+            // Newer announcements; then the old one again, no longer among the last few
+            // accepted: a replay.
+            let mut p2 = Vec::new();
+            for _ in 0..crate::members::auth::RECENT {
+                p2 = a.packet_signed(6, Some(&signer), at(8)).unwrap();
+                c.receive_from(&p2, from("10.0.0.11"), t + Duration::from_secs(8), at(8));
+            }
+            assert_eq!(names(&c), ["master-1"]);
+            c.receive_from(&p1, from("10.0.0.11"), t + Duration::from_secs(8), at(8));
+            assert_eq!(drops(&v), [0, 0, 0, 1, 1]);
+            // A captured announcement turned into a goodbye (TTL 0): the MAC covers it.
+            let mut forged = Message::from_vec(&p2).unwrap();
+            for r in &mut forged.answers {
+                r.ttl = 0;
+            }
+            c.receive_from(&forged.to_vec().unwrap(), from("10.0.0.11"), t, at(8));
+            assert_eq!(names(&c), ["master-1"], "a forged goodbye removed it");
+            assert_eq!(drops(&v), [0, 1, 0, 1, 1]);
+            // Too old.
+            c.receive_from(&p2, from("10.0.0.11"), t, at(8 + 121));
+            assert_eq!(drops(&v), [0, 1, 1, 1, 1]);
+            // Its own signed goodbye removes it.
+            let bye = a.packet_signed(0, Some(&signer), at(9)).unwrap();
+            c.receive_from(&bye, from("10.0.0.11"), t + Duration::from_secs(9), at(9));
+            assert!(c.members().is_empty());
+        }
+
+        #[test]
+        fn unsigned_forged_and_other_records_change_nothing() {
+            let (mut c, v) = cache();
+            let t = Instant::now();
+            let signer = Signer::new(keys(1), at(0));
+            let genuine = announce("master-1", ZONE, "10.0.0.11");
+            c.receive_from(
+                &genuine.packet_signed(6, Some(&signer), at(0)).unwrap(),
+                from("10.0.0.11"),
+                t,
+                at(0),
+            );
+            assert_eq!(names(&c), ["master-1"]);
+            // Unsigned (an old agent, avahi-publish, a forger): no MAC.
+            let fake = announce("master-9", ZONE, "10.0.0.66");
+            c.receive_from(&fake.packet(6).unwrap(), from("10.0.0.66"), t, at(0));
+            // Signed with another key: bad MAC.
+            let other = Signer::new(keys(2), at(0));
+            c.receive_from(
+                &fake.packet_signed(6, Some(&other), at(0)).unwrap(),
+                from("10.0.0.66"),
+                t,
+                at(0),
+            );
+            // Unsigned goodbyes for the genuine member's PTR, SRV, TXT and address.
+            c.receive_from(&genuine.packet(0).unwrap(), from("10.0.0.66"), t, at(0));
+            // Half a proof.
+            let mut half = fake.records(6).unwrap();
+            half[2].data = RData::TXT(TXT::new(vec![
+                "role=master".into(),
+                format!("cluster={ZONE}"),
+                "addrs=10.0.0.66".into(),
+                "mac=00".into(),
+            ]));
+            c.receive_from(&response(half), from("10.0.0.66"), t, at(0));
+            // Another cluster's signed record with our member's name: not evicted.
+            let stranger = announce("master-1", "other.example", "10.0.0.11");
+            c.receive_from(
+                &stranger.packet_signed(6, Some(&other), at(0)).unwrap(),
+                from("10.0.0.11"),
+                t,
+                at(0),
+            );
+            assert_eq!(names(&c), ["master-1"]);
+            assert_eq!(
+                c.members()[0].addresses,
+                vec!["10.0.0.11".parse::<IpAddr>().unwrap()]
+            );
+            assert_eq!(drops(&v), [2, 2, 0, 0, 0]);
+            // Without a source address (`receive`) nothing signed is believed.
+            let (mut c2, v2) = cache();
+            c2.receive(
+                &genuine
+                    .packet_signed(6, Some(&signer), SystemTime::now())
+                    .unwrap(),
+                MDNS_PORT,
+                t,
+            );
+            assert!(c2.members().is_empty());
+            assert_eq!(v2.drops.get(Reject::AddressMismatch), 1);
+        }
+
+        #[test]
+        fn a_heard_txt_is_not_asked_for_again() {
+            // avahi answers a question with an unsigned TXT: asking again would loop.
+            let (mut c, _) = cache();
+            let fake = announce("avahi-node", ZONE, "10.0.0.66");
+            let t = Instant::now();
+            let mut ptr_only = Message::new(0, MessageType::Response, OpCode::Query);
+            ptr_only.answers = fake.records(6).unwrap()[..1].to_vec();
+            match c.receive_from(&ptr_only.to_vec().unwrap(), from("10.0.0.66"), t, at(0)) {
+                Received::Response { incomplete, .. } => assert_eq!(incomplete.len(), 1),
+                other => panic!("{other:?}"),
+            }
+            match c.receive_from(&fake.packet(6).unwrap(), from("10.0.0.66"), t, at(0)) {
+                Received::Response { incomplete, .. } => {
+                    assert!(incomplete.is_empty(), "{incomplete:?}")
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+
+        #[test]
+        fn many_addresses_split_over_txt_strings() {
+            let addrs: Vec<IpAddr> = (0..16)
+                .map(|i| {
+                    format!("fd00:1234:5678:9abc:def0:1234:5678:{i:x}")
+                        .parse()
+                        .unwrap()
+                })
+                .collect();
+            let items = addrs_items(&addrs);
+            assert!(items.len() > 1, "{items:?}");
+            assert!(items.iter().all(|i| i.len() <= TXT_STRING_MAX));
+            assert!(items[0].starts_with("addrs=") && items[1].starts_with("addrs2="));
+            let mut a = announce("master-1", ZONE, "10.0.0.11");
+            a.member.addresses = addrs.clone();
+            let (mut c, v) = cache();
+            let signer = Signer::new(keys(1), at(0));
+            c.receive_from(
+                &a.packet_signed(6, Some(&signer), at(0)).unwrap(),
+                SocketAddr::new(addrs[3], MDNS_PORT),
+                Instant::now(),
+                at(0),
+            );
+            assert_eq!(drops(&v), [0, 0, 0, 0, 0]);
+            let mut sorted = addrs;
+            sorted.sort();
+            assert_eq!(c.members()[0].addresses, sorted);
+        }
+
+        proptest::proptest! {
+            #[test]
+            fn mutated_signed_announcements_are_never_believed_changed(
+                pos in 0usize..500,
+                val in proptest::prelude::any::<u8>(),
+            ) {
+                let signer = Signer::new(keys(1), at(0));
+                let a = announce("n1", ZONE, "10.0.0.1");
+                let mut p = a.packet_signed(6, Some(&signer), at(0)).unwrap();
+                if pos < p.len() { p[pos] = val; }
+                let (mut c, _) = cache();
+                let _ = c.receive_from(&p, from("10.0.0.1"), Instant::now(), at(0));
+                for m in c.members() {
+                    proptest::prop_assert_eq!(&m, &a.member);
+                }
+            }
+        }
     }
 
     proptest::proptest! {

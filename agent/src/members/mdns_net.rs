@@ -2,14 +2,16 @@
 //! with avahi (SO_REUSEADDR + SO_REUSEPORT), driving [`super::mdns`].
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::Context as _;
 use socket2::{Domain, InterfaceIndexOrAddress, Protocol, Socket, Type};
 use tokio::net::UdpSocket;
 use tokio_util::sync::CancellationToken;
 
+use super::auth::{Keys, Signer, Verifier};
 use super::mdns::{self, Announce, Cache, MDNS_PORT, MDNS_V4, Received, Rejected};
 use super::{Counters, publish};
 use crate::context::AgentContext;
@@ -122,11 +124,15 @@ impl Links {
     }
 }
 
-/// Runs the mDNS transport until `stop`; sends a goodbye on the way out.
+/// Runs the mDNS transport until `stop`; sends a goodbye on the way out. With `keys`, every
+/// announcement is signed afresh (a new time and sequence number each time) and `verifier`
+/// decides which records of the others are believed.
 pub async fn run(
     ctx: AgentContext,
     stop: CancellationToken,
     counters: &Counters,
+    verifier: Arc<Verifier>,
+    keys: Option<Arc<Keys>>,
 ) -> anyhow::Result<()> {
     let me = super::own_member(&ctx);
     let settings = &ctx.cluster.members;
@@ -138,13 +144,15 @@ pub async fn run(
         port: ctx.cluster.ignition.tls_port,
         ttl: settings.expiry_secs.max(1),
     };
-    let hello = announce.packet(announce.ttl)?;
-    let goodbye = announce.packet(0)?;
+    let signer = keys.map(|k| Signer::new(k, SystemTime::now()));
+    let hello = || announce.packet_signed(announce.ttl, signer.as_ref(), SystemTime::now());
+    // Checked once here: the name is the only thing that can make a packet fail.
+    hello()?;
     let links = Links::open(&ctx.node.interface, &me.addresses)?;
-    let mut cache = Cache::new(&ctx.cluster.zone(), &me.name, expiry);
+    let mut cache = Cache::new(&ctx.cluster.zone(), &me.name, expiry).with_verifier(verifier);
 
     // Startup: announce twice, one second apart (RFC 6762 §8.3), and browse.
-    links.send(&hello).await;
+    links.send(&hello()?).await;
     links.send(&mdns::browse_query()).await;
     ctx.bus.mark_ready("members");
     publish(&ctx, &me, Vec::new());
@@ -160,11 +168,11 @@ pub async fn run(
         tokio::select! {
             _ = stop.cancelled() => break,
             _ = &mut second => {
-                links.send(&hello).await;
+                links.send(&hello()?).await;
                 second.as_mut().reset(tokio::time::Instant::now() + Duration::from_secs(86400 * 365));
             }
             _ = tick.tick() => {
-                links.send(&hello).await;
+                links.send(&hello()?).await;
                 // Ask too: responders that do not announce periodically (avahi) answer.
                 links.send(&mdns::browse_query()).await;
                 cache.expire(Instant::now());
@@ -177,12 +185,12 @@ pub async fn run(
                 };
                 counters.packets.fetch_add(1, Ordering::Relaxed);
                 let packet = if v6 { &b6[..n] } else { &b4[..n] };
-                match cache.receive(packet, peer.port(), Instant::now()) {
+                match cache.receive_from(packet, peer, Instant::now(), SystemTime::now()) {
                     Received::Query(q) => {
                         // RFC 6762 §6.2: no more than one multicast answer per second.
                         if announce.is_asked(&q) && last_answer.elapsed() >= Duration::from_secs(1) {
                             last_answer = Instant::now();
-                            links.send(&hello).await;
+                            links.send(&hello()?).await;
                         }
                     }
                     Received::Response { rejected, incomplete } => {
@@ -199,6 +207,7 @@ pub async fn run(
         }
     }
     // Goodbye: TTL 0 so the others drop us now rather than at expiry (RFC 6762 §10.1).
+    let goodbye = announce.packet_signed(0, signer.as_ref(), SystemTime::now())?;
     links.send(&goodbye).await;
     Ok(())
 }

@@ -10,6 +10,7 @@
 //! Whatever the transport, the result is published on `ctx.bus.members`: sorted by name,
 //! this node included, other clusters' members never.
 
+pub mod auth;
 pub mod mdns;
 pub mod mdns_net;
 pub mod registry;
@@ -48,26 +49,33 @@ pub struct Counters {
 }
 
 impl Counters {
-    /// A JSON snapshot.
-    pub fn snapshot(&self) -> serde_json::Value {
+    /// The typed status section (`status`, `/metrics`).
+    pub fn status(&self, transport: MembersTransport) -> crate::status::model::DiscoveryStatus {
         let g = |c: &AtomicU64| c.load(Ordering::Relaxed);
-        let registries = self
-            .registries
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone();
-        let mut v = serde_json::json!({
-            "packets": g(&self.packets),
-            "malformed": g(&self.malformed),
-            "badSourcePort": g(&self.bad_source_port),
-            "bogus": g(&self.bogus),
-            "otherCluster": g(&self.other_cluster),
-        });
-        if !registries.is_empty() || g(&self.refused) > 0 {
-            v["refused"] = g(&self.refused).into();
-            v["registries"] = serde_json::to_value(registries).unwrap_or_default();
+        crate::status::model::DiscoveryStatus {
+            transport: match transport {
+                MembersTransport::Mdns => "mdns",
+                MembersTransport::Unicast => "unicast",
+            }
+            .to_string(),
+            received: g(&self.packets),
+            drops: [
+                ("malformed", &self.malformed),
+                ("bad_source_port", &self.bad_source_port),
+                ("bogus", &self.bogus),
+                ("other_cluster", &self.other_cluster),
+            ]
+            .into_iter()
+            .map(|(k, c)| (k.to_string(), g(c)))
+            .collect(),
+            refused: g(&self.refused),
+            registries: self
+                .registries
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .clone(),
+            auth: None,
         }
-        v
     }
 }
 
@@ -121,36 +129,54 @@ pub async fn run_with(
     opts: RunOptions,
 ) -> anyhow::Result<()> {
     let counters = std::sync::Arc::new(Counters::default());
-    let status = {
-        let ctx = ctx.clone();
-        let counters = counters.clone();
-        let stop = stop.clone();
-        tokio::spawn(async move {
-            let mut tick = tokio::time::interval(std::time::Duration::from_secs(5));
-            loop {
-                tokio::select! {
-                    _ = stop.cancelled() => break,
-                    _ = tick.tick() => {
-                        let mut v = counters.snapshot();
-                        v["members"] = serde_json::to_value(&**ctx.bus.members.borrow()).unwrap_or_default();
-                        ctx.bus.publish_status("members", v);
-                    }
-                }
-            }
+    let _view = {
+        let (counters, transport) = (counters.clone(), ctx.cluster.members.transport);
+        let registry = ctx.member_registry.clone();
+        ctx.bus.views.discovery.install(move || {
+            let mut st = counters.status(transport);
+            st.auth = registry.auth_status();
+            st
         })
     };
-    let result = match ctx.cluster.members.transport {
-        MembersTransport::Mdns => mdns_net::run(ctx, stop, &counters).await,
+    let keys = load_keys(&ctx)?;
+    // One verifier for both transports: its drop counters are the members status's
+    // `auth.drops`, whichever transport heard the record.
+    let verifier = std::sync::Arc::new(
+        auth::Verifier::new(keys.clone()).with_window(ctx.cluster.members.max_clock_skew()),
+    );
+    ctx.member_registry.set_verifier(verifier.clone());
+    match ctx.cluster.members.transport {
+        MembersTransport::Mdns => mdns_net::run(ctx, stop, &counters, verifier, keys).await,
         MembersTransport::Unicast => {
             let ca = opts
                 .ca_path
                 .unwrap_or_else(|| ctx.paths.tls_dir.join(keelson_ignition::tls_files::CA_CERT));
             let state = ctx.paths.state_dir.clone();
-            unicast::run(ctx, stop, &counters, ca, state).await
+            unicast::run(ctx, stop, &counters, ca, state, keys).await
         }
-    };
-    status.abort();
-    result
+    }
+}
+
+/// The membership keys `cluster.json` names (`members.keyId`), from the node's TLS
+/// directory; `None`, with a loud warning, for a cluster built without one. A named key that
+/// is missing or different is an error: the service does not run unauthenticated by mistake.
+pub fn load_keys(ctx: &AgentContext) -> anyhow::Result<Option<std::sync::Arc<auth::Keys>>> {
+    match &ctx.cluster.members.key_id {
+        Some(id) => {
+            let keys = auth::Keys::load(&ctx.paths.tls_dir, id)?;
+            tracing::info!("members: records authenticated with membership key {id}");
+            Ok(Some(std::sync::Arc::new(keys)))
+        }
+        None => {
+            tracing::warn!(
+                "members: cluster.json has no members.keyId: member records are NOT \
+                 authenticated, and any host on the machine network can join this cluster as \
+                 a master (an API backend, a DNS name, a VRRP peer). Rebuild the payloads with \
+                 keelson build to get a membership key (docs/members.md)."
+            );
+            Ok(None)
+        }
+    }
 }
 
 /// `keelson-agent members`: run member discovery alone and print the member list (one JSON
@@ -163,9 +189,14 @@ pub struct MembersArgs {
     /// node.json.
     #[arg(long)]
     pub node: PathBuf,
-    /// The cluster CA (unicast transport).
-    #[arg(long, default_value = unicast::CA_PATH)]
-    pub ca: PathBuf,
+    /// The node's TLS directory: the membership keys (`members.keyId`) and, unless `--ca`
+    /// says otherwise, the cluster CA. Default: the directory of `--ca`, else
+    /// /etc/keelson/tls.
+    #[arg(long)]
+    pub tls_dir: Option<PathBuf>,
+    /// The cluster CA (unicast transport). Default: `ca.crt` in the TLS directory.
+    #[arg(long)]
+    pub ca: Option<PathBuf>,
     /// Where the unicast transport remembers the masters.
     #[arg(long, default_value = crate::context::STATE_DIR)]
     pub state_dir: PathBuf,
@@ -177,9 +208,23 @@ pub async fn cli(args: MembersArgs) -> anyhow::Result<()> {
         .with_context(|| format!("reading {}", args.cluster.display()))?;
     let cluster = ClusterConfig::from_json(&bytes)?;
     let node = NodeIdentity::load(&args.node)?;
+    let tls_dir = args
+        .tls_dir
+        .clone()
+        .or_else(|| {
+            args.ca
+                .as_deref()
+                .and_then(std::path::Path::parent)
+                .map(std::path::Path::to_path_buf)
+        })
+        .unwrap_or_else(|| PathBuf::from(crate::context::TLS_DIR));
+    let ca = args
+        .ca
+        .clone()
+        .unwrap_or_else(|| tls_dir.join(keelson_ignition::tls_files::CA_CERT));
     let ctx = AgentContext::new(cluster, node).with_paths(crate::context::NodePaths {
-        state_dir: args.state_dir,
-        ..Default::default()
+        state_dir: args.state_dir.clone(),
+        tls_dir,
     });
     let stop = CancellationToken::new();
     let mut rx = ctx.bus.members.subscribe();
@@ -189,9 +234,7 @@ pub async fn cli(args: MembersArgs) -> anyhow::Result<()> {
             println!("{}", serde_json::to_string(&*list).unwrap_or_default());
         }
     });
-    let opts = RunOptions {
-        ca_path: Some(args.ca),
-    };
+    let opts = RunOptions { ca_path: Some(ca) };
     let mut task = tokio::spawn(run_with(ctx, stop.clone(), opts));
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     let result = tokio::select! {

@@ -9,8 +9,8 @@
 //! last heard anywhere, however often the others gossip about it.
 
 use std::net::SocketAddr;
-use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant, SystemTime};
 
 use bytes::Bytes;
 use http::{Method, StatusCode};
@@ -18,6 +18,7 @@ use keelson_ignition::routes::ExtraRoutes;
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
+use super::auth::{Fields, Fresh, Op, Proof, Reject, Verifier, source_matches};
 use super::mdns::valid_label;
 use super::table::Table;
 use crate::context::Member;
@@ -33,6 +34,18 @@ pub struct Registration {
     pub cluster: String,
     /// The node.
     pub member: Member,
+    /// Its proof (authenticated clusters: `cluster.json` `members.keyId`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub auth: Option<Proof>,
+}
+
+/// What a node sends with its goodbye (`DELETE /keelson/v1/members/<node>`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct Goodbye {
+    /// Its proof (authenticated clusters).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub auth: Option<Proof>,
 }
 
 /// One entry of the registry's answer: a member and how long ago it was last heard, so
@@ -53,6 +66,8 @@ pub struct Registry {
     own: Option<Member>,
     table: Mutex<Table>,
     changed: watch::Sender<u64>,
+    /// `None` until the members service loaded the keys (registrations wait: 503).
+    verifier: RwLock<Option<Arc<Verifier>>>,
 }
 
 impl Registry {
@@ -64,7 +79,35 @@ impl Registry {
             own: None,
             table: Mutex::new(Table::new(expiry)),
             changed: watch::Sender::new(0),
+            verifier: RwLock::new(Some(Arc::new(Verifier::new(None)))),
         }
+    }
+
+    /// Holds registrations back (503) until [`Registry::set_verifier`]: for a cluster
+    /// whose records are authenticated, before the key is loaded.
+    pub fn awaiting_keys(self) -> Self {
+        *self.verifier.write().unwrap_or_else(|e| e.into_inner()) = None;
+        self
+    }
+
+    /// Checks registrations and goodbyes with `v` from now on.
+    pub fn set_verifier(&self, v: Arc<Verifier>) {
+        *self.verifier.write().unwrap_or_else(|e| e.into_inner()) = Some(v);
+    }
+
+    fn verifier(&self) -> Option<Arc<Verifier>> {
+        self.verifier
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Whether records are authenticated, and the drops by reason (for `status`).
+    pub fn auth_status(&self) -> Option<crate::status::model::MembersAuth> {
+        self.verifier().map(|v| crate::status::model::MembersAuth {
+            authenticated: v.enabled(),
+            drops: v.drops.counts(),
+        })
     }
 
     /// Lists `own` (the node serving this registry) in every answer, always fresh: a node
@@ -155,7 +198,7 @@ impl Registry {
         (StatusCode::OK, Bytes::from(body))
     }
 
-    fn register(&self, body: &[u8]) -> (StatusCode, Bytes) {
+    fn register(&self, body: &[u8], peer: SocketAddr) -> (StatusCode, Bytes) {
         let bad = |msg: String| (StatusCode::BAD_REQUEST, Bytes::from(msg + "\n"));
         let reg: Registration = match serde_json::from_slice(body) {
             Ok(r) => r,
@@ -188,18 +231,102 @@ impl Registry {
         if reg.member.addresses.is_empty() || reg.member.addresses.len() > 16 {
             return bad("registration: member.addresses: expected 1 to 16 addresses".into());
         }
-        if reg.member.version.len() > 64 {
-            return bad("registration: member.version: expected at most 64 bytes".into());
+        if reg.member.version.len() > 64 || reg.member.version.chars().any(char::is_control) {
+            return bad(
+                "registration: member.version: expected at most 64 bytes, no control characters"
+                    .into(),
+            );
         }
-        let changed = self.table().renew(reg.member, Instant::now());
-        self.notify(changed);
+        let Some(verifier) = self.verifier() else {
+            return (
+                StatusCode::SERVICE_UNAVAILABLE,
+                Bytes::from_static(b"registration: the membership key is not loaded yet\n"),
+            );
+        };
+        let fields = Fields {
+            op: Op::Register,
+            cluster: &reg.cluster,
+            name: &reg.member.name,
+            role: Some(reg.member.role),
+            addresses: &reg.member.addresses,
+            version: &reg.member.version,
+        };
+        // Only from an address it registers: nobody registers a node but the node itself.
+        let from_it = source_matches(peer.ip(), &reg.member.addresses);
+        let fresh = match verifier.check(&fields, reg.auth.as_ref(), from_it, SystemTime::now()) {
+            Ok(f) => f,
+            Err(r) => return refuse(&verifier, r, &reg.member.name, peer),
+        };
+        // The record accepted last, once more (the node reached this registry both through
+        // the API VIP and at its address): answered, but it renews nothing, so a replay of
+        // a dead node's last registration does not keep it alive.
+        if fresh == Fresh::New {
+            verifier.accept(&reg.member.name, reg.auth.as_ref());
+            let changed = self.table().renew(reg.member, Instant::now());
+            self.notify(changed);
+        }
         self.answer()
     }
 
-    fn remove(&self, name: &str) {
-        let changed = self.table().remove(name);
+    fn goodbye(&self, name: &str, body: &[u8], peer: SocketAddr) -> (StatusCode, Bytes) {
+        let bye: Goodbye = if body.is_empty() {
+            Goodbye::default()
+        } else {
+            match serde_json::from_slice(body) {
+                Ok(b) => b,
+                Err(e) => {
+                    return (
+                        StatusCode::BAD_REQUEST,
+                        Bytes::from(format!("goodbye: {e}\n")),
+                    );
+                }
+            }
+        };
+        let Some(verifier) = self.verifier() else {
+            return (
+                StatusCode::SERVICE_UNAVAILABLE,
+                Bytes::from_static(b"goodbye: the membership key is not loaded yet\n"),
+            );
+        };
+        let Some(known) = self
+            .table()
+            .list()
+            .into_iter()
+            .find(|m| m.name.eq_ignore_ascii_case(name))
+        else {
+            return (StatusCode::NO_CONTENT, Bytes::new());
+        };
+        let fields = Fields {
+            op: Op::Delete,
+            cluster: &self.zone,
+            name,
+            role: None,
+            addresses: &[],
+            version: "",
+        };
+        // Only from the node's own address: nobody says goodbye for another.
+        let from_it = source_matches(peer.ip(), &known.addresses);
+        if let Err(r) = verifier.check(&fields, bye.auth.as_ref(), from_it, SystemTime::now()) {
+            return refuse(&verifier, r, name, peer);
+        }
+        verifier.accept(name, bye.auth.as_ref());
+        let changed = self.table().remove(&known.name);
         self.notify(changed);
+        (StatusCode::NO_CONTENT, Bytes::new())
     }
+}
+
+/// Counts and answers a dropped record.
+fn refuse(v: &Verifier, r: Reject, name: &str, peer: SocketAddr) -> (StatusCode, Bytes) {
+    v.refuse(r, name, peer);
+    let status = match r {
+        Reject::AddressMismatch => StatusCode::FORBIDDEN,
+        _ => StatusCode::UNAUTHORIZED,
+    };
+    (
+        status,
+        Bytes::from(format!("member {name}: dropped: {}\n", r.as_str())),
+    )
 }
 
 impl ExtraRoutes for Registry {
@@ -207,23 +334,20 @@ impl ExtraRoutes for Registry {
         &self,
         method: &Method,
         path: &str,
-        _peer: SocketAddr,
+        peer: SocketAddr,
         body: Bytes,
     ) -> Option<(StatusCode, Bytes)> {
         if path == MEMBERS_PATH {
             return Some(match *method {
                 Method::GET => self.answer(),
-                Method::POST => self.register(&body),
+                Method::POST => self.register(&body, peer),
                 _ => (StatusCode::METHOD_NOT_ALLOWED, Bytes::new()),
             });
         }
         let name = path.strip_prefix(MEMBERS_PATH)?.strip_prefix('/')?;
         Some(match *method {
             // A node that stops says goodbye rather than waiting for the expiry.
-            Method::DELETE if valid_label(name) => {
-                self.remove(name);
-                (StatusCode::NO_CONTENT, Bytes::new())
-            }
+            Method::DELETE if valid_label(name) => self.goodbye(name, &body, peer),
             Method::DELETE => (
                 StatusCode::BAD_REQUEST,
                 Bytes::from("member name: expected a DNS label\n"),
@@ -252,6 +376,7 @@ mod tests {
             serde_json::to_vec(&Registration {
                 cluster: cluster.into(),
                 member: member(name, "10.0.0.1"),
+                auth: None,
             })
             .unwrap(),
         )
@@ -390,6 +515,158 @@ mod tests {
                 .is_none()
         );
         assert!(r.list().is_empty());
+    }
+
+    #[test]
+    fn authenticated_registry_drops_forgeries_by_reason() {
+        use crate::members::auth::{Keys, Signer};
+        let keys = Arc::new(Keys::from_raw(&[vec![7; 32]]));
+        let r = Registry::new("c.example", Duration::from_secs(10)).awaiting_keys();
+        let body = |auth| {
+            Bytes::from(
+                serde_json::to_vec(&Registration {
+                    cluster: "c.example".into(),
+                    member: member("m0", "10.0.0.1"),
+                    auth,
+                })
+                .unwrap(),
+            )
+        };
+        let (st, _) = r
+            .handle(&Method::POST, MEMBERS_PATH, peer(), body(None))
+            .unwrap();
+        assert_eq!(
+            st,
+            StatusCode::SERVICE_UNAVAILABLE,
+            "before the key is loaded"
+        );
+        r.set_verifier(Arc::new(Verifier::new(Some(keys.clone()))));
+        let signer = Signer::new(keys, SystemTime::now());
+        let m = member("m0", "10.0.0.1");
+        let fields = Fields {
+            op: Op::Register,
+            cluster: "c.example",
+            name: "m0",
+            role: Some(m.role),
+            addresses: &m.addresses,
+            version: &m.version,
+        };
+        let genuine = signer.sign(&fields, SystemTime::now());
+        let post = |b: Bytes, from: &str| {
+            r.handle(&Method::POST, MEMBERS_PATH, from.parse().unwrap(), b)
+                .unwrap()
+                .0
+        };
+        assert_eq!(post(body(None), "10.0.0.1:1"), StatusCode::UNAUTHORIZED);
+        let mut forged = genuine.clone();
+        forged.mac = "00".repeat(32);
+        assert_eq!(
+            post(body(Some(forged)), "10.0.0.1:1"),
+            StatusCode::UNAUTHORIZED
+        );
+        // Genuine, but sent from another address.
+        assert_eq!(
+            post(body(Some(genuine.clone())), "10.0.0.66:1"),
+            StatusCode::FORBIDDEN
+        );
+        assert!(r.list().is_empty());
+        assert_eq!(
+            post(body(Some(genuine.clone())), "10.0.0.1:1"),
+            StatusCode::OK
+        );
+        // IPv4 arriving on a dual-stack socket counts as itself.
+        for _ in 0..crate::members::auth::RECENT {
+            let again = signer.sign(&fields, SystemTime::now());
+            assert_eq!(
+                post(body(Some(again)), "[::ffff:10.0.0.1]:1"),
+                StatusCode::OK
+            );
+        }
+        // The first, no longer among the last few accepted: a replay.
+        assert_eq!(
+            post(body(Some(genuine)), "10.0.0.1:1"),
+            StatusCode::UNAUTHORIZED,
+            "replay"
+        );
+        // A goodbye without a proof does not remove it; a signed one from it does.
+        let (st, _) = r
+            .handle(
+                &Method::DELETE,
+                &format!("{MEMBERS_PATH}/m0"),
+                peer(),
+                Bytes::new(),
+            )
+            .unwrap();
+        assert_eq!(st, StatusCode::UNAUTHORIZED);
+        assert_eq!(r.list().len(), 1);
+        let bye = signer.sign(
+            &Fields {
+                op: Op::Delete,
+                cluster: "c.example",
+                name: "m0",
+                role: None,
+                addresses: &[],
+                version: "",
+            },
+            SystemTime::now(),
+        );
+        let (st, _) = r
+            .handle(
+                &Method::DELETE,
+                &format!("{MEMBERS_PATH}/m0"),
+                peer(),
+                Bytes::from(serde_json::to_vec(&Goodbye { auth: Some(bye) }).unwrap()),
+            )
+            .unwrap();
+        assert_eq!(st, StatusCode::NO_CONTENT);
+        assert!(r.list().is_empty());
+        let auth = r.auth_status().unwrap();
+        assert!(auth.authenticated);
+        assert_eq!(
+            serde_json::to_value(&auth.drops).unwrap(),
+            serde_json::json!({"noMac": 2, "badMac": 1, "stale": 0, "replay": 1, "addressMismatch": 1})
+        );
+    }
+
+    #[test]
+    fn a_duplicate_registration_is_answered_but_renews_nothing() {
+        use crate::members::auth::{Keys, Signer};
+        let keys = Arc::new(Keys::from_raw(&[vec![7; 32]]));
+        let r = Registry::new("c.example", Duration::from_secs(10));
+        r.set_verifier(Arc::new(Verifier::new(Some(keys.clone()))));
+        let m = member("m0", "10.0.0.1");
+        let signer = Signer::new(keys, SystemTime::now());
+        let auth = signer.sign(
+            &Fields {
+                op: Op::Register,
+                cluster: "c.example",
+                name: "m0",
+                role: Some(m.role),
+                addresses: &m.addresses,
+                version: &m.version,
+            },
+            SystemTime::now(),
+        );
+        let body = Bytes::from(
+            serde_json::to_vec(&Registration {
+                cluster: "c.example".into(),
+                member: m,
+                auth: Some(auth),
+            })
+            .unwrap(),
+        );
+        let post = || {
+            r.handle(&Method::POST, MEMBERS_PATH, peer(), body.clone())
+                .unwrap()
+                .0
+        };
+        assert_eq!(post(), StatusCode::OK);
+        std::thread::sleep(Duration::from_millis(300));
+        // Through the API VIP as well as directly: answered again...
+        assert_eq!(post(), StatusCode::OK);
+        // ...but last heard at the first, so a replay cannot keep a dead node alive.
+        let age = r.entries(Instant::now())[0].age_ms;
+        assert!(age >= 300, "renewed by a duplicate: age {age} ms");
     }
 
     proptest::proptest! {

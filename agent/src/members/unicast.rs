@@ -29,7 +29,8 @@ use tokio::net::TcpStream;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-pub use super::registry::{Entry, MEMBERS_PATH, Registration, Registry};
+use super::auth::{Fields, Keys, Op, Signer};
+pub use super::registry::{Entry, Goodbye, MEMBERS_PATH, Registration, Registry};
 use super::seeds::{self, Seeds};
 use super::{Counters, own_member, publish};
 use crate::context::AgentContext;
@@ -76,19 +77,37 @@ pub async fn exchange(
     path: &str,
     body: Vec<u8>,
 ) -> anyhow::Result<(StatusCode, Bytes)> {
-    exchange_as(tls, addr, addr.ip(), method, path, body).await
+    exchange_as(tls, None, addr, addr.ip(), method, path, body).await
 }
 
-/// One HTTPS exchange with `addr`, verifying the certificate for `name`.
+/// One HTTPS exchange with `addr` from `source` (when given), verifying the certificate
+/// for `name`. A registry takes a registration only from an address it registers, so a
+/// node sends from its own address, whatever the kernel would have chosen.
 pub async fn exchange_as(
     tls: Arc<rustls::ClientConfig>,
+    source: Option<IpAddr>,
     addr: SocketAddr,
     name: IpAddr,
     method: Method,
     path: &str,
     body: Vec<u8>,
 ) -> anyhow::Result<(StatusCode, Bytes)> {
-    let tcp = TcpStream::connect(addr).await?;
+    let tcp = match source {
+        Some(src) => {
+            let sock = if addr.is_ipv4() {
+                tokio::net::TcpSocket::new_v4()?
+            } else {
+                tokio::net::TcpSocket::new_v6()?
+            };
+            // An address not (yet) on the interface: let the kernel choose; the registry
+            // says so (403) if its choice is not one this node registers.
+            if let Err(e) = sock.bind(SocketAddr::new(src, 0)) {
+                tracing::debug!(%src, error = %e, "members: cannot send from this address");
+            }
+            sock.connect(addr).await?
+        }
+        None => TcpStream::connect(addr).await?,
+    };
     let stream = tokio_rustls::TlsConnector::from(tls)
         .connect(ServerName::IpAddress(name.into()), tcp)
         .await
@@ -111,9 +130,17 @@ pub async fn exchange_as(
 /// What one registration round brought back, per registry.
 type RoundResult = Vec<(SocketAddr, Result<Vec<Entry>, String>)>;
 
+/// This node's address of `target`'s family, if it has one.
+fn source_for(own: &[IpAddr], target: SocketAddr) -> Option<IpAddr> {
+    own.iter()
+        .copied()
+        .find(|a| a.is_ipv4() == target.is_ipv4())
+}
+
 /// Registers with every target at once.
 async fn round(
     tls: Arc<rustls::ClientConfig>,
+    own: Vec<IpAddr>,
     name: IpAddr,
     targets: Vec<SocketAddr>,
     body: Vec<u8>,
@@ -121,8 +148,9 @@ async fn round(
     let mut set = tokio::task::JoinSet::new();
     for addr in targets {
         let (tls, body) = (tls.clone(), body.clone());
+        let source = source_for(&own, addr);
         set.spawn(async move {
-            let call = exchange_as(tls, addr, name, Method::POST, MEMBERS_PATH, body);
+            let call = exchange_as(tls, source, addr, name, Method::POST, MEMBERS_PATH, body);
             let res = match tokio::time::timeout(EXCHANGE_TIMEOUT, call).await {
                 Ok(Ok((StatusCode::OK, list))) => serde_json::from_slice::<Vec<Entry>>(&list)
                     .map_err(|e| format!("bad list: {e}")),
@@ -161,8 +189,10 @@ pub async fn run(
     counters: &Counters,
     ca_path: PathBuf,
     state_dir: PathBuf,
+    keys: Option<Arc<Keys>>,
 ) -> anyhow::Result<()> {
     let tls = client_config(&ca_path)?;
+    let signer = keys.map(|k| Signer::new(k, SystemTime::now()));
     let me = own_member(&ctx);
     let zone = ctx.cluster.zone();
     let renew = Duration::from_secs(u64::from(ctx.cluster.members.renew_interval_secs.max(1)));
@@ -190,10 +220,28 @@ pub async fn run(
         Ok(None) => {}
         Err(e) => tracing::warn!("members: ignoring what was remembered: {e}"),
     }
-    let body = serde_json::to_vec(&Registration {
-        cluster: zone.clone(),
-        member: me.clone(),
-    })?;
+    // Signed afresh for every round: a new time and sequence number each time.
+    let registration = |now: SystemTime| -> Vec<u8> {
+        let auth = signer.as_ref().map(|s| {
+            s.sign(
+                &Fields {
+                    op: Op::Register,
+                    cluster: &zone,
+                    name: &me.name,
+                    role: Some(me.role),
+                    addresses: &me.addresses,
+                    version: &me.version,
+                },
+                now,
+            )
+        });
+        serde_json::to_vec(&Registration {
+            cluster: zone.clone(),
+            member: me.clone(),
+            auth,
+        })
+        .unwrap_or_default()
+    };
     let mut changes = registry.subscribe();
     let mut vips = ctx.bus.vips_held.subscribe();
     publish(&ctx, &me, registry.list());
@@ -215,7 +263,8 @@ pub async fn run(
                     .into_iter()
                     .map(|a| SocketAddr::new(a, port))
                     .collect();
-                pending = Some(tokio::spawn(round(tls.clone(), name, targets, body.clone())));
+                let body = registration(SystemTime::now());
+                pending = Some(tokio::spawn(round(tls.clone(), me.addresses.clone(), name, targets, body)));
             }
             results = join_round(&mut pending) => {
                 pending = None;
@@ -274,10 +323,25 @@ pub async fn run(
     let goodbyes = answered.into_iter().map(|addr| {
         let tls = tls.clone();
         let path = path.clone();
+        let auth = signer.as_ref().map(|s| {
+            s.sign(
+                &Fields {
+                    op: Op::Delete,
+                    cluster: &zone,
+                    name: &me.name,
+                    role: None,
+                    addresses: &[],
+                    version: "",
+                },
+                SystemTime::now(),
+            )
+        });
+        let body = serde_json::to_vec(&Goodbye { auth }).unwrap_or_default();
+        let source = source_for(&me.addresses, addr);
         async move {
             let _ = tokio::time::timeout(
                 Duration::from_secs(1),
-                exchange_as(tls, addr, name, Method::DELETE, &path, Vec::new()),
+                exchange_as(tls, source, addr, name, Method::DELETE, &path, body),
             )
             .await;
         }

@@ -6,10 +6,12 @@
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::SystemTime;
+use std::time::{Duration, Instant, SystemTime};
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use tokio::sync::{Notify, watch};
+
+use crate::status::histogram::Histogram;
 
 /// How many consecutive results flip a backend (haproxy's `rise`/`fall`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -18,6 +20,16 @@ pub struct HealthPolicy {
     pub rise: u32,
     /// Consecutive failures that mark an up backend down.
     pub fall: u32,
+}
+
+/// Everything that decides how a backend is checked and used, besides rise/fall.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Tuning {
+    /// Rise/fall.
+    pub policy: HealthPolicy,
+    /// After a backend comes back up, its share of new connections grows from nothing to
+    /// full over this long (haproxy's `slowstart`); zero: full share at once.
+    pub slowstart: Duration,
 }
 
 /// The health of one backend as the checks have seen it.
@@ -102,6 +114,22 @@ impl HealthState {
 /// Traffic counters of one backend (updated lock-free from connection tasks).
 #[derive(Debug, Default)]
 pub struct BackendStats {
+    /// Times the connect stagger ran out while waiting for this backend (another backend
+    /// was tried alongside).
+    pub staggers: AtomicU64,
+    /// Client connections closed because this backend was marked down (haproxy's
+    /// `on-marked-down shutdown-sessions`).
+    pub sessions_shut_down: AtomicU64,
+    /// Active checks that passed.
+    pub checks_passed: AtomicU64,
+    /// Active checks that failed.
+    pub checks_failed: AtomicU64,
+    /// Times the backend went up or down.
+    pub transitions: AtomicU64,
+    /// Duration of the last active check, nanoseconds (0: none yet).
+    pub last_check_nanos: AtomicU64,
+    /// Durations of active checks.
+    pub check_latency: Histogram,
     /// Connections open right now.
     pub active: AtomicU64,
     /// Connections proxied since start.
@@ -128,6 +156,11 @@ pub struct Backend {
     pub check_now: Notify,
     /// Traffic counters.
     pub stats: BackendStats,
+    /// Bumped each time the backend is marked down: connections to it watch this and close
+    /// (`on-marked-down shutdown-sessions`).
+    downs: watch::Sender<u64>,
+    /// When it last came up after being down (slowstart), if ever.
+    up_since: Mutex<Option<Instant>>,
 }
 
 impl Backend {
@@ -140,7 +173,67 @@ impl Backend {
             health: Mutex::new(HealthState::new(up)),
             check_now: Notify::new(),
             stats: BackendStats::default(),
+            downs: watch::Sender::new(0),
+            up_since: Mutex::new(None),
         }
+    }
+
+    /// Notified each time the backend is marked down.
+    pub fn subscribe_downs(&self) -> watch::Receiver<u64> {
+        self.downs.subscribe()
+    }
+
+    /// Bookkeeping of a flip: transitions, the down signal, the slowstart clock.
+    fn flipped(&self, up: bool) {
+        self.stats.transitions.fetch_add(1, Ordering::Relaxed);
+        if up {
+            *self.up_since.lock().unwrap_or_else(|p| p.into_inner()) = Some(Instant::now());
+        } else {
+            self.downs.send_modify(|n| *n += 1);
+        }
+    }
+
+    /// The share of new connections this backend takes now, in percent: 100, or less while
+    /// it ramps up after coming back (`slowstart`).
+    pub fn weight_percent(&self, slowstart: Duration, now: Instant) -> u8 {
+        let since = *self.up_since.lock().unwrap_or_else(|p| p.into_inner());
+        ramp_percent(since.map(|t| now.saturating_duration_since(t)), slowstart)
+    }
+
+    /// Marks the backend down at once because something other than its checks proved it
+    /// gone (its node's VRRP adverts stopped); the checker looks at once and brings it back
+    /// after `rise` passing checks if the hint was wrong. Returns whether it flipped.
+    pub fn mark_down(&self, why: String) -> bool {
+        let flipped = {
+            let mut h = self.health.lock().unwrap_or_else(|p| p.into_inner());
+            let was_up = h.up;
+            h.up = false;
+            h.successes = 0;
+            h.failures = h.failures.max(1);
+            h.last_error = Some(why);
+            self.up.store(false, Ordering::Release);
+            self.failing.store(true, Ordering::Release);
+            was_up
+        };
+        if flipped {
+            self.flipped(false);
+        }
+        self.check_now.notify_one();
+        flipped
+    }
+
+    /// Whether its state is in doubt: up but failing, or down but passing (haproxy's
+    /// `fastinter` applies then).
+    pub fn in_transition(&self) -> bool {
+        let h = self.health.lock().unwrap_or_else(|p| p.into_inner());
+        (h.up && h.failures > 0) || (!h.up && h.successes > 0)
+    }
+
+    /// Records one active check's duration.
+    pub fn record_check_time(&self, took: Duration) {
+        self.stats.check_latency.observe(took);
+        let nanos = u64::try_from(took.as_nanos()).unwrap_or(u64::MAX).max(1);
+        self.stats.last_check_nanos.store(nanos, Ordering::Relaxed);
     }
 
     /// Whether it takes new connections.
@@ -150,10 +243,22 @@ impl Backend {
 
     /// Records a check result; returns the new state when it flipped.
     pub fn record_check(&self, result: Result<(), String>, policy: HealthPolicy) -> Option<bool> {
-        let mut h = self.health.lock().unwrap_or_else(|p| p.into_inner());
-        let flipped = h.record(result, policy, SystemTime::now());
-        self.up.store(h.up, Ordering::Release);
-        self.failing.store(h.failures > 0, Ordering::Release);
+        let counter = if result.is_ok() {
+            &self.stats.checks_passed
+        } else {
+            &self.stats.checks_failed
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+        let flipped = {
+            let mut h = self.health.lock().unwrap_or_else(|p| p.into_inner());
+            let flipped = h.record(result, policy, SystemTime::now());
+            self.up.store(h.up, Ordering::Release);
+            self.failing.store(h.failures > 0, Ordering::Release);
+            flipped
+        };
+        if let Some(up) = flipped {
+            self.flipped(up);
+        }
         flipped
     }
 
@@ -171,6 +276,9 @@ impl Backend {
             self.failing.store(h.failures > 0, Ordering::Release);
             flipped
         };
+        if let Some(up) = flipped {
+            self.flipped(up);
+        }
         if failed {
             self.check_now.notify_one();
         }
@@ -185,12 +293,14 @@ impl Backend {
             .clone()
     }
 
-    /// A JSON-friendly snapshot.
-    pub fn snapshot(&self) -> BackendSnapshot {
+    /// A JSON-friendly snapshot; `slowstart` gives its current share.
+    pub fn snapshot(&self, slowstart: Duration) -> BackendSnapshot {
         let h = self.health();
+        let g = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        let last_check = g(&self.stats.last_check_nanos);
         BackendSnapshot {
             addr: self.addr,
-            state: if h.up { "up" } else { "down" },
+            state: if h.up { "up" } else { "down" }.to_string(),
             last_check_unix_ms: h.last_check.and_then(|t| {
                 t.duration_since(SystemTime::UNIX_EPOCH)
                     .ok()
@@ -202,18 +312,42 @@ impl Backend {
             connect_failures: self.stats.connect_failures.load(Ordering::Relaxed),
             bytes_in: self.stats.bytes_in.load(Ordering::Relaxed),
             bytes_out: self.stats.bytes_out.load(Ordering::Relaxed),
+            staggers: g(&self.stats.staggers),
+            sessions_shut_down: g(&self.stats.sessions_shut_down),
+            checks_passed: g(&self.stats.checks_passed),
+            checks_failed: g(&self.stats.checks_failed),
+            transitions: g(&self.stats.transitions),
+            last_check_seconds: (last_check > 0).then(|| last_check as f64 / 1e9),
+            check_latency: self.stats.check_latency.snapshot(),
+            weight_percent: if h.up {
+                self.weight_percent(slowstart, Instant::now())
+            } else {
+                0
+            },
         }
     }
 }
 
-/// What `/stats` and the bus show for one backend.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+/// Slowstart share after `up_for` (`None`: up since the start, never ramped), in percent,
+/// at least 1 so a ramping backend is never starved of its first connections.
+pub fn ramp_percent(up_for: Option<Duration>, slowstart: Duration) -> u8 {
+    match up_for {
+        Some(d) if !slowstart.is_zero() && d < slowstart => {
+            let pct = d.as_secs_f64() / slowstart.as_secs_f64() * 100.0;
+            (pct as u8).clamp(1, 99)
+        }
+        _ => 100,
+    }
+}
+
+/// What `/stats` and `status` show for one backend.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct BackendSnapshot {
     /// Backend address.
     pub addr: SocketAddr,
     /// `up` or `down`.
-    pub state: &'static str,
+    pub state: String,
     /// When the last check finished (Unix milliseconds), if ever.
     pub last_check_unix_ms: Option<u64>,
     /// Why the last check failed.
@@ -228,6 +362,22 @@ pub struct BackendSnapshot {
     pub bytes_in: u64,
     /// Bytes backend → client.
     pub bytes_out: u64,
+    /// Times another backend was tried alongside because this one was silent.
+    pub staggers: u64,
+    /// Client connections closed when it was marked down.
+    pub sessions_shut_down: u64,
+    /// Active checks passed.
+    pub checks_passed: u64,
+    /// Active checks failed.
+    pub checks_failed: u64,
+    /// Times it went up or down.
+    pub transitions: u64,
+    /// How long the last active check took, seconds.
+    pub last_check_seconds: Option<f64>,
+    /// Durations of active checks.
+    pub check_latency: crate::status::histogram::HistogramSnapshot,
+    /// Its share of new connections, percent (below 100 while in slowstart; 0 when down).
+    pub weight_percent: u8,
 }
 
 /// The order in which to try `n` candidates for the `counter`-th connection: round-robin
@@ -237,31 +387,65 @@ pub fn rotation(n: usize, counter: usize) -> impl Iterator<Item = usize> {
     (0..n).map(move |i| (start + i) % n)
 }
 
+/// Where connection number `c` falls for backend `addr`, 0..100: a cheap mix of both so
+/// that backends in slowstart are not all passed over by the same connections.
+fn slot(c: usize, addr: &SocketAddr) -> u8 {
+    let ip = match addr.ip() {
+        std::net::IpAddr::V4(v4) => u64::from(u32::from(v4)),
+        std::net::IpAddr::V6(v6) => {
+            let n = u128::from(v6);
+            (n as u64) ^ ((n >> 64) as u64)
+        }
+    };
+    let mut x = (c as u64) ^ u64::from(addr.port()).rotate_left(17) ^ ip.rotate_left(31);
+    // splitmix64's finaliser.
+    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    ((x ^ (x >> 31)) % 100) as u8
+}
+
 /// The backend set, shared between the accept loops, the health checker and the monitor.
 #[derive(Debug)]
 pub struct Pool {
     backends: watch::Sender<Arc<Vec<Arc<Backend>>>>,
     healthy: watch::Sender<bool>,
     counter: AtomicUsize,
-    policy: HealthPolicy,
+    tuning: Tuning,
     initially_up: bool,
 }
 
 impl Pool {
-    /// An empty pool; new backends start `initially_up` (true when nothing checks them).
+    /// An empty pool without slowstart; new backends start `initially_up` (true when
+    /// nothing checks them).
     pub fn new(policy: HealthPolicy, initially_up: bool) -> Self {
+        Self::with_tuning(
+            Tuning {
+                policy,
+                slowstart: Duration::ZERO,
+            },
+            initially_up,
+        )
+    }
+
+    /// An empty pool with `tuning`.
+    pub fn with_tuning(tuning: Tuning, initially_up: bool) -> Self {
         Self {
             backends: watch::Sender::new(Arc::new(Vec::new())),
             healthy: watch::Sender::new(false),
             counter: AtomicUsize::new(0),
-            policy,
+            tuning,
             initially_up,
         }
     }
 
     /// The health policy.
     pub fn policy(&self) -> HealthPolicy {
-        self.policy
+        self.tuning.policy
+    }
+
+    /// The slowstart period.
+    pub fn slowstart(&self) -> Duration {
+        self.tuning.slowstart
     }
 
     /// Replaces the backend set, keeping state and counters of addresses that stay.
@@ -321,17 +505,39 @@ impl Pool {
         });
     }
 
-    /// The up backends in the order a new connection should try them.
+    /// The up backends in the order a new connection should try them: round-robin, except
+    /// that a backend in slowstart is passed over (moved to the end, still a fallback) for
+    /// the share of connections it does not take yet.
     pub fn pick(&self) -> Vec<Arc<Backend>> {
         let all = self.backends();
         let up: Vec<&Arc<Backend>> = all.iter().filter(|b| b.is_up()).collect();
         let c = self.counter.fetch_add(1, Ordering::Relaxed);
-        rotation(up.len(), c).map(|i| up[i].clone()).collect()
+        let order = rotation(up.len(), c).map(|i| up[i].clone());
+        if self.tuning.slowstart.is_zero() {
+            return order.collect();
+        }
+        let now = Instant::now();
+        let (mut first, mut later) = (Vec::new(), Vec::new());
+        for b in order {
+            let w = b.weight_percent(self.tuning.slowstart, now);
+            // A deterministic spread over the connection counter: w % of connections take it.
+            if w >= 100 || slot(c, &b.addr) < w {
+                first.push(b);
+            } else {
+                later.push(b);
+            }
+        }
+        first.extend(later);
+        first
     }
 
     /// Snapshots of every backend.
     pub fn snapshot(&self) -> Vec<BackendSnapshot> {
-        self.backends().iter().map(|b| b.snapshot()).collect()
+        let slowstart = self.tuning.slowstart;
+        self.backends()
+            .iter()
+            .map(|b| b.snapshot(slowstart))
+            .collect()
     }
 }
 
@@ -474,6 +680,69 @@ mod tests {
         b.record_connect(Err("refused".into()), P);
         assert_eq!(b.record_connect(Err("refused".into()), P), Some(false));
         assert!(!b.is_up());
+    }
+
+    #[test]
+    fn slowstart_ramps_the_share_of_a_backend_that_came_back() {
+        let ss = Duration::from_secs(10);
+        assert_eq!(ramp_percent(None, ss), 100, "up since the start: no ramp");
+        assert_eq!(ramp_percent(Some(Duration::ZERO), ss), 1);
+        assert_eq!(ramp_percent(Some(Duration::from_secs(5)), ss), 50);
+        assert_eq!(ramp_percent(Some(Duration::from_secs(10)), ss), 100);
+        assert_eq!(ramp_percent(Some(Duration::ZERO), Duration::ZERO), 100);
+        let pool = Pool::with_tuning(
+            Tuning {
+                policy: P,
+                slowstart: ss,
+            },
+            true,
+        );
+        pool.set_backends(&[addr(1), addr(2), addr(3)]);
+        let b2 = pool.backends()[1].clone();
+        for _ in 0..3 {
+            b2.record_check(Err("down".into()), P);
+        }
+        assert_eq!(b2.record_check(Ok(()), P), Some(true));
+        pool.refresh_healthy();
+        // Just back: it is tried first by (almost) no connection, but stays a fallback.
+        let mut first = 0;
+        for _ in 0..300 {
+            let order = pool.pick();
+            assert_eq!(order.len(), 3, "still a candidate");
+            if order[0].addr.port() == 2 {
+                first += 1;
+            }
+        }
+        assert!(
+            first <= 6,
+            "a backend 0 s into slowstart went first {first} times of 300"
+        );
+        assert!(b2.snapshot(ss).weight_percent < 5);
+    }
+
+    #[tokio::test]
+    async fn marked_down_wakes_its_sessions_and_the_checker() {
+        let b = Backend::new(addr(1), true);
+        let mut downs = b.subscribe_downs();
+        assert!(b.mark_down("VRRP: adverts from 127.0.0.1 stopped".into()));
+        assert!(!b.is_up());
+        assert!(downs.has_changed().unwrap(), "sessions told");
+        downs.borrow_and_update();
+        tokio::time::timeout(std::time::Duration::from_secs(1), b.check_now.notified())
+            .await
+            .expect("checker woken");
+        assert!(!b.mark_down("again".into()), "already down: no second flip");
+        assert!(!downs.has_changed().unwrap());
+        assert!(b.in_transition() || !b.is_up());
+        // One passing check (rise 1) brings a wrongly suspected backend back.
+        assert_eq!(b.record_check(Ok(()), P), Some(true));
+        let s = b.snapshot(Duration::ZERO);
+        assert_eq!((s.transitions, s.checks_passed), (2, 1));
+        // Marked down by its checks: sessions told too.
+        for _ in 0..3 {
+            b.record_check(Err("refused".into()), P);
+        }
+        assert!(downs.has_changed().unwrap());
     }
 
     proptest! {

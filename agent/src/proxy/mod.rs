@@ -1,23 +1,29 @@
 //! The L4 API load balancer with backend health checks (DESIGN §4.4).
 //!
-//! - [`backend`]: pure bookkeeping — health rise/fall, round-robin order, counters.
+//! - [`backend`]: pure bookkeeping — health rise/fall, round-robin order with slowstart,
+//!   counters, the marked-down signal.
 //! - [`health`]: the checks (TCP connect, TLS `GET /readyz` without verification).
+//! - `checks`: one checking task per backend, with the fast interval while in doubt.
+//! - `connect`: connection setup with retries, the connect stagger, passive health.
 //! - [`forward`]: byte moving with `splice(2)` or a buffered copy, half-close aware.
 //! - [`monitor`]: `/healthz` and `/stats`.
 //! - [`vip`]: the `VIP:6443` frontend, bound or redirected with nftables.
-//! - this module: listeners, the accept loops, connection setup with retries, the health
-//!   supervisor, graceful drain, and the agent wiring (members, VIP frontend, bus).
+//! - this module: listeners and their counters, the accept loops, closing sessions of a
+//!   backend marked down, graceful drain, and the agent wiring (members, VRRP hints, VIP
+//!   frontend, bus).
 
 pub mod backend;
+mod checks;
+mod connect;
 pub mod forward;
 pub mod health;
 pub mod monitor;
 pub mod vip;
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 use std::io;
 use std::net::{IpAddr, Ipv6Addr, SocketAddr};
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -30,7 +36,8 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::context::{AgentContext, Member};
-use backend::{Backend, HealthPolicy, Pool};
+use crate::status::model::{FrontendKind, FrontendStatus, ProxyStatus};
+use backend::{Backend, HealthPolicy, Pool, Tuning};
 use forward::Meter;
 
 /// Everything the proxy needs besides its backends.
@@ -44,6 +51,14 @@ pub struct ProxyConfig {
     pub check: BackendCheck,
     /// Time between checks of one backend.
     pub check_interval: Duration,
+    /// Time between checks while a backend's state is in doubt (haproxy's `fastinter`).
+    pub fast_check_interval: Duration,
+    /// A backend that comes back up takes a growing share of new connections over this
+    /// long (haproxy's `slowstart`); zero: its full share at once.
+    pub slowstart: Duration,
+    /// Close the client connections of a backend when it is marked down, so long-lived
+    /// clients reconnect to a live one (haproxy's `on-marked-down shutdown-sessions`).
+    pub shutdown_sessions: bool,
     /// Rise/fall.
     pub policy: HealthPolicy,
     /// Backend connect timeout (haproxy `timeout connect`).
@@ -71,6 +86,9 @@ impl Default for ProxyConfig {
             monitor: Some(SocketAddr::from(([0, 0, 0, 0], 50936))),
             check: BackendCheck::TlsReadyz,
             check_interval: Duration::from_secs(5),
+            fast_check_interval: Duration::from_secs(1),
+            slowstart: Duration::from_secs(10),
+            shutdown_sessions: true,
             policy: HealthPolicy { rise: 1, fall: 3 },
             connect_timeout: Duration::from_secs(10),
             idle_timeout: Duration::from_secs(86400),
@@ -91,6 +109,9 @@ impl ProxyConfig {
             monitor: Some(SocketAddr::from((Ipv6Addr::UNSPECIFIED, api.monitor_port))),
             check: api.check,
             check_interval: Duration::from_millis(api.check_interval_ms.max(1).into()),
+            fast_check_interval: Duration::from_millis(api.fast_check_interval_ms.max(1).into()),
+            slowstart: Duration::from_millis(api.slowstart_ms.into()),
+            shutdown_sessions: api.shutdown_sessions,
             policy: HealthPolicy {
                 rise: api.rise.max(1),
                 fall: api.fall.max(1),
@@ -145,6 +166,40 @@ impl Meter for Backend {
     }
 }
 
+/// Counters of one frontend (kept for the life of the proxy, also after a VIP frontend is
+/// removed, so counters never go backwards when the VIP comes back).
+#[derive(Debug)]
+struct FrontendStats {
+    addr: SocketAddr,
+    kind: FrontendKind,
+    accepted: AtomicU64,
+    refused: AtomicU64,
+    active: AtomicU64,
+}
+
+impl FrontendStats {
+    fn new(addr: SocketAddr, kind: FrontendKind) -> Arc<Self> {
+        Arc::new(Self {
+            addr,
+            kind,
+            accepted: AtomicU64::new(0),
+            refused: AtomicU64::new(0),
+            active: AtomicU64::new(0),
+        })
+    }
+
+    fn status(&self) -> FrontendStatus {
+        let g = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        FrontendStatus {
+            addr: self.addr,
+            kind: self.kind,
+            accepted: g(&self.accepted),
+            refused: g(&self.refused),
+            active: g(&self.active),
+        }
+    }
+}
+
 /// A frontend added at run time.
 struct DynamicFrontend {
     bound: SocketAddr,
@@ -178,6 +233,24 @@ struct Shared {
     conns: TaskTracker,
     /// Frontends added at run time (the VIP), by address.
     dynamic: Mutex<BTreeMap<SocketAddr, DynamicFrontend>>,
+    /// Every frontend's counters, by the address asked for.
+    frontends: Mutex<BTreeMap<SocketAddr, Arc<FrontendStats>>>,
+    /// Connections open when a stop began.
+    drained: AtomicU64,
+    /// Of those, cut at the drain deadline.
+    drain_cut: AtomicU64,
+}
+
+impl Shared {
+    /// The counters of the frontend at `addr` (created on first use).
+    fn frontend_stats(&self, addr: SocketAddr, kind: FrontendKind) -> Arc<FrontendStats> {
+        self.frontends
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(addr)
+            .or_insert_with(|| FrontendStats::new(addr, kind))
+            .clone()
+    }
 }
 
 /// A bound proxy: cheap to clone; [`Proxy::serve`] runs it.
@@ -217,7 +290,11 @@ impl Proxy {
             }
             None => (None, None),
         };
-        let pool = Arc::new(Pool::new(cfg.policy, cfg.check == BackendCheck::None));
+        let tuning = Tuning {
+            policy: cfg.policy,
+            slowstart: cfg.slowstart,
+        };
+        let pool = Arc::new(Pool::with_tuning(tuning, cfg.check == BackendCheck::None));
         pool.set_backends(backends);
         let shared = Arc::new(Shared {
             limit: Arc::new(Semaphore::new(cfg.max_connections.max(1))),
@@ -228,7 +305,13 @@ impl Proxy {
             accepts: TaskTracker::new(),
             conns: TaskTracker::new(),
             dynamic: Mutex::new(BTreeMap::new()),
+            frontends: Mutex::new(BTreeMap::new()),
+            drained: AtomicU64::new(0),
+            drain_cut: AtomicU64::new(0),
         });
+        for &a in &local {
+            shared.frontend_stats(a, FrontendKind::Node);
+        }
         Ok(Self {
             shared,
             listeners: Arc::new(Mutex::new(listeners)),
@@ -258,6 +341,26 @@ impl Proxy {
         self.shared.conns.len()
     }
 
+    /// The proxy's typed status section; `vip_redirects` are the VIPs redirected to the
+    /// node frontend with nftables.
+    pub fn status(&self, vip_redirects: Vec<SocketAddr>) -> ProxyStatus {
+        let sh = &self.shared;
+        ProxyStatus {
+            healthy: sh.pool.is_healthy(),
+            frontends: sh
+                .frontends
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .values()
+                .map(|f| f.status())
+                .collect(),
+            vip_redirects,
+            backends: sh.pool.snapshot(),
+            drained: sh.drained.load(Ordering::Relaxed),
+            drain_cut: sh.drain_cut.load(Ordering::Relaxed),
+        }
+    }
+
     /// Adds a frontend at run time (`freebind` for an address that may not be local yet);
     /// returns the bound address. Adding one that exists returns it again.
     pub fn add_frontend(&self, addr: SocketAddr, freebind: bool) -> io::Result<SocketAddr> {
@@ -282,7 +385,8 @@ impl Proxy {
             },
         );
         let sh = self.shared.clone();
-        self.shared.accepts.spawn(accept_loop(sh, l, token));
+        let stats = sh.frontend_stats(addr, FrontendKind::Vip);
+        self.shared.accepts.spawn(accept_loop(sh, l, stats, token));
         tracing::info!(%bound, "frontend added");
         Ok(bound)
     }
@@ -306,8 +410,14 @@ impl Proxy {
         let listeners =
             std::mem::take(&mut *self.listeners.lock().unwrap_or_else(|p| p.into_inner()));
         for l in listeners {
-            sh.accepts
-                .spawn(accept_loop(sh.clone(), l, sh.accept_stop.child_token()));
+            let bound = l.local_addr()?;
+            let stats = sh.frontend_stats(bound, FrontendKind::Node);
+            sh.accepts.spawn(accept_loop(
+                sh.clone(),
+                l,
+                stats,
+                sh.accept_stop.child_token(),
+            ));
         }
         let aux_stop = CancellationToken::new();
         let mut aux = Vec::new();
@@ -323,7 +433,7 @@ impl Proxy {
                 aux_stop.clone(),
             )));
         }
-        aux.push(tokio::spawn(health_supervisor(
+        aux.push(tokio::spawn(checks::health_supervisor(
             sh.clone(),
             aux_stop.clone(),
         )));
@@ -340,6 +450,8 @@ impl Proxy {
         added.into_values().for_each(DynamicFrontend::close);
         sh.accepts.close();
         sh.accepts.wait().await;
+        sh.drained
+            .fetch_add(sh.conns.len() as u64, Ordering::Relaxed);
         sh.conns.close();
         if tokio::time::timeout(sh.cfg.drain_timeout, sh.conns.wait())
             .await
@@ -349,6 +461,8 @@ impl Proxy {
                 left = sh.conns.len(),
                 "drain deadline passed; closing connections"
             );
+            sh.drain_cut
+                .fetch_add(sh.conns.len() as u64, Ordering::Relaxed);
             sh.conn_kill.cancel();
             sh.conns.wait().await;
         }
@@ -362,14 +476,19 @@ impl Proxy {
 
 /// Accept errors that mean "out of a resource for now": wait and retry; the pending client
 /// stays in the backlog and is accepted once descriptors or memory are free again.
-fn is_resource_error(e: &io::Error) -> bool {
+pub(crate) fn is_resource_error(e: &io::Error) -> bool {
     matches!(
         e.raw_os_error(),
         Some(libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM)
     )
 }
 
-async fn accept_loop(sh: Arc<Shared>, listener: TcpListener, stop: CancellationToken) {
+async fn accept_loop(
+    sh: Arc<Shared>,
+    listener: TcpListener,
+    stats: Arc<FrontendStats>,
+    stop: CancellationToken,
+) {
     let mut pressure = 0u32;
     loop {
         let permit = tokio::select! {
@@ -411,233 +530,54 @@ async fn accept_loop(sh: Arc<Shared>, listener: TcpListener, stop: CancellationT
                 continue;
             }
         };
+        stats.accepted.fetch_add(1, Ordering::Relaxed);
+        stats.active.fetch_add(1, Ordering::Relaxed);
         let sh2 = sh.clone();
+        let stats = stats.clone();
         sh.conns.spawn(async move {
-            handle(&sh2, client, peer).await;
+            if !handle(&sh2, client, peer).await {
+                stats.refused.fetch_add(1, Ordering::Relaxed);
+            }
+            stats.active.fetch_sub(1, Ordering::Relaxed);
             drop(permit);
         });
     }
 }
 
-/// How one backend connect attempt ended.
-enum Attempt {
-    Connected(TcpStream),
-    /// The backend refused, reset, was unreachable or did not answer in time.
-    Failed(String),
-    /// No descriptors for the socket until the connect timeout: says nothing of the backend.
-    Starved,
-}
-
-/// One connect to `b`, up to the connect timeout.
-///
-/// A connect that fails for lack of local resources (`EMFILE` and friends: the socket could
-/// not even be created) says nothing about the backend: it is retried on the same backend
-/// until the connect timeout, as the accept loop waits for descriptors.
-async fn attempt(sh: &Shared, b: Arc<Backend>) -> (Arc<Backend>, Attempt) {
-    let mut starved = false;
-    let tries = async {
-        loop {
-            match TcpStream::connect(b.addr).await {
-                Err(e) if is_resource_error(&e) => {
-                    forward::release_spare_pipes();
-                    if !starved {
-                        tracing::warn!(backend = %b.addr, error = %e, "connect: out of resources; retrying");
-                        starved = true;
-                    }
-                    tokio::time::sleep(Duration::from_millis(20)).await;
-                }
-                r => return r,
-            }
-        }
-    };
-    let outcome = match tokio::time::timeout(sh.cfg.connect_timeout, tries).await {
-        Ok(Ok(s)) => Attempt::Connected(s),
-        Ok(Err(e)) => Attempt::Failed(e.to_string()),
-        Err(_) if starved => Attempt::Starved,
-        Err(_) => Attempt::Failed(format!("timed out after {:?}", sh.cfg.connect_timeout)),
-    };
-    (b, outcome)
-}
-
-/// Connects to the first backend that answers, trying up to `retries` others: the next one
-/// when an attempt fails (haproxy's `retries` + `option redispatch`), and also — alongside
-/// the pending one — when an attempt has had no answer for `connect_stagger`.
-///
-/// The stagger is keelson's addition. A master that died (powered off, partitioned) answers
-/// nothing: its connects hang until ARP gives up or the 10 s connect timeout, and every
-/// client sent there in the meantime waits that long. On a LAN a live backend answers a SYN
-/// in well under a millisecond and the first SYN retransmission comes after 1 s, so an
-/// attempt pending past the stagger is as good as lost: the client gets the next backend
-/// instead, and the silent one is counted as failing (passive health), which takes it out
-/// after `fall` such clients instead of `fall` check intervals.
-async fn connect(sh: &Shared) -> Option<(Arc<Backend>, TcpStream)> {
-    use futures::StreamExt as _;
-    let mut candidates = sh.pool.pick().into_iter().take(sh.cfg.retries + 1);
-    let mut pending = futures::stream::FuturesUnordered::new();
-    // (backend, when its attempt started), to blame the ones still silent when another wins.
-    let mut started: Vec<(Arc<Backend>, tokio::time::Instant)> = Vec::new();
-    let mut start_next =
-        |pending: &mut futures::stream::FuturesUnordered<_>,
-         started: &mut Vec<(Arc<Backend>, tokio::time::Instant)>| {
-            let Some(b) = candidates.next() else {
-                return false;
-            };
-            started.push((b.clone(), tokio::time::Instant::now()));
-            pending.push(attempt(sh, b));
-            true
-        };
-    let stagger = sh.cfg.connect_stagger;
-    let mut more = start_next(&mut pending, &mut started);
-    loop {
-        let next_stagger = tokio::time::sleep(stagger);
-        tokio::select! {
-            done = pending.next() => {
-                let (b, outcome) = done?;
-                started.retain(|(s, _)| !Arc::ptr_eq(s, &b));
-                match outcome {
-                    Attempt::Connected(s) => {
-                        observe(sh, &b, Ok(()));
-                        for (silent, since) in started {
-                            if since.elapsed() >= stagger {
-                                connect_failed(sh, &silent, format!(
-                                    "no answer in {stagger:?} while another backend answered"
-                                ));
-                            }
-                        }
-                        return Some((b, s));
-                    }
-                    Attempt::Failed(error) => connect_failed(sh, &b, error),
-                    Attempt::Starved => {
-                        tracing::warn!("no descriptors for a backend connection; closing client");
-                        return None;
-                    }
-                }
-                if more {
-                    more = start_next(&mut pending, &mut started);
-                }
-                if pending.is_empty() {
-                    return None;
-                }
-            }
-            () = next_stagger, if more && !stagger.is_zero() => {
-                tracing::debug!(?stagger, "backend slow to answer; trying the next alongside");
-                more = start_next(&mut pending, &mut started);
-            }
-        }
-    }
-}
-
-/// A client connect to `b` failed (or stayed silent while another backend answered): count
-/// it and tell passive health.
-fn connect_failed(sh: &Shared, b: &Backend, error: String) {
-    b.stats.connect_failures.fetch_add(1, Ordering::Relaxed);
-    tracing::debug!(backend = %b.addr, %error, "connect failed; next backend");
-    observe(sh, b, Err(error));
-}
-
-/// Passive health: a client connect's outcome counts towards the backend's health when
-/// backends are checked (without checks nothing would ever bring a backend back).
-fn observe(sh: &Shared, b: &Backend, result: Result<(), String>) {
-    if sh.cfg.check == BackendCheck::None {
-        return;
-    }
-    if let Some(up) = b.record_connect(result, sh.pool.policy()) {
-        if !up {
-            let error = b.health().last_error.unwrap_or_default();
-            tracing::warn!(backend = %b.addr, %error, "backend down");
-        }
-        sh.pool.refresh_healthy();
-    }
-}
-
-async fn handle(sh: &Shared, client: TcpStream, peer: SocketAddr) {
-    let Some((b, server)) = connect(sh).await else {
+/// Serves one client; false when no backend could be reached (the client is closed).
+async fn handle(sh: &Shared, client: TcpStream, peer: SocketAddr) -> bool {
+    let Some((b, server)) = connect::connect(sh).await else {
         tracing::debug!(%peer, "no backend reachable; closing client");
-        return;
+        return false;
     };
     // The client inherited TCP_NODELAY from the listener.
     let _ = server.set_nodelay(true);
     b.stats.active.fetch_add(1, Ordering::Relaxed);
     b.stats.total.fetch_add(1, Ordering::Relaxed);
+    let mut downs = b.subscribe_downs();
+    let marked_down = async {
+        if sh.cfg.shutdown_sessions {
+            let _ = downs.changed().await;
+        } else {
+            std::future::pending::<()>().await;
+        }
+    };
     tokio::select! {
         r = forward::forward(&client, &server, sh.cfg.idle_timeout, sh.cfg.splice, &*b) => match r {
             Ok((forward::End::Idle, _)) => tracing::debug!(%peer, "idle timeout"),
             Ok(_) => {}
             Err(e) => tracing::debug!(%peer, backend = %b.addr, error = %e, "connection ended"),
         },
+        () = marked_down => {
+            // Dropping both sockets closes them: the client sees the connection end and
+            // reconnects, and gets a backend that is up.
+            b.stats.sessions_shut_down.fetch_add(1, Ordering::Relaxed);
+            tracing::debug!(%peer, backend = %b.addr, "backend marked down; closing the session");
+        }
         () = sh.conn_kill.cancelled() => {}
     }
     b.stats.active.fetch_sub(1, Ordering::Relaxed);
-}
-
-/// One checking task per backend, following backend set changes.
-async fn health_supervisor(sh: Arc<Shared>, stop: CancellationToken) {
-    if sh.cfg.check == BackendCheck::None {
-        return;
-    }
-    let timeout = sh
-        .cfg
-        .check_interval
-        .clamp(Duration::from_secs(1), Duration::from_secs(10));
-    let checker = health::Checker::new(sh.cfg.check, timeout);
-    let mut rx = sh.pool.subscribe_backends();
-    // Keyed by address, but a task checks one `Backend` object: a backend removed and
-    // added back between two wake-ups is a new object (fresh state) and needs a new task.
-    let mut tasks: HashMap<SocketAddr, (Arc<Backend>, CancellationToken)> = HashMap::new();
-    loop {
-        let current = rx.borrow_and_update().clone();
-        tasks.retain(|a, (checked, t)| {
-            let keep = current
-                .iter()
-                .any(|b| b.addr == *a && Arc::ptr_eq(b, checked));
-            if !keep {
-                t.cancel();
-            }
-            keep
-        });
-        for b in current.iter() {
-            if let std::collections::hash_map::Entry::Vacant(slot) = tasks.entry(b.addr) {
-                let t = stop.child_token();
-                slot.insert((b.clone(), t.clone()));
-                tokio::spawn(check_loop(sh.clone(), checker.clone(), b.clone(), t));
-            }
-        }
-        tokio::select! {
-            () = stop.cancelled() => return,
-            r = rx.changed() => if r.is_err() { return },
-        }
-    }
-}
-
-async fn check_loop(
-    sh: Arc<Shared>,
-    checker: health::Checker,
-    b: Arc<Backend>,
-    stop: CancellationToken,
-) {
-    // Checks start every interval (haproxy's `inter`), however long the last one took: a
-    // dead backend whose checks time out is still down after `fall` intervals. A failed
-    // client connect asks for a check at once.
-    let mut tick = tokio::time::interval(sh.cfg.check_interval);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tokio::select! {
-            () = stop.cancelled() => return,
-            _ = tick.tick() => {}
-            () = b.check_now.notified() => tick.reset(),
-        }
-        let r = tokio::select! {
-            () = stop.cancelled() => return,
-            r = checker.check(b.addr) => r.map_err(|e| e.to_string()),
-        };
-        if let Some(up) = b.record_check(r.clone(), sh.pool.policy()) {
-            match &r {
-                Ok(()) => tracing::info!(backend = %b.addr, "backend up"),
-                Err(e) => tracing::warn!(backend = %b.addr, error = %e, up, "backend down"),
-            }
-            sh.pool.refresh_healthy();
-        }
-    }
+    true
 }
 
 /// Backends from the member list: one address per bootstrap/master node (the one on the
@@ -664,22 +604,24 @@ pub fn backends_from_members(cluster: &ClusterConfig, members: &[Member]) -> Vec
     out
 }
 
-/// The status snapshot published on the bus.
-pub fn status_json(pool: &Pool, vip_frontends: &[(SocketAddr, vip::VipMode)]) -> serde_json::Value {
-    let list = |mode| {
-        vip_frontends
-            .iter()
-            .filter(|(_, m)| *m == mode)
-            .map(|(a, _)| *a)
-            .collect::<Vec<_>>()
-    };
-    serde_json::json!({
-        "healthy": pool.is_healthy(),
-        "vipFrontends": list(vip::VipMode::Bound),
-        "vipRedirects": list(vip::VipMode::Redirected),
-        "backends": pool.snapshot(),
-    })
+/// Marks down the backends at `ip`: VRRP saw that node's adverts stop (its Master_Down
+/// timer ran out), which a dead node shows seconds before its checks or its clients' connect
+/// stagger would. Returns how many backends flipped.
+pub fn mark_node_down(pool: &Pool, ip: IpAddr) -> usize {
+    let mut flipped = 0;
+    for b in pool.backends().iter().filter(|b| b.addr.ip() == ip) {
+        if b.mark_down(format!("VRRP: adverts from {ip} stopped")) {
+            tracing::warn!(backend = %b.addr, "backend down: its node's VRRP adverts stopped");
+            flipped += 1;
+        }
+    }
+    pool.refresh_healthy();
+    flipped
 }
+
+/// How long a stopping proxy keeps serving the VIP for VRRP to hand it over (VRRP waits
+/// at most Master_Down_Interval, under 4 s at the default 1 s adverts).
+const HANDOVER_WAIT: Duration = Duration::from_secs(5);
 
 /// Runs this subsystem until `stop` is cancelled.
 pub async fn run(ctx: AgentContext, stop: CancellationToken) -> anyhow::Result<()> {
@@ -698,11 +640,27 @@ pub async fn run(ctx: AgentContext, stop: CancellationToken) -> anyhow::Result<(
     let pool = proxy.pool();
     let mut members = ctx.bus.members.subscribe();
     let mut vips = ctx.bus.vips_held.subscribe();
+    let mut peers_down = ctx.bus.vrrp_peer_down.subscribe();
+    let redirects: Arc<Mutex<Vec<SocketAddr>>> = Arc::default();
+    let _view = {
+        let (proxy, redirects) = (proxy.clone(), redirects.clone());
+        ctx.bus.views.proxy.install(move || {
+            let r = redirects.lock().unwrap_or_else(|p| p.into_inner()).clone();
+            proxy.status(r)
+        })
+    };
     let mut healthy = pool.subscribe_healthy();
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     let mut vip_frontends = vip::VipFrontends::new(ctx.cluster.api.frontend_port);
     vip_frontends.remove_stale_redirects().await;
     loop {
+        // Before anything else, so a hint that came with the VIP is applied before the VIP
+        // frontend opens.
+        if peers_down.has_changed().unwrap_or(false)
+            && let Some(ip) = *peers_down.borrow_and_update()
+        {
+            mark_node_down(&pool, ip);
+        }
         pool.set_backends(&backends_from_members(
             &ctx.cluster,
             &members.borrow_and_update(),
@@ -725,15 +683,31 @@ pub async fn run(ctx: AgentContext, stop: CancellationToken) -> anyhow::Result<(
             BTreeSet::new()
         };
         vip_frontends.sync(&proxy, &want).await;
-        let vf = vip_frontends.active();
-        ctx.bus.publish_status("proxy", status_json(&pool, &vf));
+        *redirects.lock().unwrap_or_else(|p| p.into_inner()) = vip_frontends
+            .active()
+            .into_iter()
+            .filter(|(_, m)| *m == vip::VipMode::Redirected)
+            .map(|(a, _)| a)
+            .collect();
         tokio::select! {
             () = stop.cancelled() => break,
+            r = peers_down.changed() => {
+                if r.is_ok() && let Some(ip) = *peers_down.borrow_and_update() {
+                    mark_node_down(&pool, ip);
+                }
+            }
             _ = members.changed() => {}
             _ = vips.changed() => {}
             _ = healthy.changed() => {}
             _ = tick.tick() => {}
         }
+    }
+    // A clean stop: VRRP hands the VIP over before it removes it (see
+    // `vrrp::instance`); until then clients still come here and are served.
+    let api_vips: BTreeSet<IpAddr> = ctx.cluster.api_vips.iter().copied().collect();
+    let released = vips.wait_for(|held| held.is_disjoint(&api_vips));
+    if tokio::time::timeout(HANDOVER_WAIT, released).await.is_err() {
+        tracing::warn!("the API VIP is still held {HANDOVER_WAIT:?} after stop; closing anyway");
     }
     vip_frontends.sync(&proxy, &BTreeSet::new()).await;
     inner_stop.cancel();

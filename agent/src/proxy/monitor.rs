@@ -2,14 +2,11 @@
 //! and 503 otherwise (haproxy's `monitor-uri` + `monitor fail if no backend`); `/stats`
 //! shows every backend as JSON.
 
-use std::convert::Infallible;
 use std::sync::Arc;
 
 use bytes::Bytes;
 use http_body_util::Full;
-use hyper::service::service_fn;
-use hyper::{Method, Request, Response, StatusCode};
-use hyper_util::rt::TokioIo;
+use hyper::{Method, Response, StatusCode};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
@@ -60,38 +57,9 @@ pub fn respond(pool: &Pool, method: &Method, path: &str) -> Response<Full<Bytes>
 
 /// Serves the monitor on `listener` until `stop`.
 pub async fn serve(listener: TcpListener, pool: Arc<Pool>, stop: CancellationToken) {
-    loop {
-        let (stream, _) = tokio::select! {
-            () = stop.cancelled() => return,
-            r = listener.accept() => match r {
-                Ok(x) => x,
-                Err(e) => {
-                    tracing::warn!(error = %e, "monitor accept failed");
-                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-                    continue;
-                }
-            },
-        };
-        let pool = pool.clone();
-        let stop = stop.clone();
-        tokio::spawn(async move {
-            let svc = service_fn(move |req: Request<hyper::body::Incoming>| {
-                let r = respond(&pool, req.method(), req.uri().path());
-                async move { Ok::<_, Infallible>(r) }
-            });
-            // Bounded like every server the agent runs (docs/agent.md, "Limits"): headers
-            // within 16 KiB and 10 s; the monitor reads no bodies.
-            let conn = hyper::server::conn::http1::Builder::new()
-                .timer(hyper_util::rt::TokioTimer::new())
-                .header_read_timeout(std::time::Duration::from_secs(10))
-                .max_buf_size(16 * 1024)
-                .serve_connection(TokioIo::new(stream), svc);
-            tokio::select! {
-                _ = conn => {}
-                () = stop.cancelled() => {}
-            }
-        });
-    }
+    let handler: crate::metrics::Handler =
+        Arc::new(move |req, _| respond(&pool, req.method(), req.uri().path()));
+    crate::metrics::serve_http(listener, handler, stop).await;
 }
 
 #[cfg(test)]

@@ -1,5 +1,12 @@
-//! `keelson-agent status`: what the running agent knows, served as one JSON document on a
-//! unix socket (`/run/keelson/agent.sock`), printed as a table or as JSON by the client.
+//! `keelson-agent status`: what the running agent knows, built on request as one typed
+//! [`model::AgentStatus`], served as JSON on a unix socket (`/run/keelson/agent.sock`) and
+//! read back into the same struct by the client, which prints one screen or the JSON.
+//! `/metrics` ([`crate::metrics`]) exports the same struct.
+
+pub mod histogram;
+pub mod model;
+pub mod process;
+mod summary;
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -9,37 +16,61 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_util::sync::CancellationToken;
 
 use crate::context::AgentContext;
+use model::{AgentStatus, BuildInfo, NodeStatus};
+pub use summary::summary;
 
 /// Where the running agent serves its status.
 pub const SOCKET: &str = "/run/keelson/agent.sock";
 
-/// The status document.
-pub fn snapshot(ctx: &AgentContext, started: Instant) -> serde_json::Value {
-    let members = ctx.bus.members.borrow().clone();
-    serde_json::json!({
-        "node": ctx.node.name,
-        "role": ctx.node.role.as_str(),
-        "interface": ctx.node.interface,
-        "addresses": ctx.node.addresses,
-        "cluster": ctx.cluster.zone(),
-        "uptimeSecs": started.elapsed().as_secs(),
-        "ready": *ctx.bus.ready.borrow(),
-        "vipsHeld": *ctx.bus.vips_held.borrow(),
-        "proxyHealthy": *ctx.bus.proxy_healthy.borrow(),
-        "ignitionRunning": *ctx.bus.ignition_running.borrow(),
-        "dnsUpstreams": *ctx.bus.dns_upstreams.borrow(),
-        "members": &*members,
-        "services": *ctx.bus.status.borrow(),
-    })
+/// Sections of the bus's JSON status map that have a typed section (and a view) instead.
+const TYPED: &[&str] = &["vrrp", "proxy", "dns", "members", "ignition"];
+
+/// The status now: the bus's values and every installed view, read at this moment.
+/// `started` is when the agent started serving (uptime).
+pub fn collect(ctx: &AgentContext, started: Instant) -> AgentStatus {
+    let bus = &ctx.bus;
+    let mut process = process::read();
+    process.uptime_seconds = started.elapsed().as_secs_f64();
+    let other = bus
+        .status
+        .borrow()
+        .iter()
+        .filter(|(k, _)| !TYPED.contains(&k.as_str()))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    AgentStatus {
+        node: NodeStatus {
+            name: ctx.node.name.clone(),
+            role: ctx.node.role,
+            interface: ctx.node.interface.clone(),
+            addresses: ctx.node.addresses.clone(),
+            cluster: ctx.cluster.zone(),
+        },
+        build: BuildInfo::current(),
+        process,
+        ready: bus.ready.borrow().iter().cloned().collect(),
+        restarts: bus.restarts.borrow().clone(),
+        vips_held: bus.vips_held.borrow().iter().copied().collect(),
+        proxy_healthy: *bus.proxy_healthy.borrow(),
+        ignition_running: *bus.ignition_running.borrow(),
+        dns_upstreams: bus.dns_upstreams.borrow().clone(),
+        members: bus.members.borrow().to_vec(),
+        vrrp: bus.views.vrrp.read().unwrap_or_default(),
+        proxy: bus.views.proxy.read(),
+        dns: bus.views.dns.read(),
+        discovery: bus.views.discovery.read(),
+        ignition: bus.views.ignition.read(),
+        other,
+    }
 }
 
-/// Serves the snapshot on `path` until `stop` (one document per connection).
+/// Serves the status on `path` until `stop` (one document per connection).
 pub async fn serve(
     ctx: AgentContext,
     path: PathBuf,
+    started: Instant,
     stop: CancellationToken,
 ) -> anyhow::Result<()> {
-    let started = Instant::now();
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     }
@@ -51,7 +82,7 @@ pub async fn serve(
             _ = stop.cancelled() => break,
             accepted = listener.accept() => {
                 let Ok((mut conn, _)) = accepted else { continue };
-                let mut body = serde_json::to_vec_pretty(&snapshot(&ctx, started)).unwrap_or_default();
+                let mut body = serde_json::to_vec_pretty(&collect(&ctx, started)).unwrap_or_default();
                 body.push(b'\n');
                 tokio::spawn(async move {
                     let _ = conn.write_all(&body).await;
@@ -76,7 +107,7 @@ pub struct StatusArgs {
 }
 
 /// Reads the running agent's status.
-pub async fn fetch(socket: &Path) -> anyhow::Result<serde_json::Value> {
+pub async fn fetch(socket: &Path) -> anyhow::Result<AgentStatus> {
     let mut conn = tokio::net::UnixStream::connect(socket)
         .await
         .with_context(|| {
@@ -87,51 +118,8 @@ pub async fn fetch(socket: &Path) -> anyhow::Result<serde_json::Value> {
         })?;
     let mut body = Vec::new();
     conn.read_to_end(&mut body).await?;
-    serde_json::from_slice(&body).context("status document")
-}
-
-/// A human summary of the status document.
-pub fn summary(doc: &serde_json::Value) -> String {
-    let list = |v: &serde_json::Value| {
-        v.as_array()
-            .map(|a| {
-                a.iter()
-                    .map(|x| {
-                        x.as_str()
-                            .map(str::to_owned)
-                            .unwrap_or_else(|| x.to_string())
-                    })
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            })
-            .unwrap_or_default()
-    };
-    let mut out = format!(
-        "node {} ({}) in {} on {} {}\nup {} s; ready: {}\nVIPs held: {}\nproxy healthy: {}; ignition server: {}\nDNS upstreams: {}\n",
-        doc["node"].as_str().unwrap_or("?"),
-        doc["role"].as_str().unwrap_or("?"),
-        doc["cluster"].as_str().unwrap_or("?"),
-        doc["interface"].as_str().unwrap_or("?"),
-        list(&doc["addresses"]),
-        doc["uptimeSecs"],
-        list(&doc["ready"]),
-        list(&doc["vipsHeld"]),
-        doc["proxyHealthy"],
-        doc["ignitionRunning"],
-        list(&doc["dnsUpstreams"]),
-    );
-    if let Some(members) = doc["members"].as_array() {
-        out.push_str(&format!("members ({}):\n", members.len()));
-        for m in members {
-            out.push_str(&format!(
-                "  {:<16} {:<9} {}\n",
-                m["name"].as_str().unwrap_or("?"),
-                m["role"].as_str().unwrap_or("?"),
-                list(&m["addresses"])
-            ));
-        }
-    }
-    out
+    serde_json::from_slice(&body)
+        .with_context(|| format!("status document from {}", socket.display()))
 }
 
 /// Runs `keelson-agent status`.
@@ -150,7 +138,7 @@ mod tests {
     use super::*;
 
     #[tokio::test]
-    async fn served_snapshot_reads_back() {
+    async fn served_status_reads_back_typed() {
         let cluster = keelson_ignition::ClusterConfig::from_json(include_bytes!(
             "../dns/testdata/cluster.json"
         ))
@@ -164,11 +152,24 @@ mod tests {
         let ctx = AgentContext::new(cluster, node);
         ctx.bus.mark_ready("dns");
         ctx.bus
-            .publish_status("dns", serde_json::json!({"queries": 3}));
+            .publish_status("bgp", serde_json::json!({"sessions": 2}));
+        let view = ctx.bus.views.discovery.install(|| model::DiscoveryStatus {
+            transport: "mdns".into(),
+            received: 7,
+            drops: [("malformed".to_string(), 1)].into(),
+            refused: 0,
+            registries: Default::default(),
+            auth: None,
+        });
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("s.sock");
         let stop = CancellationToken::new();
-        let server = tokio::spawn(serve(ctx, path.clone(), stop.clone()));
+        let server = tokio::spawn(serve(
+            ctx.clone(),
+            path.clone(),
+            Instant::now(),
+            stop.clone(),
+        ));
         let mut doc = None;
         for _ in 0..50 {
             if let Ok(d) = fetch(&path).await {
@@ -178,14 +179,21 @@ mod tests {
             tokio::time::sleep(std::time::Duration::from_millis(20)).await;
         }
         let doc = doc.unwrap();
-        assert_eq!(doc["node"], "master-1");
-        assert_eq!(doc["ready"][0], "dns");
-        assert_eq!(doc["services"]["dns"]["queries"], 3);
+        assert_eq!(doc.node.name, "master-1");
+        assert_eq!(doc.ready, vec!["dns".to_string()]);
+        assert_eq!(doc.other["bgp"]["sessions"], 2);
+        assert_eq!(doc.discovery.as_ref().unwrap().received, 7);
+        assert_eq!(doc.build.version, crate::VERSION);
+        assert!(doc.process.resident_memory_bytes > 0);
         let text = summary(&doc);
         assert!(
             text.contains("node master-1 (master)") && text.contains("10.0.0.12/24"),
             "{text}"
         );
+        assert!(text.contains("malformed 1"), "{text}");
+        // A subsystem that stopped takes its view with it.
+        drop(view);
+        assert!(collect(&ctx, Instant::now()).discovery.is_none());
         stop.cancel();
         server.await.unwrap().unwrap();
         assert!(!path.exists(), "socket removed on stop");

@@ -137,10 +137,7 @@ impl Supervisor {
                 restarts += 1;
                 let delay = backoff.delay_after(started.elapsed());
                 tracing::warn!("service {name} {reason}; restart {restarts} in {delay:?}");
-                ctx.bus.publish_status(
-                    &format!("supervisor.{name}"),
-                    serde_json::json!({"restarts": restarts, "lastError": reason}),
-                );
+                ctx.bus.record_restart(name, restarts, &reason);
                 tokio::select! {
                     _ = tokio::time::sleep(delay) => {}
                     _ = stop.cancelled() => return,
@@ -183,10 +180,7 @@ impl Supervisor {
                     "process {} {reason}; restart {restarts} in {delay:?}",
                     spec.name
                 );
-                ctx.bus.publish_status(
-                    &format!("supervisor.{}", spec.name),
-                    serde_json::json!({"restarts": restarts, "lastError": reason}),
-                );
+                ctx.bus.record_restart(&spec.name, restarts, &reason);
                 tokio::select! {
                     _ = tokio::time::sleep(delay) => {}
                     _ = stop.cancelled() => return,

@@ -107,6 +107,20 @@ impl Machine {
         )
     }
 
+    /// The extra wait of a backup after the master's goodbye (priority 0): 0-310 ms by
+    /// the low bits of our address, higher addresses first, as the RFC breaks priority
+    /// ties. Backups of equal priority have the same Skew_Time and would otherwise take
+    /// over together: both announce the VIP, and a host that believed the one that yields
+    /// a moment later loses its connections. A leaving keelson master keeps the VIP until
+    /// its successor's first advert, so the wait costs clients nothing.
+    pub fn goodbye_tiebreak(&self) -> Duration {
+        let low = match self.params.primary {
+            IpAddr::V4(a) => a.octets()[3],
+            IpAddr::V6(a) => a.octets()[15],
+        };
+        Duration::from_millis(u64::from(31 - low % 32) * 10)
+    }
+
     /// Master_Down_Interval = 3 * Master_Adver_Interval + Skew_Time.
     pub fn master_down_interval(&self) -> Duration {
         cs(3 * u64::from(self.master_interval_cs)) + self.skew()
@@ -203,8 +217,9 @@ impl Machine {
             State::Initialize => Vec::new(),
             State::Backup => {
                 if advert.priority == 0 {
-                    // The master is leaving: take over after Skew_Time only.
-                    self.master_down_at = Some(now + self.skew());
+                    // The master is leaving: take over after Skew_Time, plus the goodbye
+                    // tie-break.
+                    self.master_down_at = Some(now + self.skew() + self.goodbye_tiebreak());
                 } else if !self.params.preempt || advert.priority >= self.priority {
                     self.master_interval_cs = advert.interval_cs;
                     self.master_down_at = Some(now + self.master_down_interval());
@@ -397,11 +412,33 @@ mod tests {
         m.startup(ms(0));
         m.on_advert(ms(1000), ip("10.0.0.2"), &adv(150));
         m.on_advert(ms(1500), ip("10.0.0.2"), &adv(0));
+        // Skew_Time, plus 300 ms of tie-break for an address ending in 1.
         assert_eq!(
             m.next_deadline(),
-            Some(ms(1500) + Duration::from_micros(609_375))
+            Some(ms(1500) + Duration::from_micros(609_375) + ms(300))
         );
-        assert!(m.on_timer(ms(2110)).contains(&Action::AddVip));
+        assert!(m.on_timer(ms(2110)).is_empty());
+        assert!(m.on_timer(ms(2410)).contains(&Action::AddVip));
+    }
+
+    #[test]
+    fn equal_backups_do_not_take_over_together_after_a_goodbye() {
+        let (mut lo, mut hi) = (
+            machine(90, true, "10.0.0.11"),
+            machine(90, true, "10.0.0.12"),
+        );
+        for m in [&mut lo, &mut hi] {
+            m.startup(ms(0));
+            m.on_advert(ms(1000), ip("10.0.0.10"), &adv(90));
+            m.on_advert(ms(1500), ip("10.0.0.10"), &adv(0));
+        }
+        let (t_lo, t_hi) = (lo.next_deadline().unwrap(), hi.next_deadline().unwrap());
+        assert_eq!(t_lo - t_hi, ms(10), "the higher address goes first");
+        assert!(hi.on_timer(t_hi).contains(&Action::AddVip));
+        // Its first advert reaches the other before the other's timer runs out.
+        lo.on_advert(t_hi + ms(1), ip("10.0.0.12"), &adv(90));
+        assert!(lo.on_timer(t_lo).is_empty());
+        assert_eq!(lo.state(), State::Backup);
     }
 
     #[test]

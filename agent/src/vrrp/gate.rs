@@ -23,7 +23,7 @@
 use std::time::Duration;
 
 /// Why the gate is open, or that it is not.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub enum GateState {
     /// Waiting for a peer until the deadline.
@@ -35,6 +35,7 @@ pub enum GateState {
     /// The grace period ran out with no peer: claimed alone.
     GraceOver,
     /// Multicast instance: no gate.
+    #[default]
     NotGated,
 }
 

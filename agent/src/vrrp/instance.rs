@@ -23,6 +23,10 @@ use super::{announce, vip};
 use crate::context::{AgentContext, MemberList};
 use crate::health::{self, CheckState};
 
+/// How long a stopping master keeps the VIP after its successor's first advert: that
+/// advert and the successor's gratuitous ARP go out together; hosts need a moment.
+const HANDOVER_GRACE: Duration = Duration::from_millis(200);
+
 /// Per-instance counters.
 #[derive(Debug, Clone, Default, Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -155,6 +159,55 @@ pub struct InstanceStatus {
     pub destinations: Vec<IpAddr>,
     /// Counters.
     pub counters: Counters,
+    /// When it entered its current state.
+    #[serde(skip)]
+    pub state_since: Option<Instant>,
+}
+
+impl InstanceStatus {
+    /// The typed status section of this instance (`status`, `/metrics`).
+    pub fn view(&self, now: Instant) -> crate::status::model::VrrpInstance {
+        use crate::status::model::{HealthCheck, VrrpInstance, VrrpState};
+        let c = &self.counters;
+        VrrpInstance {
+            name: self.name.clone(),
+            vip: self.vip,
+            vrid: self.vrid,
+            state: match self.state {
+                State::Initialize => VrrpState::Initialize,
+                State::Backup => VrrpState::Backup,
+                State::Master => VrrpState::Master,
+            },
+            state_seconds: self
+                .state_since
+                .map(|t| now.saturating_duration_since(t).as_secs_f64())
+                .unwrap_or_default(),
+            base_priority: self.base_priority,
+            priority: self.priority,
+            master: self.master,
+            master_priority: self.master_priority,
+            transitions: c.transitions,
+            adverts_received: c.adverts_in,
+            adverts_sent: c.adverts_out,
+            announcements: c.announcements,
+            arp_conflicts: c.arp_conflicts,
+            conflict_yields: c.conflict_yields,
+            lone_claims: c.lone_claims,
+            claim_gate: self.claim_gate,
+            destinations: self.destinations.clone(),
+            drops: c.drops.iter().map(|(k, v)| (k.to_string(), *v)).collect(),
+            checks: self
+                .checks
+                .iter()
+                .map(|ch| HealthCheck {
+                    name: ch.name.clone(),
+                    passing: ch.passing,
+                    weight: ch.weight,
+                    transitions: ch.transitions,
+                })
+                .collect(),
+        }
+    }
 }
 
 /// Shared status of all instances, republished as the `vrrp` snapshot.
@@ -171,6 +224,10 @@ struct Runner {
     origin: Instant,
     checks: watch::Receiver<Vec<CheckState>>,
     status: StatusMap,
+    /// The state last published and since when.
+    state_seen: (State, Instant),
+    /// The master that last said goodbye (priority 0): its adverts stopping is no death.
+    master_left: Option<IpAddr>,
     /// Unicast: no claim before a peer is heard or the grace period ran out.
     gate: ClaimGate,
     /// Routers whose valid adverts we received, and when last (unicast: they get ours too,
@@ -270,13 +327,20 @@ impl Runner {
             _ => {}
         }
         if self.gate.is_open() || self.machine.state() != State::Backup {
+            let before = (self.machine.state(), self.machine.master());
             let actions = self.machine.on_timer(now);
+            self.hint_master_down(before);
             self.execute(actions).await;
         }
     }
 
     async fn on_advert(&mut self, src: IpAddr, advert: &Advert) {
         self.counters.adverts_in += 1;
+        if advert.priority == 0 {
+            self.master_left = Some(src);
+        } else if self.master_left == Some(src) {
+            self.master_left = None;
+        }
         let now = self.now();
         self.heard.insert(src, now);
         self.last_other_advert = Some(now);
@@ -392,7 +456,27 @@ impl Runner {
             }
         }
         self.counters.transitions = self.machine.transitions();
+        if self.machine.state() != self.state_seen.0 {
+            self.state_seen = (self.machine.state(), Instant::now());
+        }
         self.publish();
+    }
+
+    /// After a timer: when this backup took over because the master's adverts stopped (not
+    /// after its goodbye), tell the proxy that node is gone; called before the takeover's
+    /// actions run, so the proxy knows before the VIP frontend opens.
+    fn hint_master_down(&self, before: (State, Option<(IpAddr, u8)>)) {
+        if let (State::Backup, Some((addr, _))) = before
+            && self.machine.state() == State::Master
+            && !self.spec.own.contains(&addr)
+            && self.master_left != Some(addr)
+        {
+            tracing::info!(
+                "vrrp {}: adverts from {addr} stopped; taking over",
+                self.spec.config.name
+            );
+            self.ctx.bus.vrrp_peer_down.send_replace(Some(addr));
+        }
     }
 
     async fn send_advert(&mut self, priority: u8) {
@@ -444,6 +528,7 @@ impl Runner {
             claim_gate: self.gate.state(),
             destinations: self.destinations(),
             counters: self.counters.clone(),
+            state_since: Some(self.state_seen.1),
         };
         let snapshot = {
             let mut map = self.status.lock().unwrap_or_else(|p| p.into_inner());
@@ -451,6 +536,44 @@ impl Runner {
             serde_json::to_value(&*map).unwrap_or_default()
         };
         self.ctx.bus.publish_status("vrrp", snapshot);
+    }
+
+    /// After our goodbye (priority 0), keeps the VIP until another router has taken over
+    /// (its first advert as master) and a moment more for hosts to act on its gratuitous
+    /// ARP, at most `limit`: the VIP is never without a holder during a clean stop, so no
+    /// client connect goes unanswered (keepalived drops it at once, and requests sent in
+    /// the backup's skew time fail).
+    async fn await_successor(&mut self, limit: Duration) {
+        let started = Instant::now();
+        let deadline = tokio::time::Instant::now() + limit;
+        loop {
+            let pkt = tokio::select! {
+                () = tokio::time::sleep_until(deadline) => {
+                    tracing::info!(
+                        "vrrp {}: no successor within {limit:?}; removing {} anyway",
+                        self.spec.config.name, self.spec.config.vip
+                    );
+                    return;
+                }
+                r = self.sock.recv() => match r {
+                    Ok(p) => p,
+                    Err(_) => return,
+                },
+            };
+            if let Ok(advert) = self.spec.validate(&pkt)
+                && advert.priority > 0
+            {
+                tracing::info!(
+                    "vrrp {}: {} took over after {:?}; removing {}",
+                    self.spec.config.name,
+                    pkt.src,
+                    started.elapsed(),
+                    self.spec.config.vip
+                );
+                tokio::time::sleep(HANDOVER_GRACE).await;
+                return;
+            }
+        }
     }
 
     fn drop_packet(&mut self, reason: &'static str) {
@@ -520,6 +643,8 @@ pub async fn run(
         origin: Instant::now(),
         checks,
         status,
+        state_seen: (State::Initialize, Instant::now()),
+        master_left: None,
         gate,
         heard: BTreeMap::new(),
         heard_retention,
@@ -606,8 +731,16 @@ pub async fn run(
         }
     }
     check_stop.cancel();
+    let master_down = r.machine.master_down_interval();
     let actions = r.machine.shutdown();
-    r.execute(actions).await;
+    let handing_over = actions.contains(&Action::RemoveVip);
+    let (remove, first): (Vec<Action>, Vec<Action>) =
+        actions.into_iter().partition(|a| *a == Action::RemoveVip);
+    r.execute(first).await;
+    if handing_over {
+        r.await_successor(master_down).await;
+    }
+    r.execute(remove).await;
     // Whatever the state, leave no VIP behind.
     if let Err(e) = r.vip.remove().await {
         tracing::warn!("vrrp {}: {e}", r.spec.config.name);

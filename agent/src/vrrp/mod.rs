@@ -26,7 +26,8 @@ use tokio_util::sync::CancellationToken;
 use crate::context::AgentContext;
 
 /// The instances this node takes part in, resolved against its identity: those whose
-/// priorities name this node's role and whose VIP family the node has an address in.
+/// priorities name this node's role and whose VIP family the node has an address in, and
+/// that are not announced by BGP (`cluster.json` `bgp.vips`).
 pub async fn specs(ctx: &AgentContext) -> anyhow::Result<Vec<instance::Spec>> {
     let node = &ctx.node;
     let mut out = Vec::new();
@@ -34,6 +35,10 @@ pub async fn specs(ctx: &AgentContext) -> anyhow::Result<Vec<instance::Spec>> {
         let Some(base) = cfg.priorities.for_role(node.role) else {
             continue;
         };
+        // Announced by BGP instead (`bgp` service).
+        if ctx.cluster.bgp_mode(&cfg.name) {
+            continue;
+        }
         let v6 = cfg.vip.is_ipv6();
         let Some(addr) = node.address(v6) else {
             tracing::warn!(
@@ -83,6 +88,14 @@ async fn wait_link_local(iface: &str) -> anyhow::Result<std::net::Ipv6Addr> {
 pub async fn run(ctx: AgentContext, stop: CancellationToken) -> anyhow::Result<()> {
     let specs = specs(&ctx).await?;
     let status = instance::StatusMap::default();
+    let _view = {
+        let status = status.clone();
+        ctx.bus.views.vrrp.install(move || {
+            let now = std::time::Instant::now();
+            let map = status.lock().unwrap_or_else(|p| p.into_inner());
+            map.values().map(|s| s.view(now)).collect()
+        })
+    };
     let mut tasks = tokio::task::JoinSet::new();
     for spec in specs {
         let name = spec.config.name.clone();

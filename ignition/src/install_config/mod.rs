@@ -459,6 +459,9 @@ impl InstallConfig {
                 check_interval_ms: 5000,
                 fall: 3,
                 rise: 1,
+                fast_check_interval_ms: 1000,
+                slowstart_ms: 10_000,
+                shutdown_sessions: true,
                 connect_timeout_ms: 10_000,
                 idle_timeout_secs: 86_400,
                 max_connections: 20_000,
@@ -479,8 +482,12 @@ impl InstallConfig {
                 transport: MembersTransport::Unicast,
                 renew_interval_secs: 10,
                 expiry_secs: 35,
+                key_id: None,
+                max_clock_skew_secs: None,
             },
+            metrics: crate::cluster::MetricsSettings::default(),
             ssh_authorized_keys: self.ssh_keys.clone(),
+            bgp: None,
             services: vec![],
         }
     }

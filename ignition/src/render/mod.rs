@@ -34,6 +34,9 @@ pub mod paths {
     pub const SERVER_KEY: &str = "/etc/keelson/tls/server.key";
     /// The CA in the system trust store (RHCOS picks up anchors from here).
     pub const TRUST_ANCHOR: &str = "/etc/pki/ca-trust/source/anchors/keelson-ca.crt";
+    /// Where a master keeps the service assets it serves but does not run (the agent's
+    /// Ignition server reads `/assets/` from here, see agent/src/ignition_server).
+    pub const ASSETS_DIR: &str = "/etc/keelson/assets";
 }
 
 /// What a full config needs besides cluster.json.
@@ -49,6 +52,10 @@ pub struct NodeAssets {
     pub agent_sha512: String,
     /// Where nodes fetch the agent; `None` for the appliance (the image already has it).
     pub agent_url: Option<String>,
+    /// Membership key files by name (`membership.key`, and during a rotation
+    /// `membership.previous.key` / `membership.next.key`), written to every node's
+    /// `/etc/keelson/tls/` (mode 0600).
+    pub membership_keys: std::collections::BTreeMap<String, String>,
 }
 
 /// Errors rendering a config.
@@ -170,7 +177,22 @@ pub fn full_model(cluster: &ClusterConfig, role: Role, assets: &NodeAssets) -> M
         ),
         inline(paths::CA, 0o644, assets.ca_pem.as_bytes()),
         inline(paths::TRUST_ANCHOR, 0o644, assets.ca_pem.as_bytes()),
+        // The node's resolver asks the local agent first, through NetworkManager (RHCOS);
+        // the appliance writes its own resolv.conf and never reads this file.
+        inline(
+            crate::resolver::PROFILE_PATH,
+            0o600,
+            crate::resolver::networkmanager_profile(&cluster.zone()).as_bytes(),
+        ),
     ];
+    // Every node signs its member records (workers too).
+    for (name, text) in &assets.membership_keys {
+        files.push(inline(
+            &format!("/etc/keelson/tls/{name}"),
+            0o600,
+            text.as_bytes(),
+        ));
+    }
     // The bootstrap serves configs now and masters after the pivot; workers never do, so
     // they never hold the server key.
     if role != Role::Worker {
@@ -222,6 +244,36 @@ pub fn full_model(cluster: &ClusterConfig, role: Role, assets: &NodeAssets) -> M
                         sha512: asset.sha512.clone(),
                     },
                 });
+            }
+        }
+    }
+    // Masters serve every asset after the pivot, workers' too: a worker-only service's
+    // executable (the ingress router's, say) is fetched into the assets directory, from
+    // where the master's Ignition server hands it to the workers. Without it the workers'
+    // first boot would stop at a 404 once the bootstrap is gone.
+    if role == Role::Master {
+        let mut served: Vec<&str> = Vec::new();
+        for svc in &cluster.services {
+            let Some(asset) = &svc.asset else { continue };
+            if svc.runs_on(Role::Master) || served.contains(&asset.name.as_str()) {
+                continue;
+            }
+            let installed = cluster.services.iter().any(|o| {
+                o.runs_on(Role::Master) && o.asset.as_ref().is_some_and(|a| a.name == asset.name)
+            });
+            if installed {
+                continue;
+            }
+            if let Ok(url) = asset_url(cluster, &asset.name) {
+                files.push(FileSpec {
+                    path: format!("{}/{}", paths::ASSETS_DIR, asset.name),
+                    mode: 0o644,
+                    contents: Contents::Remote {
+                        url,
+                        sha512: asset.sha512.clone(),
+                    },
+                });
+                served.push(&asset.name);
             }
         }
     }

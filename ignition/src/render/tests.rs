@@ -15,6 +15,11 @@ fn assets(agent_url: Option<&str>) -> NodeAssets {
         server_key_pem: "-----BEGIN PRIVATE KEY-----\nMIIBkey\n-----END PRIVATE KEY-----\n".into(),
         agent_sha512: "ab".repeat(64),
         agent_url: agent_url.map(str::to_owned),
+        membership_keys: [(
+            "membership.key".to_string(),
+            "AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8=\n".to_string(),
+        )]
+        .into(),
     }
 }
 
@@ -219,6 +224,57 @@ fn service_assets_go_to_the_roles_that_run_them_but_not_the_bootstrap() {
         standin(Role::Bootstrap).is_none(),
         "the bootstrap cannot fetch from itself"
     );
+}
+
+/// After the pivot the masters serve the workers' assets too: a worker-only service's
+/// executable goes into a master's assets directory (not onto its PATH), once per asset.
+#[test]
+fn masters_keep_the_workers_assets_to_serve_them() {
+    let mut c = cluster_with_service();
+    c.services[0].roles = vec![Role::Bootstrap];
+    for name in ["router", "router-metrics"] {
+        c.services.push(crate::cluster::ServiceSpec {
+            name: name.into(),
+            path: format!("/usr/local/bin/{name}"),
+            args: vec![],
+            env: Default::default(),
+            restart: Default::default(),
+            roles: vec![Role::Worker],
+            asset: Some(crate::cluster::ServiceAsset {
+                name: "kube-standin".into(),
+                sha512: "cd".repeat(64),
+            }),
+        });
+    }
+    c.check().unwrap();
+    let files = |role: Role| -> Vec<serde_json::Value> {
+        let bytes = render_full(&c, role, SpecVersion::V3_2, &assets(None)).unwrap();
+        let doc: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
+        doc["storage"]["files"].as_array().unwrap().clone()
+    };
+    let master = files(Role::Master);
+    let kept: Vec<_> = master
+        .iter()
+        .filter(|f| f["path"] == "/etc/keelson/assets/kube-standin")
+        .collect();
+    assert_eq!(kept.len(), 1, "once, though two services use it");
+    assert_eq!(
+        kept[0]["contents"]["source"],
+        "https://10.0.0.5:22623/assets/kube-standin"
+    );
+    assert_eq!(kept[0]["mode"], 0o644, "served, not run");
+    assert!(!master.iter().any(|f| f["path"] == "/usr/local/bin/router"));
+    let worker = files(Role::Worker);
+    assert!(worker.iter().any(|f| f["path"] == "/usr/local/bin/router"));
+    assert!(
+        !worker
+            .iter()
+            .any(|f| f["path"] == "/etc/keelson/assets/kube-standin")
+    );
+    // A master that runs the asset's service has it already: nothing more.
+    let both = cluster_with_service();
+    let bytes = render_full(&both, Role::Master, SpecVersion::V3_2, &assets(None)).unwrap();
+    assert!(!String::from_utf8_lossy(&bytes).contains("/etc/keelson/assets/"));
 }
 
 #[test]

@@ -45,7 +45,28 @@ pub use source::{ConfigSource, RenderSource, SourceError};
 pub use tls::{TlsError, tls_config, tls_config_from_files};
 
 use crate::routes::ExtraRoutes;
+use crate::version::SpecVersion;
 use router::Router;
+
+/// One answered request as a [`RequestObserver`] sees it: bounded values only (no path, no
+/// client address), fit for counters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RequestRecord {
+    /// `config`, `asset`, `healthz`, `keelson` or `other`.
+    pub route: &'static str,
+    /// For configs: `master`, `worker` or `other`; empty otherwise.
+    pub pool: &'static str,
+    /// The spec version of a config served with 200.
+    pub spec: Option<SpecVersion>,
+    /// The HTTP status answered.
+    pub status: u16,
+}
+
+/// Told about every answered request (the agent counts them for `/metrics`).
+pub trait RequestObserver: std::fmt::Debug + Send + Sync + 'static {
+    /// One request was answered.
+    fn observe(&self, record: &RequestRecord);
+}
 
 /// The client networks allowed to fetch configs when the operator names none: the
 /// cluster's `ignition.allowedNetworks`, or, when that is empty, its machine networks.
@@ -120,6 +141,7 @@ pub struct IgnitionServer {
     router: Router,
     tls: Option<Arc<rustls::ServerConfig>>,
     opts: ServerOptions,
+    observer: Option<Arc<dyn RequestObserver>>,
 }
 
 impl IgnitionServer {
@@ -141,7 +163,14 @@ impl IgnitionServer {
             },
             tls: None,
             opts,
+            observer: None,
         }
+    }
+
+    /// Tells `observer` about every answered request.
+    pub fn with_observer(mut self, observer: Arc<dyn RequestObserver>) -> Self {
+        self.observer = Some(observer);
+        self
     }
 
     /// Serves TLS with `config` (see [`tls_config`]).
@@ -179,6 +208,7 @@ impl IgnitionServer {
             plain,
             router: Arc::new(self.router),
             opts: self.opts,
+            observer: self.observer,
         })
     }
 }
@@ -189,6 +219,7 @@ pub struct BoundServer {
     plain: Option<TcpListener>,
     router: Arc<Router>,
     opts: ServerOptions,
+    observer: Option<Arc<dyn RequestObserver>>,
 }
 
 impl std::fmt::Debug for BoundServer {
@@ -236,6 +267,7 @@ impl BoundServer {
         let cut = CancellationToken::new();
         let conn = ConnCtx {
             router: self.router,
+            observer: self.observer,
             stop: stop.clone(),
             cut: cut.clone(),
             handshake_timeout: self.opts.handshake_timeout,
@@ -272,6 +304,7 @@ impl BoundServer {
 #[derive(Clone)]
 struct ConnCtx {
     router: Arc<Router>,
+    observer: Option<Arc<dyn RequestObserver>>,
     stop: CancellationToken,
     cut: CancellationToken,
     handshake_timeout: Duration,
@@ -331,9 +364,23 @@ where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let router = ctx.router.clone();
+    let observer = ctx.observer.clone();
     let service = service_fn(move |req: hyper::Request<Incoming>| {
         let router = router.clone();
-        async move { Ok::<_, Infallible>(handle(&router, req, peer).await) }
+        let observer = observer.clone();
+        async move {
+            let (route, pool) = router::parse_route(req.uri().path()).labels();
+            let resp = handle(&router, req, peer).await;
+            if let Some(o) = &observer {
+                o.observe(&RequestRecord {
+                    route,
+                    pool,
+                    spec: resp.extensions().get::<router::ServedSpec>().map(|s| s.0),
+                    status: resp.status().as_u16(),
+                });
+            }
+            Ok::<_, Infallible>(resp)
+        }
     });
     let conn = hyper::server::conn::http1::Builder::new()
         .timer(TokioTimer::new())
@@ -365,7 +412,16 @@ async fn handle(
     let (parts, body) = req.into_parts();
     let path = parts.uri.path();
     let body = if router.wants_body(path) {
-        match Limited::new(body, MAX_BODY).collect().await {
+        // Bounded in size and in time (a client trickling its body holds no task forever).
+        let read = tokio::time::timeout(
+            Duration::from_secs(30),
+            Limited::new(body, MAX_BODY).collect(),
+        );
+        match read
+            .await
+            .map_err(|_| "body not complete within 30 s".into())
+            .and_then(|r| r)
+        {
             Ok(b) => b.to_bytes(),
             Err(e) => {
                 tracing::debug!(%peer, error = %e, "request body refused");
@@ -373,7 +429,7 @@ async fn handle(
                     http::StatusCode::PAYLOAD_TOO_LARGE,
                     "text/plain; charset=utf-8",
                     Bytes::from(format!(
-                        "request body over {MAX_BODY} bytes or unreadable\n"
+                        "request body over {MAX_BODY} bytes, unreadable or too slow\n"
                     )),
                 );
             }

@@ -65,6 +65,25 @@ pub(crate) fn parse_route(path: &str) -> Route<'_> {
     Route::NotFound
 }
 
+impl Route<'_> {
+    /// The route's kind and, for configs, the pool, as bounded labels for counters.
+    pub(crate) fn labels(&self) -> (&'static str, &'static str) {
+        match self {
+            Route::Healthz => ("healthz", ""),
+            Route::Config("master") => ("config", "master"),
+            Route::Config("worker") => ("config", "worker"),
+            Route::Config(_) => ("config", "other"),
+            Route::Asset(_) => ("asset", ""),
+            Route::Keelson(_) => ("keelson", ""),
+            Route::NotFound => ("other", ""),
+        }
+    }
+}
+
+/// The spec version a config response carries (a response extension, for counters).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct ServedSpec(pub(crate) crate::version::SpecVersion);
+
 /// The response body type.
 pub(crate) type Body = Full<Bytes>;
 
@@ -190,7 +209,11 @@ impl Router {
             );
         }
         match self.configs.get(pool, spec) {
-            Ok(bytes) => respond(StatusCode::OK, "application/json", bytes),
+            Ok(bytes) => {
+                let mut r = respond(StatusCode::OK, "application/json", bytes);
+                r.extensions_mut().insert(ServedSpec(spec));
+                r
+            }
             Err(e) => {
                 tracing::error!(%pool, %spec, error = %e, "rendering the config failed");
                 text(

@@ -89,6 +89,26 @@ impl RenderSource {
             std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))
         };
         let agent_bytes = std::fs::read(agent).map_err(|e| format!("{}: {e}", agent.display()))?;
+        let membership_keys: std::collections::BTreeMap<String, String> =
+            crate::tls_files::MEMBERSHIP_KEYS
+                .iter()
+                .filter_map(|name| {
+                    std::fs::read_to_string(tls_dir.join(name))
+                        .ok()
+                        .map(|t| (name.to_string(), t))
+                })
+                .collect();
+        // A cluster whose records are authenticated hands the key to every node it serves;
+        // without it they could not join.
+        if let Some(id) = &cluster.members.key_id
+            && !membership_keys.contains_key(crate::tls_files::MEMBERSHIP_KEY)
+        {
+            return Err(format!(
+                "{}: missing (cluster.json members.keyId names membership key {id})",
+                tls_dir.join(crate::tls_files::MEMBERSHIP_KEY).display()
+            )
+            .into());
+        }
         use sha2::Digest;
         Ok(Self::new(
             cluster,
@@ -98,6 +118,7 @@ impl RenderSource {
                 server_key_pem: read(crate::tls_files::SERVER_KEY)?,
                 agent_sha512: hex::encode(sha2::Sha512::digest(&agent_bytes)),
                 agent_url: None,
+                membership_keys,
             },
         ))
     }
@@ -111,5 +132,41 @@ impl ConfigSource for RenderSource {
             spec,
             &self.assets,
         )?))
+    }
+}
+
+#[cfg(all(test, feature = "build"))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_cluster_naming_a_membership_key_is_not_served_without_it() {
+        let dir = tempfile::tempdir().unwrap();
+        for name in ["ca.crt", "server.crt", "server.key"] {
+            std::fs::write(dir.path().join(name), "pem\n").unwrap();
+        }
+        let agent = dir.path().join("agent");
+        std::fs::write(&agent, b"\x7fELF").unwrap();
+        let mut cluster = crate::install_config::InstallConfig::parse(include_str!(
+            "../../../examples/install-config.yaml"
+        ))
+        .unwrap()
+        .cluster_config();
+        // Without a key named: served as before.
+        assert!(RenderSource::from_files(cluster.clone(), dir.path(), &agent).is_ok());
+        let key = crate::membership::generate().unwrap();
+        cluster.members.key_id = Some(crate::membership::key_id(
+            &crate::membership::parse_key(&key).unwrap(),
+        ));
+        let e = RenderSource::from_files(cluster.clone(), dir.path(), &agent)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("membership.key: missing"), "{e}");
+        std::fs::write(dir.path().join("membership.key"), &key).unwrap();
+        let source = RenderSource::from_files(cluster, dir.path(), &agent).unwrap();
+        assert_eq!(
+            source.assets.membership_keys.get("membership.key"),
+            Some(&key)
+        );
     }
 }

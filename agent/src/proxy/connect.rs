@@ -1,0 +1,147 @@
+//! Connecting a client to a backend: round-robin order, retries on failure (haproxy's
+//! `retries` + `option redispatch`), the connect stagger, and passive health.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use keelson_ignition::cluster::BackendCheck;
+use tokio::net::TcpStream;
+
+use super::backend::Backend;
+use super::{Shared, forward, is_resource_error};
+
+/// How one backend connect attempt ended.
+pub(crate) enum Attempt {
+    Connected(TcpStream),
+    /// The backend refused, reset, was unreachable or did not answer in time.
+    Failed(String),
+    /// No descriptors for the socket until the connect timeout: says nothing of the backend.
+    Starved,
+}
+
+/// One connect to `b`, up to the connect timeout.
+///
+/// A connect that fails for lack of local resources (`EMFILE` and friends: the socket could
+/// not even be created) says nothing about the backend: it is retried on the same backend
+/// until the connect timeout, as the accept loop waits for descriptors.
+async fn attempt(sh: &Shared, b: Arc<Backend>) -> (Arc<Backend>, Attempt) {
+    let mut starved = false;
+    let tries = async {
+        loop {
+            match TcpStream::connect(b.addr).await {
+                Err(e) if is_resource_error(&e) => {
+                    forward::release_spare_pipes();
+                    if !starved {
+                        tracing::warn!(backend = %b.addr, error = %e, "connect: out of resources; retrying");
+                        starved = true;
+                    }
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                r => return r,
+            }
+        }
+    };
+    let outcome = match tokio::time::timeout(sh.cfg.connect_timeout, tries).await {
+        Ok(Ok(s)) => Attempt::Connected(s),
+        Ok(Err(e)) => Attempt::Failed(e.to_string()),
+        Err(_) if starved => Attempt::Starved,
+        Err(_) => Attempt::Failed(format!("timed out after {:?}", sh.cfg.connect_timeout)),
+    };
+    (b, outcome)
+}
+
+/// Connects to the first backend that answers, trying up to `retries` others: the next one
+/// when an attempt fails (haproxy's `retries` + `option redispatch`), and also — alongside
+/// the pending one — when an attempt has had no answer for `connect_stagger`.
+///
+/// The stagger is keelson's addition. A master that died (powered off, partitioned) answers
+/// nothing: its connects hang until ARP gives up or the 10 s connect timeout, and every
+/// client sent there in the meantime waits that long. On a LAN a live backend answers a SYN
+/// in well under a millisecond and the first SYN retransmission comes after 1 s, so an
+/// attempt pending past the stagger is as good as lost: the client gets the next backend
+/// instead, and the silent one is counted as failing (passive health), which takes it out
+/// after `fall` such clients instead of `fall` check intervals.
+pub(crate) async fn connect(sh: &Shared) -> Option<(Arc<Backend>, TcpStream)> {
+    use futures::StreamExt as _;
+    let mut candidates = sh.pool.pick().into_iter().take(sh.cfg.retries + 1);
+    let mut pending = futures::stream::FuturesUnordered::new();
+    // (backend, when its attempt started), to blame the ones still silent when another wins.
+    let mut started: Vec<(Arc<Backend>, tokio::time::Instant)> = Vec::new();
+    let mut start_next =
+        |pending: &mut futures::stream::FuturesUnordered<_>,
+         started: &mut Vec<(Arc<Backend>, tokio::time::Instant)>| {
+            let Some(b) = candidates.next() else {
+                return false;
+            };
+            started.push((b.clone(), tokio::time::Instant::now()));
+            pending.push(attempt(sh, b));
+            true
+        };
+    let stagger = sh.cfg.connect_stagger;
+    let mut more = start_next(&mut pending, &mut started);
+    loop {
+        let next_stagger = tokio::time::sleep(stagger);
+        tokio::select! {
+            done = pending.next() => {
+                let (b, outcome) = done?;
+                started.retain(|(s, _)| !Arc::ptr_eq(s, &b));
+                match outcome {
+                    Attempt::Connected(s) => {
+                        observe(sh, &b, Ok(()));
+                        for (silent, since) in started {
+                            if since.elapsed() >= stagger {
+                                connect_failed(sh, &silent, format!(
+                                    "no answer in {stagger:?} while another backend answered"
+                                ));
+                            }
+                        }
+                        return Some((b, s));
+                    }
+                    Attempt::Failed(error) => connect_failed(sh, &b, error),
+                    Attempt::Starved => {
+                        tracing::warn!("no descriptors for a backend connection; closing client");
+                        return None;
+                    }
+                }
+                if more {
+                    more = start_next(&mut pending, &mut started);
+                }
+                if pending.is_empty() {
+                    return None;
+                }
+            }
+            () = next_stagger, if more && !stagger.is_zero() => {
+                tracing::debug!(?stagger, "backend slow to answer; trying the next alongside");
+                // Blame the attempt that has waited longest (the one the stagger was for).
+                if let Some((slow, _)) = started.iter().min_by_key(|(_, since)| *since) {
+                    slow.stats.staggers.fetch_add(1, Ordering::Relaxed);
+                }
+                more = start_next(&mut pending, &mut started);
+            }
+        }
+    }
+}
+
+/// A client connect to `b` failed (or stayed silent while another backend answered): count
+/// it and tell passive health.
+pub(crate) fn connect_failed(sh: &Shared, b: &Backend, error: String) {
+    b.stats.connect_failures.fetch_add(1, Ordering::Relaxed);
+    tracing::debug!(backend = %b.addr, %error, "connect failed; next backend");
+    observe(sh, b, Err(error));
+}
+
+/// Passive health: a client connect's outcome counts towards the backend's health when
+/// backends are checked (without checks nothing would ever bring a backend back).
+pub(crate) fn observe(sh: &Shared, b: &Backend, result: Result<(), String>) {
+    if sh.cfg.check == BackendCheck::None {
+        return;
+    }
+    if let Some(up) = b.record_connect(result, sh.pool.policy()) {
+        if !up {
+            let error = b.health().last_error.unwrap_or_default();
+            tracing::warn!(backend = %b.addr, %error, "backend down");
+        }
+        sh.pool.refresh_healthy();
+    }
+}

@@ -1,0 +1,361 @@
+//! The status document: one typed struct that the agent builds on request from its
+//! subsystems' live views, that the status socket serves as JSON, that `keelson-agent
+//! status` reads back into the same struct, and that `/metrics` exports. One source for
+//! both, so the screen and the scrape always show the same facts.
+
+use std::collections::BTreeMap;
+use std::net::{IpAddr, SocketAddr};
+
+use ipnet::IpNet;
+use serde::{Deserialize, Serialize};
+
+use super::histogram::HistogramSnapshot;
+use crate::context::Member;
+
+/// Everything the running agent knows about itself.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AgentStatus {
+    /// This node.
+    pub node: NodeStatus,
+    /// The agent build.
+    pub build: BuildInfo,
+    /// The agent process.
+    pub process: ProcessStatus,
+    /// Services that are up.
+    pub ready: Vec<String>,
+    /// Services and operator processes restarted by the supervisor, by name.
+    #[serde(default)]
+    pub restarts: BTreeMap<String, crate::context::Restarts>,
+    /// VIPs this node holds.
+    pub vips_held: Vec<IpAddr>,
+    /// The local proxy has a healthy backend.
+    pub proxy_healthy: bool,
+    /// The local Ignition server is serving.
+    pub ignition_running: bool,
+    /// DNS upstreams learned from metadata or DHCP.
+    pub dns_upstreams: Vec<IpAddr>,
+    /// Live members, this node included.
+    pub members: Vec<Member>,
+    /// VRRP instances this node takes part in.
+    #[serde(default)]
+    pub vrrp: Vec<VrrpInstance>,
+    /// The API proxy, when it runs here.
+    #[serde(default)]
+    pub proxy: Option<ProxyStatus>,
+    /// The DNS server, when it runs here.
+    #[serde(default)]
+    pub dns: Option<DnsStatus>,
+    /// Member discovery's counters, when it runs here.
+    #[serde(default)]
+    pub discovery: Option<DiscoveryStatus>,
+    /// The Ignition server, when it runs here.
+    #[serde(default)]
+    pub ignition: Option<IgnitionStatus>,
+    /// Sections published by subsystems that have no typed section here (yet), by name.
+    #[serde(default)]
+    pub other: BTreeMap<String, serde_json::Value>,
+}
+
+/// Who this node is.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeStatus {
+    /// Node name.
+    pub name: String,
+    /// Role.
+    pub role: keelson_ignition::Role,
+    /// Interface on the machine network.
+    pub interface: String,
+    /// Addresses on it.
+    pub addresses: Vec<IpNet>,
+    /// The cluster zone (`<name>.<baseDomain>`).
+    pub cluster: String,
+}
+
+/// What was built.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct BuildInfo {
+    /// Crate version.
+    pub version: String,
+    /// Git commit the agent was built from (`unknown` outside a checkout).
+    pub commit: String,
+}
+
+impl BuildInfo {
+    /// This binary's.
+    pub fn current() -> Self {
+        Self {
+            version: crate::VERSION.to_string(),
+            commit: env!("KEELSON_COMMIT").to_string(),
+        }
+    }
+}
+
+/// The agent process (from `/proc/self`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct ProcessStatus {
+    /// Seconds since the agent started serving.
+    pub uptime_seconds: f64,
+    /// When the process started, Unix seconds.
+    pub start_time_seconds: f64,
+    /// Resident memory.
+    pub resident_memory_bytes: u64,
+    /// Virtual memory.
+    pub virtual_memory_bytes: u64,
+    /// Open file descriptors.
+    pub open_fds: u64,
+    /// The descriptor limit (`RLIMIT_NOFILE`, soft).
+    pub max_fds: u64,
+    /// User plus system CPU time.
+    pub cpu_seconds: f64,
+    /// Threads.
+    pub threads: u64,
+}
+
+/// VRRP state of one instance.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum VrrpState {
+    /// Not started, or stopped.
+    Initialize,
+    /// Listening to a master.
+    Backup,
+    /// Holding the VIP.
+    Master,
+}
+
+impl VrrpState {
+    /// Every state, in a fixed order (for one-hot export).
+    pub const ALL: [VrrpState; 3] = [VrrpState::Initialize, VrrpState::Backup, VrrpState::Master];
+
+    /// Lowercase name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            VrrpState::Initialize => "initialize",
+            VrrpState::Backup => "backup",
+            VrrpState::Master => "master",
+        }
+    }
+}
+
+/// One VRRP instance.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct VrrpInstance {
+    /// Instance name (`api`, `ingress`, ...).
+    pub name: String,
+    /// Its VIP.
+    pub vip: IpAddr,
+    /// Virtual router ID.
+    pub vrid: u8,
+    /// Current state.
+    pub state: VrrpState,
+    /// Seconds in the current state.
+    pub state_seconds: f64,
+    /// Base priority.
+    pub base_priority: u8,
+    /// Effective priority (base plus passing checks' weights).
+    pub priority: u8,
+    /// The master last heard (or this node).
+    pub master: Option<IpAddr>,
+    /// Its priority.
+    pub master_priority: Option<u8>,
+    /// State changes.
+    pub transitions: u64,
+    /// Valid adverts received.
+    pub adverts_received: u64,
+    /// Adverts sent (one per destination).
+    pub adverts_sent: u64,
+    /// Gratuitous ARPs / unsolicited NAs sent.
+    pub announcements: u64,
+    /// Unicast: ARP frames showing another holder of the VIP that sends no adverts.
+    #[serde(default)]
+    pub arp_conflicts: u64,
+    /// Unicast: times this node gave the VIP up to such a holder.
+    #[serde(default)]
+    pub conflict_yields: u64,
+    /// Unicast: times the claim grace ran out with no peer heard (claimed alone).
+    #[serde(default)]
+    pub lone_claims: u64,
+    /// Unicast: whether this node may claim the VIP yet, and why (`notGated` for multicast).
+    #[serde(default)]
+    pub claim_gate: crate::vrrp::gate::GateState,
+    /// Where adverts go: the unicast peers, or the multicast group.
+    #[serde(default)]
+    pub destinations: Vec<IpAddr>,
+    /// Packets dropped, by reason.
+    pub drops: BTreeMap<String, u64>,
+    /// Health checks moving its priority.
+    pub checks: Vec<HealthCheck>,
+}
+
+/// One health check of a VRRP instance.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct HealthCheck {
+    /// Check name.
+    pub name: String,
+    /// Whether it passes.
+    pub passing: bool,
+    /// Weight added while it passes.
+    pub weight: i32,
+    /// Times it changed between passing and failing.
+    pub transitions: u64,
+}
+
+/// The API proxy.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ProxyStatus {
+    /// At least one backend is up.
+    pub healthy: bool,
+    /// Listening addresses and what came in on each.
+    pub frontends: Vec<FrontendStatus>,
+    /// `VIP:6443` addresses redirected to the node frontend with nftables (their clients
+    /// are counted on the node frontend).
+    pub vip_redirects: Vec<SocketAddr>,
+    /// Backends and their health and traffic.
+    pub backends: Vec<crate::proxy::backend::BackendSnapshot>,
+    /// Client connections still open when a stop began (let finish).
+    pub drained: u64,
+    /// Of those, cut at the drain deadline.
+    pub drain_cut: u64,
+}
+
+/// How a frontend listens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FrontendKind {
+    /// `:9445` on every address.
+    Node,
+    /// `VIP:6443`, bound while this node holds the VIP.
+    Vip,
+}
+
+impl FrontendKind {
+    /// Lowercase name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FrontendKind::Node => "node",
+            FrontendKind::Vip => "vip",
+        }
+    }
+}
+
+/// One frontend.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct FrontendStatus {
+    /// The address clients connect to.
+    pub addr: SocketAddr,
+    /// How it listens.
+    pub kind: FrontendKind,
+    /// Clients accepted.
+    pub accepted: u64,
+    /// Accepted clients closed at once because no backend answered.
+    pub refused: u64,
+    /// Client connections open now.
+    pub active: u64,
+}
+
+/// The DNS server.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DnsStatus {
+    /// The zone served.
+    pub zone: String,
+    /// Node names in it.
+    pub nodes: u64,
+    /// Listening addresses.
+    pub listen: Vec<SocketAddr>,
+    /// Upstreams, in order.
+    pub upstreams: Vec<SocketAddr>,
+    /// Requests received.
+    pub received: u64,
+    /// Decoded queries by question type (A, AAAA, ... and `other`).
+    pub queries: BTreeMap<String, u64>,
+    /// Responses by code (NOERROR, NXDOMAIN, ... and `other`).
+    pub responses: BTreeMap<String, u64>,
+    /// Answered from the zone.
+    pub authoritative: u64,
+    /// Sent upstream (or answered from the cache).
+    pub forwarded: u64,
+    /// Forwarded queries no upstream answered.
+    pub forward_failures: u64,
+    /// Answered from the forward cache.
+    pub cache_hits: u64,
+    /// Upstream round trips.
+    pub forward_latency: HistogramSnapshot,
+    /// Requests dropped, by reason (`short`, `response`).
+    pub dropped: BTreeMap<String, u64>,
+    /// UDP responses truncated.
+    pub truncated: u64,
+    /// TCP connections refused (too many).
+    pub tcp_refused: u64,
+}
+
+/// Member discovery.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DiscoveryStatus {
+    /// `mdns` or `unicast`.
+    pub transport: String,
+    /// Packets (mDNS) or registrations (unicast) received.
+    pub received: u64,
+    /// Records or packets dropped, by reason.
+    pub drops: BTreeMap<String, u64>,
+    /// Unicast: registrations a registry refused or answered with something unusable.
+    #[serde(default)]
+    pub refused: u64,
+    /// Unicast: the outcome of the last registration with each registry, by address.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub registries: BTreeMap<String, String>,
+    /// Authenticated membership (docs/members.md): absent until the keys are loaded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub auth: Option<MembersAuth>,
+}
+
+/// Authenticated membership: whether records are signed and checked, and what was dropped.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct MembersAuth {
+    /// Records are signed and checked (`cluster.json` names a key).
+    pub authenticated: bool,
+    /// Records dropped, by reason (`noMac`, `badMac`, `addressMismatch`, `stale`, `replay`).
+    pub drops: BTreeMap<String, u64>,
+}
+
+/// The Ignition server.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct IgnitionStatus {
+    /// TLS listener.
+    pub tls: Option<SocketAddr>,
+    /// Plain listener.
+    pub plain: Option<SocketAddr>,
+    /// Bootstrap mode (`/config/worker` answers 500).
+    pub bootstrap: bool,
+    /// Who may fetch configs (loopback always may).
+    pub allowed_networks: Vec<IpNet>,
+    /// Requests answered, by what was asked and how it went.
+    pub requests: Vec<IgnitionRequests>,
+}
+
+/// A count of Ignition server requests with the same route, pool, served spec and status.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct IgnitionRequests {
+    /// `config`, `asset`, `healthz`, `keelson` or `other`.
+    pub route: String,
+    /// `master`, `worker`, `other` for configs; empty otherwise.
+    pub pool: String,
+    /// The Ignition spec version served (configs answered 200), empty otherwise.
+    pub spec: String,
+    /// HTTP status.
+    pub status: u16,
+    /// How many.
+    pub count: u64,
+}
