@@ -65,6 +65,7 @@ bench: setup agent
 # FUZZ_JOBS at once (default 1), then a summary table; FUZZ_TARGETS="a b" runs some only.
 # Not part of `make test`.
 fuzz: setup
+	@command -v cargo-fuzz >/dev/null || cargo install --locked cargo-fuzz
 	agent/fuzz/run.sh $(FUZZ_TARGETS)
 
 clean:

@@ -18,7 +18,7 @@ TRIPLE=x86_64-unknown-linux-gnu
 BIN=target/$TRIPLE/release
 
 command -v cargo-fuzz >/dev/null || {
-  echo "fuzz: cargo-fuzz not found: scripts/setup.sh installs it (cargo install --locked cargo-fuzz)" >&2
+  echo "fuzz: cargo-fuzz not found: `make fuzz` installs it (cargo install --locked cargo-fuzz)" >&2
   exit 1
 }
 

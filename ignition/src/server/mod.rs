@@ -251,6 +251,7 @@ impl BoundServer {
     {
         let ctx = ConnCtx {
             router: self.router.clone(),
+            observer: self.observer.clone(),
             stop: CancellationToken::new(),
             cut: CancellationToken::new(),
             handshake_timeout: self.opts.handshake_timeout,
