@@ -61,8 +61,12 @@ standin: setup agent
 bench: setup agent
 	@for b in bench/*.sh; do echo "== $$b"; bash $$b || exit 1; done
 
-fuzz:
-	@cat agent/fuzz/README.md
+# Every cargo-fuzz target (agent/fuzz/README.md) for FUZZ_SECS seconds each (default 20),
+# FUZZ_JOBS at once (default 1), then a summary table; FUZZ_TARGETS="a b" runs some only.
+# Not part of `make test`.
+fuzz: setup
+	@command -v cargo-fuzz >/dev/null || cargo install --locked cargo-fuzz
+	agent/fuzz/run.sh $(FUZZ_TARGETS)
 
 clean:
 	cargo clean

@@ -78,7 +78,8 @@ REQUIRED_FILES=(
   # The Ignition program itself (the test of the Accept header Ignition 2.14 sends).
   "/usr/lib/dracut/modules.d/30ignition/ignition ignition"
 )
-# Cargo subcommands `make lint` runs: "command crate".
+# Cargo subcommands `make lint` runs: "command crate". (`make fuzz` installs cargo-fuzz
+# itself: minutes of compiling that `make test` does not need.)
 REQUIRED_CARGO=(
   "cargo-machete cargo-machete"
 )

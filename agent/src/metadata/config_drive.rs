@@ -5,6 +5,7 @@ use std::fs::File;
 use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 
+use super::fat::{Fat, FatError};
 use super::iso9660::Iso;
 
 /// Reads one file from the volume, refusing one larger than the limit: `Ok(None)` when it
@@ -36,14 +37,8 @@ pub fn probe(path: &Path) -> Option<(Volume, String)> {
     if boot[510..512] == [0x55, 0xaa]
         && (&boot[54..59] == b"FAT12" || &boot[54..59] == b"FAT16" || &boot[82..87] == b"FAT32")
     {
-        file.seek(SeekFrom::Start(0)).ok()?;
-        let fs = fatfs::FileSystem::new(&mut file, fatfs::FsOptions::new()).ok()?;
-        let label = fs
-            .read_volume_label_from_root_dir()
-            .ok()
-            .flatten()
-            .unwrap_or_else(|| fs.volume_label());
-        return Some((Volume::Vfat, label.trim().to_owned()));
+        let fat = Fat::open(file).ok()?;
+        return Some((Volume::Vfat, fat.label));
     }
     file.seek(SeekFrom::Start(0)).ok()?;
     let iso = Iso::open(file).ok()?;
@@ -99,8 +94,16 @@ pub fn read(path: &Path) -> Result<Metadata, MetadataError> {
             )
         }
         Volume::Vfat => {
-            let path = path.to_path_buf();
-            Box::new(move |p: &str, limit: usize| read_fat_file(&path, p, limit))
+            let file = File::open(path).map_err(|e| err(e.to_string()))?;
+            let mut fat = Fat::open(file).map_err(|e| err(e.to_string()))?;
+            Box::new(
+                move |p: &str, limit: usize| match fat.read_file_within(p, limit) {
+                    Ok(d) => Ok(Some(d)),
+                    Err(FatError::NotFound(_)) => Ok(None),
+                    Err(e @ FatError::TooLarge { .. }) => Err(e.to_string()),
+                    Err(e) => Err(format!("{p}: {e}")),
+                },
+            )
         }
     };
     let version = ["openstack/latest/meta_data.json"]
@@ -133,26 +136,6 @@ pub fn read(path: &Path) -> Result<Metadata, MetadataError> {
         network_data,
         user_data,
     })
-}
-
-fn read_fat_file(device: &Path, path: &str, limit: usize) -> Result<Option<Vec<u8>>, String> {
-    let file = File::open(device).map_err(|e| e.to_string())?;
-    let fs = fatfs::FileSystem::new(file, fatfs::FsOptions::new()).map_err(|e| e.to_string())?;
-    let mut found = match fs.root_dir().open_file(path) {
-        Ok(f) => f,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(format!("{path}: {e}")),
-    };
-    let mut data = Vec::new();
-    // One byte past the limit tells "exactly the limit" from "more".
-    (&mut found)
-        .take(limit as u64 + 1)
-        .read_to_end(&mut data)
-        .map_err(|e| format!("{path}: {e}"))?;
-    if data.len() > limit {
-        return Err(format!("{path}: larger than the limit of {limit} bytes"));
-    }
-    Ok(Some(data))
 }
 
 #[cfg(test)]

@@ -4,6 +4,7 @@
 //! each source (`config_drive`, `http`) lives in its own module and yields a [`Metadata`].
 
 pub mod config_drive;
+pub mod fat;
 pub mod http;
 pub mod iso9660;
 pub mod network;
@@ -319,6 +320,18 @@ mod tests {
             }
         }
         assert_eq!(seen, 5);
+    }
+
+    /// Found by the `meta_data_json` fuzz target: a number too large for an integer came back
+    /// from a serialise/parse round trip (what `keelson-agent metadata` prints) as another
+    /// float, because serde_json's default float parsing is not correctly rounded; the
+    /// workspace turns on its `float_roundtrip` feature.
+    #[test]
+    fn fuzz_crash_big_number_round_trips() {
+        let text = br#"{"instancelaunch-index": 12222222222222222222222222222222222222222222222222222220}"#;
+        let md: MetaData = serde_json::from_slice(text).unwrap();
+        let again: MetaData = serde_json::from_slice(&serde_json::to_vec(&md).unwrap()).unwrap();
+        assert_eq!(again, md);
     }
 
     #[test]

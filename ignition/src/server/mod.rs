@@ -242,6 +242,23 @@ impl BoundServer {
         self.plain.as_ref().and_then(|l| l.local_addr().ok())
     }
 
+    /// Serves one connection the caller accepted itself, as plain HTTP from `peer`, with
+    /// the same request handling as the listeners, until the client closes it. The fuzz
+    /// targets (agent/fuzz) feed raw requests through it over an in-memory pipe.
+    pub async fn serve_stream<S>(&self, stream: S, peer: SocketAddr)
+    where
+        S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    {
+        let ctx = ConnCtx {
+            router: self.router.clone(),
+            observer: self.observer.clone(),
+            stop: CancellationToken::new(),
+            cut: CancellationToken::new(),
+            handshake_timeout: self.opts.handshake_timeout,
+        };
+        serve_conn(stream, peer, ctx).await;
+    }
+
     /// Serves until `stop` is cancelled, then stops accepting, lets open connections
     /// finish their current request (idle keep-alive connections are closed at once) for
     /// up to the drain timeout, and returns.

@@ -295,6 +295,8 @@ impl Client {
     pub fn on_packet(&mut self, msg: &Message, now: Duration) -> Vec<Action> {
         if msg.opcode() != Opcode::BootReply
             || msg.xid() != self.xid
+            // `chaddr()` slices a 16-byte array by `hlen`: check it first (see `decode`).
+            || usize::from(msg.hlen()) > CHADDR_LEN
             || msg.chaddr().get(..6) != Some(&self.mac[..])
         {
             return vec![];
@@ -416,13 +418,91 @@ pub fn encode(msg: &Message) -> Option<Vec<u8>> {
 
 /// Decodes a message; `None` for anything malformed (dropped).
 ///
-/// dhcproto 0.15 has a `debug_assert!` on the Rapid Commit option's length (found by the
-/// proptest below): harmless in release builds, a panic in debug ones. Catching it keeps a
-/// hostile packet from ever taking the client down, whatever the build.
+/// Two guards around dhcproto 0.15, both found by the `dhcp_reply` fuzz target:
+/// - it panics, in builds with debug assertions, on a few options whose length is wrong
+///   (see [`has_option_dhcproto_panics_on`]): those packets are dropped before it sees them;
+/// - its `Message::chaddr()` slices the 16-byte `chaddr` field by the packet's `hlen`, so a
+///   reply claiming `hlen` over 16 would panic whoever looks at the hardware address (in
+///   every build): such a packet is malformed (RFC 2131 gives chaddr 16 bytes) and dropped.
+///
+/// The `catch_unwind` stays as a last line: a hostile packet must never take the client
+/// task down, whatever the build.
 pub fn decode(bytes: &[u8]) -> Option<Message> {
-    std::panic::catch_unwind(|| Message::decode(&mut Decoder::new(bytes)).ok())
+    if has_option_dhcproto_panics_on(bytes) {
+        return None;
+    }
+    let msg = std::panic::catch_unwind(|| Message::decode(&mut Decoder::new(bytes)).ok())
         .ok()
-        .flatten()
+        .flatten()?;
+    (usize::from(msg.hlen()) <= CHADDR_LEN).then_some(msg)
+}
+
+/// Size of the `chaddr` field.
+const CHADDR_LEN: usize = 16;
+
+/// Where the options start: after the fixed BOOTP header (236 bytes) and the magic cookie.
+const OPTIONS_AT: usize = 240;
+
+/// Whether dhcproto 0.15 would panic on this option length (a `debug_assert!` on it, or a
+/// `len - n` that overflows) rather than return an error: Rapid Commit (80) must be empty,
+/// Client FQDN (81) at least 3 bytes, Client Network Interface (94) exactly 3 and the Bulk
+/// Leasequery times (152-155) exactly 4. (Its status code, 151, reads a byte before
+/// subtracting, so an empty one is an error, not a panic.)
+fn dhcproto_panics_on(code: u8, len: usize) -> bool {
+    match code {
+        80 => len != 0,
+        81 => len < 3,
+        94 => len != 3,
+        152..=155 => len != 4,
+        _ => false,
+    }
+}
+
+/// Whether some option of `bytes` is one [`dhcproto_panics_on`]. Walks the options as
+/// dhcproto's decoder does: consecutive instances of one code are joined (RFC 3396) and
+/// decoded as one at the next other code, Pad, End or the end of the packet; a truncated
+/// option ends the walk (dhcproto stops there with an error). Conservative: it also looks
+/// past an option dhcproto would have failed on.
+fn has_option_dhcproto_panics_on(bytes: &[u8]) -> bool {
+    let mut rest = bytes.get(OPTIONS_AT..).unwrap_or_default();
+    // The option being gathered: (code, joined length).
+    let mut current: Option<(u8, usize)> = None;
+    while let Some(&code) = rest.first() {
+        if code == 0 || code == 255 {
+            if current
+                .take()
+                .is_some_and(|(c, len)| dhcproto_panics_on(c, len))
+            {
+                return true;
+            }
+            if code == 255 {
+                return false;
+            }
+            rest = &rest[1..];
+            continue;
+        }
+        // A different code: the gathered option is decoded before the next one is read.
+        if let Some((c, len)) = current
+            && c != code
+        {
+            if dhcproto_panics_on(c, len) {
+                return true;
+            }
+            current = None;
+        }
+        let Some(len) = rest.get(1).map(|&l| usize::from(l)) else {
+            return false;
+        };
+        if rest.len() < 2 + len {
+            return false;
+        }
+        current = Some(match current {
+            Some((c, joined)) => (c, joined + len),
+            None => (code, len),
+        });
+        rest = &rest[2 + len..];
+    }
+    current.is_some_and(|(c, len)| dhcproto_panics_on(c, len))
 }
 
 /// `aa:bb:cc:dd:ee:ff` to bytes.

@@ -255,3 +255,150 @@ fn classless_routes_replace_the_router_and_mtu_is_checked() {
         "an MTU under 68 is ignored"
     );
 }
+
+/// A BOOTREPLY with `options` (code, value) after the magic cookie, then End.
+fn packet_with(options: &[(u8, &[u8])]) -> Vec<u8> {
+    let mut ack = reply(
+        &Client::new(MAC, None, 0)
+            .start(secs(0))
+            .iter()
+            .find_map(|a| match a {
+                Action::Send(m, _) => Some((**m).clone()),
+                _ => None,
+            })
+            .unwrap(),
+        MessageType::Ack,
+        Ipv4Addr::new(10, 1, 0, 9),
+        120,
+    );
+    ack.opts_mut().clear();
+    let mut bytes = encode(&ack).unwrap();
+    bytes.truncate(OPTIONS_AT);
+    for (code, value) in options {
+        bytes.push(*code);
+        bytes.push(value.len() as u8);
+        bytes.extend_from_slice(value);
+    }
+    bytes.push(255);
+    bytes
+}
+
+/// Whether dhcproto itself panics decoding `bytes` (debug builds only: release builds
+/// compile its assertions out).
+fn dhcproto_panics(bytes: &[u8]) -> bool {
+    panicked_during(|| Message::decode(&mut Decoder::new(bytes)).ok())
+}
+
+/// Whether `f` panicked on this thread, even if something inside caught the panic (as
+/// `decode`'s `catch_unwind` does): a caught panic still prints on PID 1's console and
+/// aborts a fuzzer. A hook chained before the existing one records it per thread.
+fn panicked_during<T>(f: impl FnOnce() -> T) -> bool {
+    use std::cell::Cell;
+    thread_local!(static PANICKED: Cell<bool> = const { Cell::new(false) });
+    static HOOK: std::sync::Once = std::sync::Once::new();
+    HOOK.call_once(|| {
+        let previous = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            PANICKED.with(|p| p.set(true));
+            previous(info)
+        }));
+    });
+    PANICKED.with(|p| p.set(false));
+    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
+    PANICKED.with(|p| p.get())
+}
+
+/// Found by the `dhcp_reply` fuzz target: a reply carrying an empty Client FQDN option
+/// (81) after a run of Pad bytes made dhcproto 0.15 panic (`assertion failed: len >= 3`).
+#[test]
+fn fuzz_crash_empty_fqdn_option_is_dropped() {
+    let packet = include_bytes!("testdata/fuzz-fqdn-empty.bin");
+    if cfg!(debug_assertions) {
+        assert!(dhcproto_panics(packet), "the input still crashes dhcproto");
+    }
+    assert!(has_option_dhcproto_panics_on(packet));
+    assert!(
+        !panicked_during(|| decode(packet)),
+        "dropped before dhcproto sees it"
+    );
+    assert_eq!(decode(packet), None);
+}
+
+#[test]
+fn options_dhcproto_panics_on_are_dropped_before_decoding() {
+    let cases: [(u8, &[u8], &[u8]); 7] = [
+        (80, b"x", b""),
+        (81, b"\x01\x00", b"\x01\x00\x00\x00"),
+        (94, b"\x01\x02", b"\x01\x02\x03"),
+        (152, b"\x00\x00\x00", b"\x00\x00\x00\x01"),
+        (153, b"\x00\x00\x00\x00\x00", b"\x00\x00\x00\x01"),
+        (154, b"", b"\x00\x00\x00\x01"),
+        (155, b"\x00", b"\x00\x00\x00\x01"),
+    ];
+    for (code, bad, good) in cases {
+        let packet = packet_with(&[(53, &[5]), (code, bad)]);
+        if cfg!(debug_assertions) {
+            assert!(dhcproto_panics(&packet), "option {code} len {}", bad.len());
+        }
+        assert!(has_option_dhcproto_panics_on(&packet), "option {code}");
+        assert!(!panicked_during(|| decode(&packet)), "option {code}");
+        assert_eq!(decode(&packet), None, "option {code}");
+        let packet = packet_with(&[(53, &[5]), (code, good)]);
+        assert!(!has_option_dhcproto_panics_on(&packet), "option {code}");
+        assert!(
+            decode(&packet).is_some(),
+            "option {code} len {}",
+            good.len()
+        );
+    }
+    // RFC 3396: consecutive instances are joined before decoding, so two 2-byte FQDN
+    // parts are one 4-byte option (fine), and Pad between them splits them (two bad ones).
+    let joined = packet_with(&[(81, b"\x01\x00"), (81, b"\x00\x00")]);
+    assert!(!has_option_dhcproto_panics_on(&joined));
+    assert!(!dhcproto_panics(&joined));
+    let mut split = packet_with(&[(81, b"\x01\x00")]);
+    split.pop();
+    split.extend_from_slice(&[0, 81, 2, 0, 0, 255]);
+    assert!(has_option_dhcproto_panics_on(&split));
+    // An empty Bulk Leasequery status code is an error for dhcproto, not a panic.
+    let status = packet_with(&[(151, b"")]);
+    assert!(!dhcproto_panics(&status));
+    assert!(!has_option_dhcproto_panics_on(&status));
+    // A truncated option ends dhcproto's walk: nothing after it is decoded.
+    let mut truncated = packet_with(&[(53, &[5])]);
+    truncated.pop();
+    truncated.extend_from_slice(&[12, 40, b'x']);
+    assert!(!has_option_dhcproto_panics_on(&truncated));
+}
+
+/// Found by the `dhcp_reply` fuzz target: a packet with `hlen` 255. dhcproto decodes it,
+/// and its `chaddr()` then panics slicing the 16-byte field to 255 (in release builds too).
+#[test]
+fn fuzz_crash_hlen_over_16_is_dropped() {
+    let packet = include_bytes!("testdata/fuzz-hlen-255.bin");
+    assert_eq!(packet[2], 255, "hlen");
+    let raw = Message::decode(&mut Decoder::new(packet)).expect("dhcproto decodes it");
+    assert!(panicked_during(|| raw.chaddr().len()));
+    assert_eq!(decode(packet), None);
+
+    // A reply to our transaction with a bad hlen, as dhcproto hands it over, is ignored
+    // rather than panicking the client.
+    let mut c = Client::new(MAC, None, 6);
+    let actions = c.start(secs(0));
+    let mut bytes = encode(&reply(
+        sent(&actions).0,
+        MessageType::Offer,
+        Ipv4Addr::new(10, 1, 0, 9),
+        60,
+    ))
+    .unwrap();
+    bytes[2] = 17;
+    assert_eq!(decode(&bytes), None);
+    let msg = Message::decode(&mut Decoder::new(&bytes)).unwrap();
+    assert!(!panicked_during(|| assert!(
+        c.on_packet(&msg, secs(1)).is_empty()
+    )));
+    assert_eq!(c.state(), &State::Selecting);
+    bytes[2] = 16;
+    assert!(decode(&bytes).is_some(), "16 is the field's size: fine");
+}

@@ -1,0 +1,101 @@
+//! Unicast member requests into the registry the Ignition server hands `/keelson/` routes
+//! to (`members::registry::Registry` through its `ExtraRoutes::handle`, as the server calls
+//! it), and another registry's answer as a node takes it in (`Vec<Entry>` parsed, then
+//! `Registry::merge`, as the unicast client does).
+//!
+//! Input: one byte choosing the method, then the path up to the first newline, then the
+//! body (also read as an answer). Checks: every request gets an answer that is 2xx, 4xx or
+//! 405; a 200 is a JSON list of entries whose names are DNS labels; the live list only ever
+//! holds DNS-label names, this node once, every member with 1 to 16 addresses and a
+//! version of at most 64 bytes, however it was learned; an entry list that parses
+//! re-encodes to itself.
+#![no_main]
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Method, StatusCode};
+use keelson_agent::context::Member;
+use keelson_agent::members::mdns::valid_label;
+use keelson_agent::members::registry::{Entry, MEMBERS_PATH, Registry};
+use keelson_ignition::Role;
+use keelson_ignition::routes::ExtraRoutes;
+use libfuzzer_sys::fuzz_target;
+
+fuzz_target!(|data: &[u8]| {
+    let Some((&m, rest)) = data.split_first() else {
+        return;
+    };
+    let method = match m % 5 {
+        0 => Method::GET,
+        1 => Method::POST,
+        2 => Method::DELETE,
+        3 => Method::PUT,
+        _ => Method::HEAD,
+    };
+    let (path, body) = match rest.iter().position(|&b| b == b'\n') {
+        Some(at) => (&rest[..at], &rest[at + 1..]),
+        None => (&b""[..], rest),
+    };
+    // Paths come from hyper as &str; an empty one means "the registration path".
+    let path = match std::str::from_utf8(path) {
+        Ok("") => MEMBERS_PATH.to_owned(),
+        Ok(p) => p.to_owned(),
+        Err(_) => return,
+    };
+    let own = Member {
+        name: "master-0".into(),
+        role: Role::Master,
+        addresses: vec!["10.0.0.10".parse().unwrap()],
+        version: "0.1.0".into(),
+    };
+    let registry = Registry::new("ocp4.example.com", Duration::from_secs(35)).with_own(own);
+    let peer: SocketAddr = "10.0.0.11:40000".parse().unwrap();
+    // Twice: a registration followed by its renewal (or a repeated delete).
+    for _ in 0..2 {
+        let Some((status, answer)) =
+            registry.handle(&method, &path, peer, Bytes::copy_from_slice(body))
+        else {
+            // Not a registry path: the server answers 404 itself.
+            assert_ne!(path, MEMBERS_PATH);
+            continue;
+        };
+        assert!(
+            status.is_success() || status.is_client_error(),
+            "status {status}"
+        );
+        if status == StatusCode::OK {
+            let list: Vec<Entry> = serde_json::from_slice(&answer).expect("200 is an entry list");
+            assert!(list.iter().all(|e| valid_label(&e.member.name)));
+        }
+    }
+    // The client side: another registry's answer, merged as the unicast client does.
+    if let Ok(list) = serde_json::from_slice::<Vec<Entry>>(body) {
+        let again = serde_json::to_vec(&list).expect("entries serialise");
+        let back: Vec<Entry> = serde_json::from_slice(&again).expect("own output parses");
+        assert_eq!(back, list, "entry list round trip");
+        registry.merge(list, std::time::Instant::now());
+    }
+    let members = registry.list();
+    assert_eq!(
+        members.iter().filter(|m| m.name == "master-0").count(),
+        1,
+        "own node once"
+    );
+    for member in members {
+        assert!(valid_label(&member.name), "listed {:?}", member.name);
+        assert!(
+            (1..=16).contains(&member.addresses.len()),
+            "{} listed with {} addresses",
+            member.name,
+            member.addresses.len()
+        );
+        assert!(
+            member.version.len() <= 64,
+            "{} version of {} bytes",
+            member.name,
+            member.version.len()
+        );
+    }
+});
