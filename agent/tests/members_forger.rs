@@ -41,7 +41,6 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use vrrp_common::*;
 
-const BIN: &str = env!("CARGO_BIN_EXE_keelson-agent");
 const ZONE: &str = "ocp4.osd2019.local";
 const M0: usize = 0;
 const M1: usize = 1;
@@ -88,19 +87,12 @@ struct View {
     proxy_backends: Vec<String>,
 }
 
-struct Node {
-    proc: Proc,
-    log: PathBuf,
-}
-
 struct Net {
     seg: Segment,
-    dir: tempfile::TempDir,
-    cluster: PathBuf,
-    tls: PathBuf,
+    files: RunCluster,
     key: Vec<u8>,
     services: &'static str,
-    nodes: Vec<Option<Node>>,
+    nodes: Vec<Option<RunNode>>,
 }
 
 impl Net {
@@ -110,25 +102,14 @@ impl Net {
         if transport == Transport::Unicast {
             seg.drop_multicast();
         }
-        let dir = tempfile::tempdir().unwrap();
-        let mut cluster = cluster_json(transport);
-        let config =
-            keelson_ignition::ClusterConfig::from_json(cluster.to_string().as_bytes()).unwrap();
-        // As `keelson build`: the CA, the server pair, and the membership key cluster.json
-        // names.
-        let tls = dir.path().join("tls");
-        let pki = keelson_ignition::pki::load_or_create(&tls, &config, None).unwrap();
-        pki.write(&tls).unwrap();
-        let key = keelson_ignition::membership::parse_key(&pki.membership_keys["membership.key"])
-            .unwrap();
-        cluster["members"]["keyId"] = pki.membership_key_id().unwrap().into();
-        let cpath = dir.path().join("cluster.json");
-        std::fs::write(&cpath, cluster.to_string()).unwrap();
+        // As `keelson build`: the membership key cluster.json names.
+        let files = RunCluster::new(cluster_json(transport));
+        let key =
+            keelson_ignition::membership::parse_key(&files.pki.membership_keys["membership.key"])
+                .unwrap();
         Net {
             seg,
-            dir,
-            cluster: cpath,
-            tls,
+            files,
             key,
             services: match transport {
                 Transport::Unicast => "vrrp,members,ignition,dns,proxy",
@@ -150,48 +131,18 @@ impl Net {
         self.seg.v4(i).split('/').next().unwrap().parse().unwrap()
     }
 
-    fn state_dir(&self, i: usize) -> PathBuf {
-        self.dir.path().join(format!("state-{i}"))
-    }
-
     fn socket(&self, i: usize) -> PathBuf {
-        self.dir.path().join(format!("status-{i}.sock"))
+        self.files.socket(i)
     }
 
     fn start(&mut self, i: usize) {
-        let npath = self.dir.path().join(format!("node-{i}.json"));
-        std::fs::write(
-            &npath,
-            serde_json::json!({
-                "name": Self::name(i), "role": "master", "interface": "eth0",
-                "addresses": [self.seg.v4(i)]
-            })
-            .to_string(),
-        )
-        .unwrap();
-        let log = self.dir.path().join(format!("node-{i}.log"));
-        let child = Command::new("ip")
-            .args(["netns", "exec", &self.seg.nodes[i], BIN, "run"])
-            .arg("--cluster")
-            .arg(&self.cluster)
-            .arg("--node")
-            .arg(&npath)
-            .args(["--only", self.services])
-            .arg("--tls-dir")
-            .arg(&self.tls)
-            .arg("--state-dir")
-            .arg(self.state_dir(i))
-            .arg("--status-socket")
-            .arg(self.socket(i))
-            .env("RUST_LOG", "info")
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).unwrap())
-            .spawn()
-            .unwrap();
-        self.nodes[i] = Some(Node {
-            proc: Proc(child),
-            log,
-        });
+        let (name, address) = (Self::name(i), self.seg.v4(i));
+        self.nodes[i] = Some(self.files.start(
+            &self.seg.nodes[i],
+            i,
+            (&name, "master", &address),
+            self.services,
+        ));
     }
 
     fn kill(&mut self, i: usize) {
@@ -208,22 +159,18 @@ impl Net {
 
     fn wait_ready(&self, nodes: &[usize]) {
         for &i in nodes {
-            let log = &self.nodes[i].as_ref().expect("running").log;
+            let node = self.nodes[i].as_ref().expect("running");
             self.wait(
                 &format!("{} ready", Self::name(i)),
                 Duration::from_secs(60),
-                || {
-                    std::fs::read_to_string(log)
-                        .unwrap_or_default()
-                        .contains("keelson-agent ready:")
-                },
+                || node.is_ready(),
             );
         }
     }
 
     /// `keelson-agent status --json` of node `i`.
     fn status(&self, i: usize) -> serde_json::Value {
-        status_at(&self.socket(i))
+        self.files.status(i)
     }
 
     fn view(&self, i: usize) -> View {
@@ -231,14 +178,7 @@ impl Net {
     }
 
     fn member_names(&self, i: usize) -> Vec<String> {
-        self.status(i)["members"]
-            .as_array()
-            .map(|a| {
-                a.iter()
-                    .filter_map(|m| m["name"].as_str().map(str::to_string))
-                    .collect()
-            })
-            .unwrap_or_default()
+        member_names(&self.status(i))
     }
 
     /// Node `i`'s members auth status: `{"authenticated": .., "drops": {..}}`.
@@ -345,16 +285,6 @@ impl Net {
     }
 }
 
-/// `keelson-agent status --json` at status socket `socket`.
-fn status_at(socket: &std::path::Path) -> serde_json::Value {
-    let out = Command::new(BIN)
-        .args(["status", "--json", "--socket"])
-        .arg(socket)
-        .output()
-        .unwrap();
-    serde_json::from_slice(&out.stdout).unwrap_or_default()
-}
-
 /// What the node at status socket `socket` sees: members, VRRP destinations, backends.
 fn view_at(socket: &std::path::Path) -> View {
     let st = status_at(socket);
@@ -442,19 +372,6 @@ impl Drop for Watch {
     }
 }
 
-/// Runs `f` on a thread inside network namespace `ns`.
-fn in_netns<T: Send + 'static>(
-    ns: &str,
-    f: impl FnOnce() -> T + Send + 'static,
-) -> std::thread::JoinHandle<T> {
-    let path = format!("/run/netns/{ns}");
-    std::thread::spawn(move || {
-        let file = std::fs::File::open(&path).unwrap();
-        nix::sched::setns(&file, nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
-        f()
-    })
-}
-
 fn unix_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -492,12 +409,13 @@ struct CaptureRegistry {
 impl CaptureRegistry {
     fn start(net: &Net) -> Self {
         let certs: Vec<rustls::pki_types::CertificateDer<'static>> =
-            rustls::pki_types::pem::PemObject::pem_file_iter(net.tls.join("server.crt"))
+            rustls::pki_types::pem::PemObject::pem_file_iter(net.files.tls.join("server.crt"))
                 .unwrap()
                 .map(|c| c.unwrap())
                 .collect();
         let key: rustls::pki_types::PrivateKeyDer<'static> =
-            rustls::pki_types::pem::PemObject::from_pem_file(net.tls.join("server.key")).unwrap();
+            rustls::pki_types::pem::PemObject::from_pem_file(net.files.tls.join("server.key"))
+                .unwrap();
         let config = Arc::new(
             rustls::ServerConfig::builder_with_provider(Arc::new(
                 rustls::crypto::ring::default_provider(),
@@ -646,9 +564,9 @@ fn unicast_forger_without_the_key_changes_nothing() {
     let mut net = Net::new("kmf-u", Transport::Unicast);
     // master-1 remembers a master at the forger's address (where the test's capture
     // registry listens).
-    std::fs::create_dir_all(net.state_dir(M1)).unwrap();
+    std::fs::create_dir_all(net.files.state_dir(M1)).unwrap();
     std::fs::write(
-        net.state_dir(M1).join("members.json"),
+        net.files.state_dir(M1).join("members.json"),
         serde_json::json!({
             "cluster": ZONE,
             "members": [{"name": "master-7", "addresses": [net.ip(FORGER)],

@@ -20,8 +20,7 @@
 mod vrrp_common;
 
 use std::net::{Ipv4Addr, SocketAddrV4, UdpSocket};
-use std::path::PathBuf;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use vrrp_common::*;
@@ -33,7 +32,6 @@ const ADVERT_MS: u64 = 100;
 const RENEW_S: u64 = 1;
 /// Members expiry of the test (s).
 const EXPIRY_S: u64 = 4;
-const BIN: &str = env!("CARGO_BIN_EXE_keelson-agent");
 
 /// The bound the issue sets for every phase: Master_Down plus one renewal interval,
 /// plus slack for process start-up and the TLS handshakes on a busy 2-core machine.
@@ -68,18 +66,11 @@ struct Converged {
     after_ready: Option<Duration>,
 }
 
-struct Node {
-    proc: Proc,
-    log: PathBuf,
-}
-
 /// The cluster's files and running agents.
 struct Cluster {
     seg: Segment,
-    dir: tempfile::TempDir,
-    cluster: PathBuf,
-    tls: PathBuf,
-    nodes: Vec<Option<Node>>,
+    files: RunCluster,
+    nodes: Vec<Option<RunNode>>,
     roles: Vec<&'static str>,
 }
 
@@ -88,23 +79,11 @@ impl Cluster {
         // Subnet 0: the example's machine network 10.0.0.0/16, inside our own namespaces.
         let seg = Segment::new(prefix, roles.len(), 0);
         seg.drop_multicast();
-        let dir = tempfile::tempdir().unwrap();
-        let config =
-            keelson_ignition::ClusterConfig::from_json(cluster.to_string().as_bytes()).unwrap();
-        let tls = dir.path().join("tls");
-        // As `keelson build`: the CA, the server pair, and the membership key that
-        // cluster.json names (member records are authenticated).
-        let pki = keelson_ignition::pki::load_or_create(&tls, &config, None).unwrap();
-        pki.write(&tls).unwrap();
-        let mut cluster = cluster;
-        cluster["members"]["keyId"] = pki.membership_key_id().unwrap().into();
-        let cpath = dir.path().join("cluster.json");
-        std::fs::write(&cpath, cluster.to_string()).unwrap();
+        // As `keelson build`: member records are authenticated.
+        let files = RunCluster::new(cluster);
         Cluster {
             seg,
-            dir,
-            cluster: cpath,
-            tls,
+            files,
             nodes: roles.iter().map(|_| None).collect(),
             roles: roles.to_vec(),
         }
@@ -117,49 +96,15 @@ impl Cluster {
         }
     }
 
-    fn state_dir(&self, i: usize) -> PathBuf {
-        self.dir.path().join(format!("state-{i}"))
-    }
-
-    fn socket(&self, i: usize) -> PathBuf {
-        self.dir.path().join(format!("status-{i}.sock"))
-    }
-
     /// Starts `keelson-agent run` (vrrp, members, ignition) in node `i`'s namespace.
     fn start(&mut self, i: usize) {
-        let npath = self.dir.path().join(format!("node-{i}.json"));
-        std::fs::write(
-            &npath,
-            serde_json::json!({
-                "name": self.name(i), "role": self.roles[i], "interface": "eth0",
-                "addresses": [self.seg.v4(i)]
-            })
-            .to_string(),
-        )
-        .unwrap();
-        let log = self.dir.path().join(format!("node-{i}.log"));
-        let child = Command::new("ip")
-            .args(["netns", "exec", &self.seg.nodes[i], BIN, "run"])
-            .arg("--cluster")
-            .arg(&self.cluster)
-            .arg("--node")
-            .arg(&npath)
-            .args(["--only", "vrrp,members,ignition"])
-            .arg("--tls-dir")
-            .arg(&self.tls)
-            .arg("--state-dir")
-            .arg(self.state_dir(i))
-            .arg("--status-socket")
-            .arg(self.socket(i))
-            .env("RUST_LOG", "info")
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).unwrap())
-            .spawn()
-            .unwrap();
-        self.nodes[i] = Some(Node {
-            proc: Proc(child),
-            log,
-        });
+        let (name, address) = (self.name(i), self.seg.v4(i));
+        self.nodes[i] = Some(self.files.start(
+            &self.seg.nodes[i],
+            i,
+            (&name, self.roles[i], &address),
+            "vrrp,members,ignition",
+        ));
     }
 
     /// SIGTERM: priority 0, VIP removed, goodbye to the registries.
@@ -180,10 +125,9 @@ impl Cluster {
     fn wait_ready(&self, nodes: &[usize]) -> Duration {
         let t = Instant::now();
         for &i in nodes {
-            let log = &self.nodes[i].as_ref().expect("node running").log;
+            let node = self.nodes[i].as_ref().expect("node running");
             loop {
-                let text = std::fs::read_to_string(log).unwrap_or_default();
-                if text.contains("keelson-agent ready:") {
+                if node.is_ready() {
                     break;
                 }
                 if t.elapsed() > Duration::from_secs(60) {
@@ -197,7 +141,7 @@ impl Cluster {
     }
 
     fn forget(&self, i: usize) {
-        let _ = std::fs::remove_dir_all(self.state_dir(i));
+        let _ = std::fs::remove_dir_all(self.files.state_dir(i));
     }
 
     fn running(&self) -> Vec<usize> {
@@ -216,34 +160,17 @@ impl Cluster {
 
     /// `keelson-agent status --json` of node `i`.
     fn status(&self, i: usize) -> serde_json::Value {
-        let out = Command::new(BIN)
-            .args(["status", "--json", "--socket"])
-            .arg(self.socket(i))
-            .output()
-            .unwrap();
-        serde_json::from_slice(&out.stdout).unwrap_or_default()
+        self.files.status(i)
     }
 
     fn member_names(&self, i: usize) -> Vec<String> {
-        let st = self.status(i);
-        st["members"]
-            .as_array()
-            .map(|a| {
-                a.iter()
-                    .filter_map(|m| m["name"].as_str().map(str::to_string))
-                    .collect()
-            })
-            .unwrap_or_default()
+        member_names(&self.status(i))
     }
 
     /// Whether node `i` printed its ready line (every service up, the Ignition server and
     /// so the registry included).
     fn is_ready(&self, i: usize) -> bool {
-        self.nodes[i].as_ref().is_some_and(|n| {
-            std::fs::read_to_string(&n.log)
-                .unwrap_or_default()
-                .contains("keelson-agent ready:")
-        })
+        self.nodes[i].as_ref().is_some_and(RunNode::is_ready)
     }
 
     /// Waits until exactly one running node holds the VIP, one of `expect` (any when
@@ -418,19 +345,6 @@ fn assert_multicast_blocked(seg: &Segment, from: usize, to: usize) {
     );
 }
 
-/// Runs `f` on a thread inside network namespace `ns`.
-fn in_netns<T: Send + 'static>(
-    ns: &str,
-    f: impl FnOnce() -> T + Send + 'static,
-) -> std::thread::JoinHandle<T> {
-    let path = format!("/run/netns/{ns}");
-    std::thread::spawn(move || {
-        let file = std::fs::File::open(&path).unwrap();
-        nix::sched::setns(&file, nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
-        f()
-    })
-}
-
 #[test]
 fn unicast_cluster_converges_in_every_phase_without_multicast() {
     if skip() {
@@ -524,7 +438,7 @@ fn unicast_cluster_converges_in_every_phase_without_multicast() {
     for m in masters {
         c.kill(m);
         assert!(
-            c.state_dir(m).join("members.json").exists(),
+            c.files.state_dir(m).join("members.json").exists(),
             "{} remembered no masters",
             c.name(m)
         );
@@ -702,7 +616,7 @@ fn keepalived_unicast_peer_and_keelson_elect_one_holder() {
              virtual_ipaddress {{\n        {VIP}/32 dev eth0\n    }}\n}}\n"
         )
     };
-    let dir = c.dir.path().to_path_buf();
+    let dir = c.files.dir.path().to_path_buf();
     let slack = Duration::from_secs(2);
     // keelson masters: 40 + 10 (Ignition server running) = 50.
     let ka_holds = |c: &Cluster| c.seg.holds(ka, VIP);

@@ -416,3 +416,146 @@ pub fn start_keepalived(seg: &Segment, dir: &Path, i: usize, conf: &str) -> Proc
 pub fn master_down(interval_ms: u64, prio: u64) -> Duration {
     Duration::from_micros(3 * interval_ms * 1000 + (256 - prio) * interval_ms * 1000 / 256)
 }
+
+/// The files `keelson-agent run` nodes of one test cluster share, as `keelson build` writes
+/// them: `cluster.json` naming the membership key (member records authenticated), and
+/// `tls/` with the CA, the server pair and that key. Each node's node.json, log, status
+/// socket and state directory sit beside them, by node index.
+pub struct RunCluster {
+    pub dir: tempfile::TempDir,
+    pub cluster: PathBuf,
+    pub tls: PathBuf,
+    pub pki: keelson_ignition::pki::Pki,
+}
+
+/// One `keelson-agent run` process and its log.
+pub struct RunNode {
+    pub proc: Proc,
+    pub log: PathBuf,
+}
+
+impl RunNode {
+    /// Whether it printed its ready line (every service up).
+    pub fn is_ready(&self) -> bool {
+        std::fs::read_to_string(&self.log)
+            .unwrap_or_default()
+            .contains("keelson-agent ready:")
+    }
+}
+
+impl RunCluster {
+    pub fn new(mut cluster: serde_json::Value) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let config =
+            keelson_ignition::ClusterConfig::from_json(cluster.to_string().as_bytes()).unwrap();
+        let tls = dir.path().join("tls");
+        let pki = keelson_ignition::pki::load_or_create(&tls, &config, None).unwrap();
+        pki.write(&tls).unwrap();
+        cluster["members"]["keyId"] = pki.membership_key_id().unwrap().into();
+        let cpath = dir.path().join("cluster.json");
+        std::fs::write(&cpath, cluster.to_string()).unwrap();
+        RunCluster {
+            dir,
+            cluster: cpath,
+            tls,
+            pki,
+        }
+    }
+
+    pub fn state_dir(&self, i: usize) -> PathBuf {
+        self.dir.path().join(format!("state-{i}"))
+    }
+
+    pub fn socket(&self, i: usize) -> PathBuf {
+        self.dir.path().join(format!("status-{i}.sock"))
+    }
+
+    /// Starts `keelson-agent run --only <services>` as node `i` (`name`, `role`, IPv4
+    /// `address` on `eth0`) in namespace `ns`, its log in the cluster's directory.
+    pub fn start(
+        &self,
+        ns: &str,
+        i: usize,
+        (name, role, address): (&str, &str, &str),
+        services: &str,
+    ) -> RunNode {
+        let npath = self.dir.path().join(format!("node-{i}.json"));
+        std::fs::write(
+            &npath,
+            serde_json::json!({
+                "name": name, "role": role, "interface": "eth0", "addresses": [address]
+            })
+            .to_string(),
+        )
+        .unwrap();
+        let log = self.dir.path().join(format!("node-{i}.log"));
+        let child = Command::new("ip")
+            .args([
+                "netns",
+                "exec",
+                ns,
+                env!("CARGO_BIN_EXE_keelson-agent"),
+                "run",
+            ])
+            .arg("--cluster")
+            .arg(&self.cluster)
+            .arg("--node")
+            .arg(&npath)
+            .args(["--only", services])
+            .arg("--tls-dir")
+            .arg(&self.tls)
+            .arg("--state-dir")
+            .arg(self.state_dir(i))
+            .arg("--status-socket")
+            .arg(self.socket(i))
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap();
+        RunNode {
+            proc: Proc(child),
+            log,
+        }
+    }
+
+    /// `keelson-agent status --json` of node `i`.
+    pub fn status(&self, i: usize) -> serde_json::Value {
+        status_at(&self.socket(i))
+    }
+}
+
+/// `keelson-agent status --json` from the agent serving `socket` (null when none answers).
+pub fn status_at(socket: &Path) -> serde_json::Value {
+    let out = Command::new(env!("CARGO_BIN_EXE_keelson-agent"))
+        .args(["status", "--json", "--socket"])
+        .arg(socket)
+        .output()
+        .unwrap();
+    serde_json::from_slice(&out.stdout).unwrap_or_default()
+}
+
+/// The member names in a status document.
+pub fn member_names(status: &serde_json::Value) -> Vec<String> {
+    status["members"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|m| m["name"].as_str().map(str::to_string))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Runs `f` on a thread inside network namespace `ns`.
+pub fn in_netns<T: Send + 'static>(
+    ns: &str,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> std::thread::JoinHandle<T> {
+    let path = format!("/run/netns/{ns}");
+    std::thread::spawn(move || {
+        let file = std::fs::File::open(&path).unwrap();
+        nix::sched::setns(&file, nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
+        f()
+    })
+}
