@@ -8,7 +8,9 @@
 //! 405; a 200 is a JSON list of entries whose names are DNS labels; the live list only ever
 //! holds DNS-label names, this node once, every member with 1 to 16 addresses and a
 //! version of at most 64 bytes, however it was learned; an entry list that parses
-//! re-encodes to itself.
+//! re-encodes to itself. Every other input runs against an authenticated registry (a
+//! membership key set): no request the fuzzer writes carries a valid MAC, so nothing it
+//! registers is ever listed there.
 #![no_main]
 
 use std::net::SocketAddr;
@@ -17,6 +19,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::{Method, StatusCode};
 use keelson_agent::context::Member;
+use keelson_agent::members::auth::{Keys, Verifier};
 use keelson_agent::members::mdns::valid_label;
 use keelson_agent::members::registry::{Entry, MEMBERS_PATH, Registry};
 use keelson_ignition::Role;
@@ -51,6 +54,11 @@ fuzz_target!(|data: &[u8]| {
         version: "0.1.0".into(),
     };
     let registry = Registry::new("ocp4.example.com", Duration::from_secs(35)).with_own(own);
+    let authenticated = (m / 5) % 2 == 1;
+    if authenticated {
+        let keys = std::sync::Arc::new(Keys::from_raw(&[vec![7; 32]]));
+        registry.set_verifier(std::sync::Arc::new(Verifier::new(Some(keys))));
+    }
     let peer: SocketAddr = "10.0.0.11:40000".parse().unwrap();
     // Twice: a registration followed by its renewal (or a repeated delete).
     for _ in 0..2 {
@@ -69,6 +77,10 @@ fuzz_target!(|data: &[u8]| {
             let list: Vec<Entry> = serde_json::from_slice(&answer).expect("200 is an entry list");
             assert!(list.iter().all(|e| valid_label(&e.member.name)));
         }
+    }
+    if authenticated {
+        let names: Vec<String> = registry.list().into_iter().map(|m| m.name).collect();
+        assert_eq!(names, ["master-0"], "an unauthenticated registration was believed");
     }
     // The client side: another registry's answer, merged as the unicast client does.
     if let Ok(list) = serde_json::from_slice::<Vec<Entry>>(body) {

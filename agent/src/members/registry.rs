@@ -174,7 +174,11 @@ impl Registry {
         {
             let mut t = self.table();
             for e in entries {
-                if Some(e.member.name.as_str()) == self.own_name() || !valid_label(&e.member.name) {
+                // Another registry's answer is believed (it proved the cluster's server key),
+                // but held to the same shape as a registration here.
+                if Some(e.member.name.as_str()) == self.own_name()
+                    || check_member(&e.member).is_err()
+                {
                     continue;
                 }
                 taken += 1;
@@ -213,11 +217,8 @@ impl Registry {
                 )),
             );
         }
-        if !valid_label(&reg.member.name) {
-            return bad(format!(
-                "registration: member.name: expected a DNS label, got {:?}",
-                reg.member.name
-            ));
+        if let Err(e) = check_member(&reg.member) {
+            return bad(format!("registration: {e}"));
         }
         if Some(reg.member.name.as_str()) == self.own_name() {
             return (
@@ -226,15 +227,6 @@ impl Registry {
                     "registration: member.name: {} is the node serving this registry\n",
                     reg.member.name
                 )),
-            );
-        }
-        if reg.member.addresses.is_empty() || reg.member.addresses.len() > 16 {
-            return bad("registration: member.addresses: expected 1 to 16 addresses".into());
-        }
-        if reg.member.version.len() > 64 || reg.member.version.chars().any(char::is_control) {
-            return bad(
-                "registration: member.version: expected at most 64 bytes, no control characters"
-                    .into(),
             );
         }
         let Some(verifier) = self.verifier() else {
@@ -357,6 +349,25 @@ impl ExtraRoutes for Registry {
     }
 }
 
+/// What every member this registry lists must look like, however it was heard: a DNS
+/// label for a name, 1 to 16 addresses, a version of at most 64 bytes without control
+/// characters. The error names the field.
+fn check_member(m: &Member) -> Result<(), String> {
+    if !valid_label(&m.name) {
+        return Err(format!(
+            "member.name: expected a DNS label, got {:?}",
+            m.name
+        ));
+    }
+    if m.addresses.is_empty() || m.addresses.len() > 16 {
+        return Err("member.addresses: expected 1 to 16 addresses".into());
+    }
+    if m.version.len() > 64 || m.version.chars().any(char::is_control) {
+        return Err("member.version: expected at most 64 bytes, no control characters".into());
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -441,6 +452,29 @@ mod tests {
             .unwrap();
         assert_eq!(st, StatusCode::CONFLICT);
         assert!(String::from_utf8_lossy(&body).contains("serving this registry"));
+    }
+
+    #[test]
+    fn merged_answers_are_held_to_the_registration_checks() {
+        // Found by the members_registry fuzz target: a 118-byte version came in through
+        // another registry's answer and was listed.
+        let r =
+            Registry::new("c.example", Duration::from_secs(10)).with_own(member("m1", "10.0.0.11"));
+        let crash = include_bytes!("testdata/fuzz-merge-long-version.json");
+        let entries: Vec<Entry> = serde_json::from_slice(crash).unwrap();
+        let mut no_address = member("m3", "10.0.0.13");
+        no_address.addresses.clear();
+        let mut control = member("m4", "10.0.0.14");
+        control.version = "1\n2".into();
+        let mut all = entries;
+        all.extend([no_address, control].map(|member| Entry { member, age_ms: 0 }));
+        all.push(Entry {
+            member: member("m2", "10.0.0.12"),
+            age_ms: 0,
+        });
+        assert_eq!(r.merge(all, Instant::now()), 1);
+        let names: Vec<String> = r.list().into_iter().map(|m| m.name).collect();
+        assert_eq!(names, ["m1", "m2"]);
     }
 
     #[test]
