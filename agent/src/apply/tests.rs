@@ -295,24 +295,12 @@ async fn remote_files_are_fetched_once_and_reused_when_the_hash_matches() {
     );
 }
 
-/// A plain-HTTP server on loopback whose answer to any request is an endless body.
+/// The URL of a server whose answer to any request is an endless body.
 async fn endless_server() -> String {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}/big", listener.local_addr().unwrap());
-    tokio::spawn(async move {
-        while let Ok((mut conn, _)) = listener.accept().await {
-            tokio::spawn(async move {
-                let mut buf = vec![0u8; 4096];
-                let _ = conn.read(&mut buf).await;
-                let _ = conn
-                    .write_all(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
-                    .await;
-                let chunk = format!("{:x}\r\n{}\r\n", 1 << 16, "x".repeat(1 << 16));
-                while conn.write_all(chunk.as_bytes()).await.is_ok() {}
-            });
-        }
-    });
-    url
+    format!(
+        "http://{}/big",
+        crate::test_support::endless_http_server().await
+    )
 }
 
 #[tokio::test]

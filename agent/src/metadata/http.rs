@@ -316,21 +316,10 @@ mod tests {
 
     #[tokio::test]
     async fn an_endless_body_is_refused_naming_the_limit() {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let base = format!("http://{}", listener.local_addr().unwrap());
-        tokio::spawn(async move {
-            while let Ok((mut conn, _)) = listener.accept().await {
-                tokio::spawn(async move {
-                    let mut buf = vec![0u8; 4096];
-                    let _ = conn.read(&mut buf).await;
-                    let _ = conn
-                        .write_all(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
-                        .await;
-                    let chunk = format!("{:x}\r\n{}\r\n", 65536, "x".repeat(65536));
-                    while conn.write_all(chunk.as_bytes()).await.is_ok() {}
-                });
-            }
-        });
+        let base = format!(
+            "http://{}",
+            crate::test_support::endless_http_server().await
+        );
         let err = read(&base).await.unwrap_err();
         assert!(
             matches!(err, MetadataError::Invalid { .. }),
