@@ -80,7 +80,11 @@ fuzz_target!(|data: &[u8]| {
     }
     if authenticated {
         let names: Vec<String> = registry.list().into_iter().map(|m| m.name).collect();
-        assert_eq!(names, ["master-0"], "an unauthenticated registration was believed");
+        assert_eq!(
+            names,
+            ["master-0"],
+            "an unauthenticated registration was believed"
+        );
     }
     // The client side: another registry's answer, merged as the unicast client does.
     if let Ok(list) = serde_json::from_slice::<Vec<Entry>>(body) {

@@ -1,5 +1,6 @@
 //! Helpers the fuzz targets share: splitting one input into several packets, the cluster
-//! fixture, a runtime for the async entry points, and scratch paths for file parsers.
+//! fixture, a runtime for the async entry points, scratch paths for file parsers, and the
+//! checks on a config drive read.
 
 use std::path::PathBuf;
 use std::sync::OnceLock;
@@ -83,4 +84,24 @@ pub fn scratch_dir() -> &'static std::path::Path {
 /// A file path in [`scratch_dir`].
 pub fn scratch_file(name: &str) -> PathBuf {
     scratch_dir().join(name)
+}
+
+/// Reads the config-drive image at `path` as init does and checks the outcome: a drive
+/// that reads was probed and has a config-drive label; a failure is `Invalid` naming the
+/// drive.
+pub fn check_config_drive(path: &std::path::Path) {
+    use keelson_agent::metadata::{MetadataError, config_drive};
+    let probed = config_drive::probe(path);
+    match config_drive::read(path) {
+        Ok(md) => {
+            assert_eq!(md.source, format!("config-drive:{}", path.display()));
+            let (_, label) = probed.expect("a drive that reads was probed");
+            assert!(config_drive::is_config_drive_label(&label));
+        }
+        Err(MetadataError::Invalid { origin, message }) => {
+            assert!(origin.starts_with("config-drive:"));
+            assert!(!message.is_empty());
+        }
+        Err(other) => panic!("a read error must name the drive: {other}"),
+    }
 }
