@@ -8,10 +8,12 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 
 use crate::configdrive::{NetworkMode, NodeDrive};
+use crate::guest::GuestAgent;
 use crate::netns::Netns;
 use crate::neutron::{Dhcp, DhcpHost, DhcpSettings, Instance, MetadataService};
 use crate::segment::{BridgeSegment, NicLink, Segment, TapBridge};
 use crate::standin::{self, BootSpec, NodeNetwork, StandinImage};
+use crate::testbed::{Outside, Testbed};
 use crate::vm::{Boot, Vm, VmSpec};
 
 /// The machine network of `examples/install-config.yaml`.
@@ -367,14 +369,6 @@ impl Cluster {
             .transpose()
     }
 
-    /// The node's plan entry.
-    pub fn node(&self, name: &str) -> Result<&NodePlan> {
-        self.plan
-            .iter()
-            .find(|n| n.name == name)
-            .with_context(|| format!("no node {name}"))
-    }
-
     /// The user_data for a role: the bootstrap's full config, pointer configs for the rest.
     fn user_data(&self, role: &str) -> Result<Vec<u8>> {
         let path = self.out.join(format!("{role}.ign"));
@@ -461,11 +455,6 @@ impl Cluster {
         Ok(())
     }
 
-    /// Whether `name` boots the RHCOS stand-in.
-    pub fn is_standin(&self, name: &str) -> bool {
-        self.node(name).is_ok_and(|n| n.image == ImageKind::Standin)
-    }
-
     /// Drops `address`'s packets to the metadata service (an nftables rule in the namespace)
     /// until `duration` after the node got its DHCP lease, so the node really meets the
     /// outage however long its boot took (a timer thread removes the rule).
@@ -527,114 +516,10 @@ impl Cluster {
             .collect()
     }
 
-    /// Waits until every named VM printed its ready line; returns when the last one did.
-    pub fn wait_ready(&mut self, names: &[String], timeout: Duration) -> Result<Duration> {
-        let start = Instant::now();
-        for name in names {
-            let left = timeout.saturating_sub(start.elapsed());
-            let vm = self
-                .vms
-                .get_mut(name)
-                .with_context(|| format!("{name} is not running"))?;
-            vm.wait_for_console("keelson-agent ready:", left)?;
-        }
-        Ok(start.elapsed())
-    }
-
-    /// Which node's MAC the host sees for `vip` right now (after a fresh ARP). An error when
-    /// `ping` could not run at all (missing, or exit status 2): that is not "nobody holds it".
-    pub fn holder_of(&self, vip: &str) -> Result<Option<String>> {
-        self.netns.flush_neighbour(vip);
-        let out = self
-            .netns
-            .command("ping")
-            .args(["-c", "1", "-W", "1", vip])
-            .output()
-            .context("running ping")?;
-        // ping: 0 answered, 1 no answer; anything else (2, ip's 255 for a failed exec) is an
-        // error of the tool, not of the cluster.
-        if !matches!(out.status.code(), Some(0 | 1)) {
-            bail!(
-                "ping {vip} failed ({}): {}",
-                out.status,
-                String::from_utf8_lossy(&out.stderr).trim()
-            );
-        }
-        let Some(mac) = self.netns.neighbour_mac(vip) else {
-            return Ok(None);
-        };
-        Ok(self
-            .plan
-            .iter()
-            .find(|n| n.mac == mac)
-            .map(|n| n.name.clone()))
-    }
-
-    /// Every node answering ARP for `vip` right now (by MAC; an unknown MAC as itself).
-    pub fn holders_of(&self, vip: &str) -> Result<Vec<String>> {
-        let macs = crate::probe::arp_answers(
-            &self.netns,
-            &self.host_iface,
-            HOST_ADDRESS.parse()?,
-            vip.parse()?,
-            Duration::from_millis(500),
-        )?;
-        Ok(macs
-            .into_iter()
-            .map(|mac| {
-                self.plan
-                    .iter()
-                    .find(|n| n.mac == mac)
-                    .map(|n| n.name.clone())
-                    .unwrap_or(mac)
-            })
-            .collect())
-    }
-
-    /// Waits (up to `timeout`) until exactly one node answers ARP for `vip`, twice in a row
-    /// a second apart; returns it, or fails naming every holder (several holders is the
-    /// failure of issue 22: every node holding the VIP).
-    pub fn sole_holder(&self, vip: &str, timeout: Duration) -> Result<String> {
-        let start = Instant::now();
-        let mut last = Vec::new();
-        let mut seen: Option<String> = None;
-        while start.elapsed() < timeout {
-            last = self.holders_of(vip)?;
-            match (last.as_slice(), &seen) {
-                ([one], Some(prev)) if one == prev => return Ok(one.clone()),
-                ([one], _) => seen = Some(one.clone()),
-                _ => seen = None,
-            }
-            std::thread::sleep(Duration::from_millis(500));
-        }
-        bail!("{vip}: answered by {last:?} after {timeout:?}, expected exactly one node")
-    }
-
-    /// Waits until `vip` is held by a node `accept` approves; returns the holder.
-    pub fn wait_holder(
-        &self,
-        vip: &str,
-        timeout: Duration,
-        accept: impl Fn(&str) -> bool,
-    ) -> Result<String> {
-        let start = Instant::now();
-        let mut last = None;
-        while start.elapsed() < timeout {
-            last = self.holder_of(vip)?;
-            if let Some(holder) = &last
-                && accept(holder)
-            {
-                return Ok(holder.clone());
-            }
-            std::thread::sleep(Duration::from_millis(200));
-        }
-        bail!("{vip}: held by {last:?} after {timeout:?}, not by an expected node")
-    }
-
     /// The last console lines of the named nodes (for a failed scenario); for stand-in
     /// nodes also the journal of `keelson-agent.service` and Ignition's log (journald
     /// forwards every entry to the serial console, `systemd.journald.forward_to_console`).
-    pub fn consoles(&self, names: &[&str], lines: usize) -> String {
+    fn console_report(&self, names: &[&str], lines: usize) -> String {
         let mut text = String::new();
         for name in names {
             let Some(vm) = self.vms.get(*name) else {
@@ -694,6 +579,74 @@ impl Cluster {
             }
         }
         text
+    }
+}
+
+impl Testbed for Cluster {
+    fn plan(&self) -> &[NodePlan] {
+        &self.plan
+    }
+
+    fn outside(&self) -> Outside<'_> {
+        Outside {
+            netns: &self.netns,
+            iface: &self.host_iface,
+            address: HOST_ADDRESS.parse().expect("HOST_ADDRESS is an address"),
+        }
+    }
+
+    fn start_all(&mut self) -> Result<()> {
+        for node in self.plan.clone() {
+            self.boot(&node.name)?;
+        }
+        Ok(())
+    }
+
+    fn restart(&mut self, name: &str) -> Result<()> {
+        self.boot(name)
+    }
+
+    /// ACPI power button (QEMU's `system_powerdown`), then waits for QEMU to exit.
+    fn power_off(&mut self, name: &str) -> Result<()> {
+        self.vms
+            .get_mut(name)
+            .with_context(|| format!("{name} not running"))?
+            .power_off(Duration::from_secs(60))?;
+        Ok(())
+    }
+
+    /// QEMU's `quit`: the node dies without a goodbye.
+    fn kill(&mut self, name: &str) -> Result<()> {
+        self.vms
+            .get_mut(name)
+            .with_context(|| format!("{name} not running"))?
+            .kill()
+    }
+
+    fn is_running(&self, name: &str) -> bool {
+        self.vms.contains_key(name)
+    }
+
+    fn console_text(&self, name: &str) -> String {
+        self.vms
+            .get(name)
+            .map(|vm| vm.console_text())
+            .unwrap_or_default()
+    }
+
+    fn wait_console(&mut self, name: &str, needle: &str, timeout: Duration) -> Result<String> {
+        self.vms
+            .get_mut(name)
+            .with_context(|| format!("{name} is not running"))?
+            .wait_for_console(needle, timeout)
+    }
+
+    fn guest(&self, name: &str) -> Option<GuestAgent> {
+        self.vms.get(name).and_then(|vm| vm.guest.clone())
+    }
+
+    fn consoles(&self, names: &[&str], lines: usize) -> String {
+        self.console_report(names, lines)
     }
 }
 

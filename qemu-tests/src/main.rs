@@ -11,12 +11,12 @@
 //! configuration when `--config` is not given), `QEMU_CLUSTER_WORK` (working directory,
 //! default `target/qemu-cluster/<config>`), `ACCEL` (`tcg` by default).
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Result, bail};
 use keelson_qemu_tests::cluster::{self, Cluster, Config, ImageKind};
+use keelson_qemu_tests::payload::{build, env_path, standin};
+use keelson_qemu_tests::report::Report;
 use keelson_qemu_tests::scenarios;
 use keelson_qemu_tests::segment::{Segment, TapBridge};
 
@@ -60,259 +60,6 @@ fn bridge(args: Vec<String>) -> Result<()> {
     }
 }
 
-/// The RHCOS stand-in for the masters: built on first use, then taken from `.cache/standin/`.
-fn standin() -> Result<keelson_qemu_tests::standin::StandinImage> {
-    let apiserver = env_path(
-        "KEELSON_STANDIN_BIN",
-        "target/x86_64-unknown-linux-gnu/release/kube-standin",
-    );
-    let cache = env_path("STANDIN_CACHE", ".cache/standin");
-    let (image, times) = keelson_qemu_tests::standin::ensure(&cache, &apiserver)?;
-    let m = &image.manifest;
-    let mib = |b: u64| b as f64 / (1024.0 * 1024.0);
-    let took = |d: Option<Duration>| {
-        d.map(|d| format!("built in {:.1} s", d.as_secs_f64()))
-            .unwrap_or_else(|| "cached".into())
-    };
-    eprintln!(
-        "standin: {} (kernel {}, ignition {}, {} packages): root files {:.0} MiB, root.qcow2 {:.0} MiB, \
-         kernel {:.1} MiB, initramfs {:.1} MiB; base {}, image {}; {:.1} s in all",
-        image.dir.display(),
-        m.kernel_release,
-        m.ignition_version,
-        m.packages,
-        mib(m.bytes.root_files),
-        mib(m.bytes.root_qcow2),
-        mib(m.bytes.kernel),
-        mib(m.bytes.initrd),
-        took(times.base),
-        took(times.image),
-        times.total.as_secs_f64()
-    );
-    Ok(image)
-}
-
-fn workspace() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("qemu-tests sits in the workspace")
-        .to_path_buf()
-}
-
-fn env_path(var: &str, default: &str) -> PathBuf {
-    std::env::var_os(var)
-        .map(PathBuf::from)
-        .unwrap_or_else(|| workspace().join(default))
-}
-
-/// The operator services of the test cluster: the stand-in kube-apiserver on the control
-/// plane and, with `--plain` on :1936, the ingress router's readiness endpoint on workers.
-/// Both are the `kube-standin` build asset. On appliance nodes the API stand-in binds the
-/// node's own address, not the wildcard, so the agent's proxy can bind VIP:6443 itself (the
-/// appliance has no `nft` for the redirect). The RHCOS stand-in masters run their own
-/// apiserver on `*:6443` from systemd, as RHCOS runs kube-apiserver, so the agent there
-/// runs none and reaches VIP:6443 through its nftables redirect (docs/proxy.md).
-fn services_patch(masters: ImageKind) -> String {
-    let api_roles = match masters {
-        ImageKind::Appliance => r#"["bootstrap", "master"]"#,
-        ImageKind::Standin => r#"["bootstrap"]"#,
-    };
-    format!(
-        r#"{{
-  "services": [
-    {{"name": "kube-apiserver", "path": "/usr/local/bin/kube-standin",
-     "args": ["--listen", "${{KEELSON_NODE_ADDRESS}}:6443"], "roles": {api_roles},
-     "asset": "kube-standin"}},
-    {{"name": "router", "path": "/usr/local/bin/kube-standin",
-     "args": ["--plain", "--listen", "0.0.0.0:1936"], "roles": ["worker"],
-     "asset": "kube-standin"}}
-  ]
-}}
-"#
-    )
-}
-
-/// The patch of `config` over the build's defaults (`defaults`: the `cluster.json` a plain
-/// build writes): the stand-ins always; for the multicast configuration, every VRRP
-/// instance multicast and the members on mDNS (a merge patch replaces arrays whole, so the
-/// instances are the build's own with one field changed).
-fn cluster_patch(
-    config: Config,
-    masters: ImageKind,
-    defaults: &serde_json::Value,
-) -> Result<String> {
-    let mut patch: serde_json::Value = serde_json::from_str(&services_patch(masters))?;
-    if config == Config::Multicast {
-        let mut vrrp = defaults["vrrp"].clone();
-        for inst in vrrp["instances"]
-            .as_array_mut()
-            .context("cluster.json: vrrp.instances")?
-        {
-            inst["transport"] = "multicast".into();
-        }
-        patch["vrrp"] = vrrp;
-        patch["members"] = serde_json::json!({"transport": "mdns"});
-    }
-    Ok(serde_json::to_string_pretty(&patch)?)
-}
-
-/// Runs `keelson build` with `args`.
-fn keelson_build(keelson: &Path, args: &[&std::ffi::OsStr]) -> Result<()> {
-    let status = Command::new(keelson)
-        .arg("build")
-        .args(args)
-        .status()
-        .with_context(|| format!("running {}", keelson.display()))?;
-    if !status.success() {
-        bail!("keelson build failed ({status})");
-    }
-    Ok(())
-}
-
-/// `keelson build` of the example cluster with the stand-ins; returns the output directory.
-fn build(work: &Path, config: Config, masters: ImageKind) -> Result<PathBuf> {
-    let keelson = env_path("KEELSON_BIN", "target/debug/keelson");
-    let agent = env_path(
-        "KEELSON_AGENT_BIN",
-        "target/x86_64-unknown-linux-gnu/release/keelson-agent",
-    );
-    let standin = env_path(
-        "KEELSON_STANDIN_BIN",
-        "target/x86_64-unknown-linux-gnu/release/kube-standin",
-    );
-    for (what, path) in [
-        ("keelson", &keelson),
-        ("agent", &agent),
-        ("stand-in", &standin),
-    ] {
-        if !path.exists() {
-            bail!("no {what} at {} (run `make agent build`)", path.display());
-        }
-    }
-    // The stand-in is served as /assets/kube-standin: the asset takes the file's name.
-    let assets = work.join("assets");
-    std::fs::create_dir_all(&assets)?;
-    let asset = assets.join("kube-standin");
-    std::fs::copy(&standin, &asset).context("copying the stand-in")?;
-    let install_config = workspace().join("examples/install-config.yaml");
-    // The build's own cluster.json first (no image: quick), for the patch to start from.
-    let defaults_dir = work.join("defaults");
-    let _ = std::fs::remove_dir_all(&defaults_dir);
-    keelson_build(
-        &keelson,
-        &[
-            "--config".as_ref(),
-            install_config.as_os_str(),
-            "--out".as_ref(),
-            defaults_dir.as_os_str(),
-            "--agent".as_ref(),
-            agent.as_os_str(),
-            "--no-image".as_ref(),
-            "--quiet".as_ref(),
-        ],
-    )?;
-    let defaults: serde_json::Value = serde_json::from_slice(
-        &std::fs::read(defaults_dir.join("cluster.json")).context("the build's cluster.json")?,
-    )?;
-    let patch = work.join("cluster-patch.json");
-    std::fs::write(&patch, cluster_patch(config, masters, &defaults)?)?;
-    let out = work.join("out");
-    let _ = std::fs::remove_dir_all(&out);
-    keelson_build(
-        &keelson,
-        &[
-            "--config".as_ref(),
-            install_config.as_os_str(),
-            "--out".as_ref(),
-            out.as_os_str(),
-            "--agent".as_ref(),
-            agent.as_os_str(),
-            "--asset".as_ref(),
-            asset.as_os_str(),
-            "--cluster-patch".as_ref(),
-            patch.as_os_str(),
-            "--quiet".as_ref(),
-        ],
-    )?;
-    Ok(out)
-}
-
-/// One row of the closing table.
-struct Row {
-    scenario: &'static str,
-    ok: bool,
-    time: Duration,
-    detail: String,
-}
-
-struct Report {
-    rows: Vec<Row>,
-}
-
-impl Report {
-    /// Runs one scenario; on failure prints the consoles of `involved` and returns false.
-    fn run<T>(
-        &mut self,
-        cluster: &mut Cluster,
-        scenario: &'static str,
-        involved: &[&str],
-        f: impl FnOnce(&mut Cluster) -> Result<T>,
-        detail: impl FnOnce(&T) -> String,
-    ) -> Option<T> {
-        eprintln!("qemu-cluster: {scenario} ...");
-        let start = Instant::now();
-        let result = f(cluster);
-        let time = start.elapsed();
-        match result {
-            Ok(v) => {
-                let d = detail(&v);
-                eprintln!(
-                    "qemu-cluster: {scenario}: ok in {:.1} s: {d}",
-                    time.as_secs_f64()
-                );
-                self.rows.push(Row {
-                    scenario,
-                    ok: true,
-                    time,
-                    detail: d,
-                });
-                Some(v)
-            }
-            Err(e) => {
-                eprintln!("qemu-cluster: {scenario}: FAILED: {e:#}");
-                eprintln!("{}", cluster.consoles(involved, 40));
-                self.rows.push(Row {
-                    scenario,
-                    ok: false,
-                    time,
-                    detail: format!("{e:#}").lines().next().unwrap_or("").to_owned(),
-                });
-                None
-            }
-        }
-    }
-
-    fn print(&self, skipped: &[&str]) {
-        println!();
-        println!("{:<10} {:<7} {:>8}  detail", "scenario", "result", "time");
-        for r in &self.rows {
-            println!(
-                "{:<10} {:<7} {:>6.1} s  {}",
-                r.scenario,
-                if r.ok { "ok" } else { "FAILED" },
-                r.time.as_secs_f64(),
-                r.detail
-            );
-        }
-        for s in skipped {
-            println!(
-                "{s:<10} {:<7} {:>8}  (an earlier scenario failed)",
-                "skipped", "-"
-            );
-        }
-    }
-}
-
 fn run(config: Config) -> Result<()> {
     let start = Instant::now();
     let work = env_path(
@@ -347,7 +94,7 @@ fn run(config: Config) -> Result<()> {
             cluster.segment.group, cluster.segment.port
         ),
     }
-    let mut report = Report { rows: Vec::new() };
+    let mut report = Report::new("qemu-cluster");
     let all = [
         "bootstrap",
         "master-0",
@@ -371,7 +118,13 @@ fn run(config: Config) -> Result<()> {
     ];
 
     let passed = (|| {
-        report.run(&mut cluster, order[0], &all, scenarios::boot, |d| d.clone())?;
+        report.run(
+            &mut cluster,
+            order[0],
+            &all,
+            |c| scenarios::boot(c),
+            |d| d.clone(),
+        )?;
         report.run(
             &mut cluster,
             order[1],
@@ -394,9 +147,13 @@ fn run(config: Config) -> Result<()> {
             |c| scenarios::api_spread(c),
             |d| d.clone(),
         )?;
-        report.run(&mut cluster, order[4], &all, scenarios::pivot, |d| {
-            d.clone()
-        })?;
+        report.run(
+            &mut cluster,
+            order[4],
+            &all,
+            |c| scenarios::pivot(c),
+            |d| d.clone(),
+        )?;
         // DNS from the workers, now that they have booted.
         let everyone: Vec<String> = all[1..].iter().map(|s| s.to_string()).collect();
         report.run(
@@ -419,7 +176,7 @@ fn run(config: Config) -> Result<()> {
             &mut cluster,
             order[7],
             &all[1..],
-            scenarios::failover,
+            |c| scenarios::failover(c),
             |(_, d)| d.clone(),
         )?;
         report.run(
@@ -440,12 +197,7 @@ fn run(config: Config) -> Result<()> {
     })()
     .is_some();
 
-    let skipped: Vec<&str> = order
-        .iter()
-        .copied()
-        .filter(|o| !report.rows.iter().any(|r| r.scenario == *o))
-        .collect();
-    report.print(&skipped);
+    report.print(&order);
     if let Some(dropped) = cluster.multicast_dropped()? {
         println!("multicast frames dropped at the bridge: {dropped}");
     }

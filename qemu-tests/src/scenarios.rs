@@ -10,6 +10,7 @@ use anyhow::{Context, Result, bail, ensure};
 use crate::cluster::{API_VIP, Cluster, INGRESS_VIP, MetadataSource, ServiceFault};
 use crate::configdrive::NetworkMode;
 use crate::probe::{self, ClientLoop};
+use crate::testbed::Testbed;
 
 /// The cluster zone of `examples/install-config.yaml`.
 pub const ZONE: &str = "ocp4.osd2019.local";
@@ -21,16 +22,12 @@ pub const BOOT_TIMEOUT: Duration = Duration::from_secs(300);
 pub const STANDIN_BOOT_TIMEOUT: Duration = Duration::from_secs(600);
 const ACCEPT_32: &str = "Accept: application/vnd.coreos.ignition+json;version=3.2.0, */*;q=0.1";
 
-fn names(c: &Cluster, role: &str) -> Vec<String> {
-    c.plan
-        .iter()
-        .filter(|n| n.role == role)
-        .map(|n| n.name.clone())
-        .collect()
+fn names(c: &dyn Testbed, role: &str) -> Vec<String> {
+    c.names(role)
 }
 
 /// How long `nodes` may take to boot: longer when one is a stand-in.
-fn boot_timeout(c: &Cluster, nodes: &[String]) -> Duration {
+fn boot_timeout(c: &dyn Testbed, nodes: &[String]) -> Duration {
     if nodes.iter().any(|n| c.is_standin(n)) {
         STANDIN_BOOT_TIMEOUT
     } else {
@@ -44,13 +41,11 @@ fn secs(d: Duration) -> String {
 
 /// 1. Boot: every node of the control plane reports ready, the bootstrap holds the API VIP,
 ///    masters fetched their configs from it over :22623, workers are told 500 meanwhile.
-pub fn boot(c: &mut Cluster) -> Result<String> {
+pub fn boot(c: &mut dyn Testbed) -> Result<String> {
     let start = Instant::now();
-    for node in c.plan.clone() {
-        c.boot(&node.name)?;
-    }
+    c.start_all()?;
     let bootstrap = c.wait_ready(&["bootstrap".to_owned()], BOOT_TIMEOUT)?;
-    let holder = c.wait_holder(API_VIP, Duration::from_secs(60), |h| h == "bootstrap")?;
+    let holder = c.wait_holder(API_VIP, Duration::from_secs(60), &|h| h == "bootstrap")?;
     let vip_at = start.elapsed();
     let masters = names(c, "master");
     c.wait_ready(
@@ -65,7 +60,7 @@ pub fn boot(c: &mut Cluster) -> Result<String> {
             standin_notes.push(standin_first_boot(c, m, &url)?);
             continue;
         }
-        let console = c.vms[m].console_text();
+        let console = c.console_text(m);
         ensure!(
             console.contains(&format!("fetched config {url}")),
             "{m} did not log fetching {url}"
@@ -73,7 +68,7 @@ pub fn boot(c: &mut Cluster) -> Result<String> {
     }
     // Workers keep asking; the bootstrap answers 500 for the worker pool.
     let status = probe::http_status(
-        &c.netns,
+        c.outside().netns,
         &format!("https://{API_VIP}:22623/config/worker"),
         Duration::from_secs(5),
         &["-H", ACCEPT_32],
@@ -84,10 +79,9 @@ pub fn boot(c: &mut Cluster) -> Result<String> {
     );
     let mut told = Vec::new();
     for w in names(c, "worker") {
-        let vm = c.vms.get_mut(&w).context("worker not running")?;
-        vm.wait_for_console("config/worker", Duration::from_secs(60))?;
+        c.wait_console(&w, "config/worker", Duration::from_secs(60))?;
         ensure!(
-            !vm.console_text().contains("keelson-agent ready:"),
+            !c.console_text(&w).contains("keelson-agent ready:"),
             "{w} is ready although only the bootstrap serves configs"
         );
         told.push(w);
@@ -254,15 +248,13 @@ pub fn renewals(c: &Cluster) -> Result<String> {
 /// How long a command inside a node may take.
 const GUEST_TIMEOUT: Duration = Duration::from_secs(30);
 
-fn guest(c: &Cluster, name: &str) -> Result<crate::guest::GuestAgent> {
-    c.vms
-        .get(name)
-        .and_then(|vm| vm.guest.clone())
+fn guest(c: &dyn Testbed, name: &str) -> Result<crate::guest::GuestAgent> {
+    c.guest(name)
         .with_context(|| format!("{name} has no guest agent"))
 }
 
 /// Runs `argv` in `name` and returns its output.
-pub fn in_node(c: &Cluster, name: &str, argv: &[&str]) -> Result<String> {
+pub fn in_node(c: &dyn Testbed, name: &str, argv: &[&str]) -> Result<String> {
     guest(c, name)?
         .output(argv, GUEST_TIMEOUT)
         .with_context(|| format!("on {name}"))
@@ -275,7 +267,7 @@ fn monotonic(line: &str) -> Option<f64> {
 }
 
 /// Journal entries of `ident` in `-o short-monotonic` (this boot only with `this_boot`).
-fn journal(c: &Cluster, name: &str, ident: &str, this_boot: bool) -> Result<Vec<String>> {
+fn journal(c: &dyn Testbed, name: &str, ident: &str, this_boot: bool) -> Result<Vec<String>> {
     let mut argv = vec![
         "journalctl",
         "--no-pager",
@@ -299,7 +291,7 @@ fn journal(c: &Cluster, name: &str, ident: &str, this_boot: bool) -> Result<Vec<
 /// config from `url` (the pointer's merge, through the API VIP, trusting the pointer's CA)
 /// and finished; NetworkManager, not the agent, owns the NIC; systemd runs the agent as
 /// Ignition enabled it. Returns "name: Ignition X s, ready Y s".
-pub fn standin_first_boot(c: &Cluster, name: &str, url: &str) -> Result<String> {
+pub fn standin_first_boot(c: &dyn Testbed, name: &str, url: &str) -> Result<String> {
     let g = guest(c, name)?;
     g.wait(Duration::from_secs(60))?;
     let log = journal(c, name, "ignition", false)?;
@@ -373,7 +365,7 @@ pub fn standin_first_boot(c: &Cluster, name: &str, url: &str) -> Result<String> 
 /// 2. DNS from `nodes`: api/api-int -> API VIP, *.apps -> ingress VIP, node names -> node
 ///    addresses, AAAA of api NOERROR without answer, other names forwarded (NXDOMAIN or
 ///    SERVFAIL without upstreams, never a made-up answer).
-pub fn dns(c: &Cluster, nodes: &[String]) -> Result<String> {
+pub fn dns(c: &dyn Testbed, nodes: &[String]) -> Result<String> {
     let start = Instant::now();
     let deadline = start + Duration::from_secs(90);
     let mut checked = 0;
@@ -397,7 +389,7 @@ pub fn dns(c: &Cluster, nodes: &[String]) -> Result<String> {
         }
         for (name, (rtype, want)) in &expect {
             loop {
-                let got = probe::dig(&c.netns, &server, name, rtype);
+                let got = probe::dig(c.outside().netns, &server, name, rtype);
                 if got.status == "NOERROR" && &got.records == want {
                     break;
                 }
@@ -408,12 +400,17 @@ pub fn dns(c: &Cluster, nodes: &[String]) -> Result<String> {
             }
             checked += 1;
         }
-        let aaaa = probe::dig(&c.netns, &server, &format!("api.{ZONE}"), "AAAA");
+        let aaaa = probe::dig(c.outside().netns, &server, &format!("api.{ZONE}"), "AAAA");
         ensure!(
             aaaa.status == "NOERROR" && aaaa.records.is_empty(),
             "dig @{server} api.{ZONE} AAAA: {aaaa:?}, expected NOERROR with no answer"
         );
-        let missing = probe::dig(&c.netns, &server, &format!("nosuchnode.{ZONE}"), "A");
+        let missing = probe::dig(
+            c.outside().netns,
+            &server,
+            &format!("nosuchnode.{ZONE}"),
+            "A",
+        );
         ensure!(
             missing.status == "NXDOMAIN",
             "dig @{server} nosuchnode.{ZONE}: {missing:?}, expected NXDOMAIN"
@@ -433,7 +430,7 @@ pub fn dns(c: &Cluster, nodes: &[String]) -> Result<String> {
 /// The node's own resolver (glibc, through the resolv.conf NetworkManager wrote from the
 /// payload's profile) answers cluster names from the agent: `api-int` by FQDN and, through
 /// the search domain, by its short name. Returns the number of names checked.
-fn own_resolver(c: &Cluster, node: &str) -> Result<usize> {
+fn own_resolver(c: &dyn Testbed, node: &str) -> Result<usize> {
     let resolv = in_node(c, node, &["cat", "/etc/resolv.conf"])?;
     ensure!(
         resolv.contains("Generated by NetworkManager"),
@@ -467,8 +464,8 @@ fn own_resolver(c: &Cluster, node: &str) -> Result<usize> {
 ///     the agent reaches the VIP through its nftables redirect to the proxy; requests
 ///     through the VIP are spread over every master (the local apiserver alone would only
 ///     ever name the holder).
-pub fn api_on_rhcos(c: &Cluster) -> Result<String> {
-    let holder = c.wait_holder(API_VIP, Duration::from_secs(30), |h| {
+pub fn api_on_rhcos(c: &dyn Testbed) -> Result<String> {
+    let holder = c.wait_holder(API_VIP, Duration::from_secs(30), &|h| {
         h.starts_with("master-")
     })?;
     if !c.is_standin(&holder) {
@@ -491,9 +488,9 @@ pub fn api_on_rhcos(c: &Cluster) -> Result<String> {
 }
 
 /// The node that answered `/version` through the API VIP (the stand-in names itself).
-fn api_node(c: &Cluster) -> Option<String> {
+fn api_node(c: &dyn Testbed) -> Option<String> {
     let body = probe::curl(
-        &c.netns,
+        c.outside().netns,
         &format!("https://{API_VIP}:6443/version"),
         Duration::from_secs(3),
     )?;
@@ -503,7 +500,7 @@ fn api_node(c: &Cluster) -> Option<String> {
 
 /// 3. API through the VIP: `https://<apiVIP>:6443` answers and requests are spread over the
 ///    three masters (their proxies learn the masters from members and check them first).
-pub fn api_spread(c: &Cluster) -> Result<String> {
+pub fn api_spread(c: &dyn Testbed) -> Result<String> {
     let start = Instant::now();
     let masters: BTreeSet<String> = names(c, "master").into_iter().collect();
     let mut seen: BTreeMap<String, usize> = BTreeMap::new();
@@ -518,7 +515,7 @@ pub fn api_spread(c: &Cluster) -> Result<String> {
             .all(|m| seen.get(m).copied().unwrap_or(0) >= 2)
         {
             let ready = probe::curl(
-                &c.netns,
+                c.outside().netns,
                 &format!("https://{API_VIP}:6443/readyz"),
                 Duration::from_secs(3),
             );
@@ -538,14 +535,11 @@ pub fn api_spread(c: &Cluster) -> Result<String> {
 
 /// 4. Pivot: the bootstrap powers off, the API VIP moves to a master, the Ignition server
 ///    answers through the VIP (now for workers too), and the workers finish their first boot.
-pub fn pivot(c: &mut Cluster) -> Result<String> {
+pub fn pivot(c: &mut dyn Testbed) -> Result<String> {
     let start = Instant::now();
-    c.vms
-        .get_mut("bootstrap")
-        .context("bootstrap not running")?
-        .power_off(Duration::from_secs(60))?;
+    c.power_off("bootstrap")?;
     let off = start.elapsed();
-    let holder = c.wait_holder(API_VIP, Duration::from_secs(60), |h| {
+    let holder = c.wait_holder(API_VIP, Duration::from_secs(60), &|h| {
         h.starts_with("master-")
     })?;
     let moved = start.elapsed();
@@ -554,7 +548,7 @@ pub fn pivot(c: &mut Cluster) -> Result<String> {
     let served = Instant::now();
     let master_cfg = loop {
         if let Some(body) = probe::curl_with(
-            &c.netns,
+            c.outside().netns,
             &format!("https://{API_VIP}:22623/config/master"),
             Duration::from_secs(3),
             &["-H", ACCEPT_32],
@@ -579,9 +573,7 @@ pub fn pivot(c: &mut Cluster) -> Result<String> {
     for w in &workers {
         let url = format!("https://{API_VIP}:22623/config/worker");
         ensure!(
-            c.vms[w]
-                .console_text()
-                .contains(&format!("fetched config {url}")),
+            c.console_text(w).contains(&format!("fetched config {url}")),
             "{w} did not log fetching {url}"
         );
     }
@@ -607,15 +599,15 @@ pub fn pivot(c: &mut Cluster) -> Result<String> {
 /// Kills the holder of `vip` while a client loop requests `url` every 100 ms; returns the
 /// holder, the new holder and the outage seen by the client.
 fn kill_holder(
-    c: &mut Cluster,
+    c: &mut dyn Testbed,
     vip: &str,
     url: &str,
     same_role: &str,
     settle: Duration,
 ) -> Result<(String, String, probe::Outage)> {
-    let holder = c.wait_holder(vip, Duration::from_secs(30), |h| h.starts_with(same_role))?;
+    let holder = c.wait_holder(vip, Duration::from_secs(30), &|h| h.starts_with(same_role))?;
     let client = ClientLoop::start(
-        &c.netns.name,
+        &c.outside().netns.name,
         url,
         Duration::from_millis(100),
         Duration::from_secs(1),
@@ -645,10 +637,7 @@ fn kill_holder(
         std::thread::sleep(Duration::from_millis(200));
     };
     let killed_at = Instant::now();
-    c.vms
-        .get_mut(&holder)
-        .context("holder not running")?
-        .kill()?;
+    c.kill(&holder)?;
     client
         .wait_success_after(killed_at, Duration::from_secs(60))
         .with_context(|| format!("{url} never answered again after {holder} died"))?;
@@ -659,7 +648,7 @@ fn kill_holder(
         .filter(|s| s.sent >= since)
         .collect();
     let outage = probe::outage(&samples, killed_at);
-    let new_holder = c.wait_holder(vip, Duration::from_secs(10), |h| h != holder)?;
+    let new_holder = c.wait_holder(vip, Duration::from_secs(10), &|h| h != holder)?;
     let sole = c.sole_holder(vip, Duration::from_secs(10))?;
     ensure!(sole != holder, "{vip} still answered by the dead {holder}");
     ensure!(
@@ -674,7 +663,7 @@ fn kill_holder(
 ///    fails only in a window after the kill. Then the same for the ingress VIP on the workers.
 ///
 /// Returns the killed master and what was measured.
-pub fn failover(c: &mut Cluster) -> Result<(String, String)> {
+pub fn failover(c: &mut dyn Testbed) -> Result<(String, String)> {
     // The API: the new holder's proxy still has the dead master as a backend until its
     // checks fail (3 x 5 s), and a connect to it times out; count that window too.
     let (api_dead, api_new, api) = kill_holder(
@@ -731,9 +720,9 @@ pub fn failover(c: &mut Cluster) -> Result<(String, String)> {
 
 /// 6. Rejoin: the killed master boots again, the others' DNS learns it again (members), and
 ///    the API proxy sends it requests again.
-pub fn rejoin(c: &mut Cluster, master: &str) -> Result<String> {
+pub fn rejoin(c: &mut dyn Testbed, master: &str) -> Result<String> {
     let start = Instant::now();
-    c.boot(master)?;
+    c.restart(master)?;
     c.wait_ready(&[master.to_owned()], boot_timeout(c, &[master.to_owned()]))?;
     let ready = start.elapsed();
     let second_boot = if c.is_standin(master) {
@@ -743,7 +732,7 @@ pub fn rejoin(c: &mut Cluster, master: &str) -> Result<String> {
     };
     let other = names(c, "master")
         .into_iter()
-        .find(|m| m != master && c.vms.contains_key(m))
+        .find(|m| m != master && c.is_running(m))
         .context("no other master running")?;
     let server = c.node(&other)?.address.to_string();
     let want = vec![c.node(master)?.address.to_string()];
@@ -754,7 +743,7 @@ pub fn rejoin(c: &mut Cluster, master: &str) -> Result<String> {
     // however long the boot took.
     let deadline = Instant::now() + Duration::from_secs(180);
     while Instant::now() < deadline && (dns_at.is_none() || api_at.is_none()) {
-        if dns_at.is_none() && probe::dig(&c.netns, &server, &name, "A").records == want {
+        if dns_at.is_none() && probe::dig(c.outside().netns, &server, &name, "A").records == want {
             dns_at = Some(start.elapsed());
         }
         if api_at.is_none() && api_node(c).as_deref() == Some(master) {
@@ -777,7 +766,7 @@ pub fn rejoin(c: &mut Cluster, master: &str) -> Result<String> {
 /// A stand-in's second boot: the disk Ignition wrote is kept, no Ignition runs (no
 /// `ignition.firstboot`, no Ignition entry in this boot's journal while the first boot's are
 /// still there), and systemd started the agent again on its own.
-fn standin_second_boot(c: &Cluster, name: &str) -> Result<String> {
+fn standin_second_boot(c: &dyn Testbed, name: &str) -> Result<String> {
     guest(c, name)?.wait(Duration::from_secs(60))?;
     let cmdline = in_node(c, name, &["cat", "/proc/cmdline"])?;
     ensure!(

@@ -1,0 +1,191 @@
+//! The cluster's payloads as the whole-cluster runs build them: `keelson build` of
+//! `examples/install-config.yaml` with the stand-in apiserver and router as operator
+//! services, and the RHCOS stand-in the masters boot. Shared by `qemu-cluster` and
+//! `openstack-cluster`.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+
+use crate::cluster::{Config, ImageKind};
+
+/// The RHCOS stand-in for the masters: built on first use, then taken from `.cache/standin/`.
+pub fn standin() -> Result<crate::standin::StandinImage> {
+    let apiserver = env_path(
+        "KEELSON_STANDIN_BIN",
+        "target/x86_64-unknown-linux-gnu/release/kube-standin",
+    );
+    let cache = env_path("STANDIN_CACHE", ".cache/standin");
+    let (image, times) = crate::standin::ensure(&cache, &apiserver)?;
+    let m = &image.manifest;
+    let mib = |b: u64| b as f64 / (1024.0 * 1024.0);
+    let took = |d: Option<Duration>| {
+        d.map(|d| format!("built in {:.1} s", d.as_secs_f64()))
+            .unwrap_or_else(|| "cached".into())
+    };
+    eprintln!(
+        "standin: {} (kernel {}, ignition {}, {} packages): root files {:.0} MiB, root.qcow2 {:.0} MiB, \
+         kernel {:.1} MiB, initramfs {:.1} MiB; base {}, image {}; {:.1} s in all",
+        image.dir.display(),
+        m.kernel_release,
+        m.ignition_version,
+        m.packages,
+        mib(m.bytes.root_files),
+        mib(m.bytes.root_qcow2),
+        mib(m.bytes.kernel),
+        mib(m.bytes.initrd),
+        took(times.base),
+        took(times.image),
+        times.total.as_secs_f64()
+    );
+    Ok(image)
+}
+
+/// The workspace root (the parent of `qemu-tests/`).
+pub fn workspace() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("qemu-tests sits in the workspace")
+        .to_path_buf()
+}
+
+/// `var` from the environment as a path, else `default` under the workspace.
+pub fn env_path(var: &str, default: &str) -> PathBuf {
+    std::env::var_os(var)
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace().join(default))
+}
+
+/// The operator services of the test cluster: the stand-in kube-apiserver on the control
+/// plane and, with `--plain` on :1936, the ingress router's readiness endpoint on workers.
+/// Both are the `kube-standin` build asset. On appliance nodes the API stand-in binds the
+/// node's own address, not the wildcard, so the agent's proxy can bind VIP:6443 itself (the
+/// appliance has no `nft` for the redirect). The RHCOS stand-in masters run their own
+/// apiserver on `*:6443` from systemd, as RHCOS runs kube-apiserver, so the agent there
+/// runs none and reaches VIP:6443 through its nftables redirect (docs/proxy.md).
+fn services_patch(masters: ImageKind) -> String {
+    let api_roles = match masters {
+        ImageKind::Appliance => r#"["bootstrap", "master"]"#,
+        ImageKind::Standin => r#"["bootstrap"]"#,
+    };
+    format!(
+        r#"{{
+  "services": [
+    {{"name": "kube-apiserver", "path": "/usr/local/bin/kube-standin",
+     "args": ["--listen", "${{KEELSON_NODE_ADDRESS}}:6443"], "roles": {api_roles},
+     "asset": "kube-standin"}},
+    {{"name": "router", "path": "/usr/local/bin/kube-standin",
+     "args": ["--plain", "--listen", "0.0.0.0:1936"], "roles": ["worker"],
+     "asset": "kube-standin"}}
+  ]
+}}
+"#
+    )
+}
+
+/// The patch of `config` over the build's defaults (`defaults`: the `cluster.json` a plain
+/// build writes): the stand-ins always; for the multicast configuration, every VRRP
+/// instance multicast and the members on mDNS (a merge patch replaces arrays whole, so the
+/// instances are the build's own with one field changed).
+fn cluster_patch(
+    config: Config,
+    masters: ImageKind,
+    defaults: &serde_json::Value,
+) -> Result<String> {
+    let mut patch: serde_json::Value = serde_json::from_str(&services_patch(masters))?;
+    if config == Config::Multicast {
+        let mut vrrp = defaults["vrrp"].clone();
+        for inst in vrrp["instances"]
+            .as_array_mut()
+            .context("cluster.json: vrrp.instances")?
+        {
+            inst["transport"] = "multicast".into();
+        }
+        patch["vrrp"] = vrrp;
+        patch["members"] = serde_json::json!({"transport": "mdns"});
+    }
+    Ok(serde_json::to_string_pretty(&patch)?)
+}
+
+/// Runs `keelson build` with `args`.
+fn keelson_build(keelson: &Path, args: &[&std::ffi::OsStr]) -> Result<()> {
+    let status = Command::new(keelson)
+        .arg("build")
+        .args(args)
+        .status()
+        .with_context(|| format!("running {}", keelson.display()))?;
+    if !status.success() {
+        bail!("keelson build failed ({status})");
+    }
+    Ok(())
+}
+
+/// `keelson build` of the example cluster with the stand-ins; returns the output directory.
+pub fn build(work: &Path, config: Config, masters: ImageKind) -> Result<PathBuf> {
+    let keelson = env_path("KEELSON_BIN", "target/debug/keelson");
+    let agent = env_path(
+        "KEELSON_AGENT_BIN",
+        "target/x86_64-unknown-linux-gnu/release/keelson-agent",
+    );
+    let standin = env_path(
+        "KEELSON_STANDIN_BIN",
+        "target/x86_64-unknown-linux-gnu/release/kube-standin",
+    );
+    for (what, path) in [
+        ("keelson", &keelson),
+        ("agent", &agent),
+        ("stand-in", &standin),
+    ] {
+        if !path.exists() {
+            bail!("no {what} at {} (run `make agent build`)", path.display());
+        }
+    }
+    // The stand-in is served as /assets/kube-standin: the asset takes the file's name.
+    let assets = work.join("assets");
+    std::fs::create_dir_all(&assets)?;
+    let asset = assets.join("kube-standin");
+    std::fs::copy(&standin, &asset).context("copying the stand-in")?;
+    let install_config = workspace().join("examples/install-config.yaml");
+    // The build's own cluster.json first (no image: quick), for the patch to start from.
+    let defaults_dir = work.join("defaults");
+    let _ = std::fs::remove_dir_all(&defaults_dir);
+    keelson_build(
+        &keelson,
+        &[
+            "--config".as_ref(),
+            install_config.as_os_str(),
+            "--out".as_ref(),
+            defaults_dir.as_os_str(),
+            "--agent".as_ref(),
+            agent.as_os_str(),
+            "--no-image".as_ref(),
+            "--quiet".as_ref(),
+        ],
+    )?;
+    let defaults: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(defaults_dir.join("cluster.json")).context("the build's cluster.json")?,
+    )?;
+    let patch = work.join("cluster-patch.json");
+    std::fs::write(&patch, cluster_patch(config, masters, &defaults)?)?;
+    let out = work.join("out");
+    let _ = std::fs::remove_dir_all(&out);
+    keelson_build(
+        &keelson,
+        &[
+            "--config".as_ref(),
+            install_config.as_os_str(),
+            "--out".as_ref(),
+            out.as_os_str(),
+            "--agent".as_ref(),
+            agent.as_os_str(),
+            "--asset".as_ref(),
+            asset.as_os_str(),
+            "--cluster-patch".as_ref(),
+            patch.as_os_str(),
+            "--quiet".as_ref(),
+        ],
+    )?;
+    Ok(out)
+}

@@ -1,0 +1,108 @@
+#!/usr/bin/env bash
+# The one-time set-up of the all-in-one OpenStack's state, idempotently (docs/openstack.md):
+#
+#   bootstrap.sh databases   the databases, their users and RabbitMQ's user, then every
+#                            service's schema (needs mariadb and rabbitmq-server running)
+#   bootstrap.sh keystone    the service users, endpoints and Heat's domain (needs keystone)
+#   bootstrap.sh cloud       the compute host mapped to its cell, the flavors the cluster
+#                            boots with (needs every service)
+#
+# Each step leaves a marker in $OS_STATE named after it and STATE_VERSION; a later run skips
+# a step whose marker is there (a schema sync alone takes minutes on this host).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+. scripts/openstack/lib.sh
+[ "$(id -u)" -eq 0 ] || die "bootstrap.sh must run as root"
+# Bump when a step changes what it sets up.
+STATE_VERSION=1
+PW=$(os_password)
+
+done_marker() { echo "$OS_STATE/$1.v$STATE_VERSION.done"; }
+# as USER COMMAND...: runs a service's management command as the service's user, its
+# output in $OS_STATE/bootstrap.log (printed when it fails).
+as() {
+  local user=$1
+  shift
+  if ! runuser -u "$user" -- "$@" >> "$OS_STATE/bootstrap.log" 2>&1; then
+    tail -n 30 "$OS_STATE/bootstrap.log" >&2
+    die "$* failed (as $user); the whole output is in $OS_STATE/bootstrap.log"
+  fi
+}
+
+databases() {
+  local d
+  for d in keystone glance placement nova_api nova nova_cell0 neutron heat; do
+    local user=$d
+    case $d in nova_api | nova_cell0) user=nova ;; esac
+    mysql -e "CREATE DATABASE IF NOT EXISTS $d;
+      GRANT ALL PRIVILEGES ON $d.* TO '$user'@'localhost' IDENTIFIED BY '$PW';
+      GRANT ALL PRIVILEGES ON $d.* TO '$user'@'127.0.0.1' IDENTIFIED BY '$PW';"
+  done
+  rabbitmqctl -q list_users | grep -q '^openstack' || rabbitmqctl -q add_user openstack "$PW" >/dev/null
+  rabbitmqctl -q change_password openstack "$PW" >/dev/null
+  rabbitmqctl -q set_permissions openstack '.*' '.*' '.*' >/dev/null
+  local m
+  m=$(done_marker schemas)
+  [ -e "$m" ] && { log "schemas: done before ($m)"; return 0; }
+  local t0=$SECONDS
+  as keystone keystone-manage db_sync
+  as root keystone-manage fernet_setup --keystone-user keystone --keystone-group keystone
+  as root keystone-manage credential_setup --keystone-user keystone --keystone-group keystone
+  as root keystone-manage bootstrap --bootstrap-password "$PW" \
+    --bootstrap-admin-url "http://$OS_HOST:5000/v3/" \
+    --bootstrap-internal-url "http://$OS_HOST:5000/v3/" \
+    --bootstrap-public-url "http://$OS_HOST:5000/v3/" \
+    --bootstrap-region-id "$OS_REGION"
+  as glance glance-manage db_sync
+  as placement placement-manage db sync
+  as nova nova-manage api_db sync
+  as nova nova-manage cell_v2 map_cell0
+  runuser -u nova -- nova-manage cell_v2 list_cells 2>/dev/null | grep -q ' cell1 ' ||
+    as nova nova-manage cell_v2 create_cell --name=cell1
+  as nova nova-manage db sync
+  as neutron neutron-db-manage --config-file /etc/neutron/neutron.conf \
+    --config-file /etc/neutron/plugins/ml2/ml2_conf.ini upgrade head
+  as heat heat-manage db_sync
+  touch "$m"
+  log "schemas: every service's database synced in $((SECONDS - t0)) s"
+}
+
+keystone() {
+  local m
+  m=$(done_marker keystone)
+  [ -e "$m" ] && { log "keystone: registered before ($m)"; return 0; }
+  os_admin_env
+  /usr/bin/python3 scripts/openstack/register.py "$PW" "$OS_REGION" >&2
+  touch "$m"
+}
+
+cloud() {
+  os_admin_env
+  # The compute host in cell1 (once nova-compute has reported to the conductor).
+  if ! runuser -u nova -- nova-manage cell_v2 list_hosts 2>/dev/null | grep -q "$(hostname)"; then
+    wait_for 120 "nova-compute's service record" \
+      bash -c "openstack compute service list --service nova-compute -f value -c State | grep -q up" ||
+      die "nova-compute never reported up; see /var/log/nova/nova-compute.log"
+    as nova nova-manage cell_v2 discover_hosts >/dev/null
+  fi
+  # The flavors: the appliance (it needs 384 MiB; its disk is the image's, grown by Nova),
+  # and the RHCOS stand-in's masters (systemd and a 35 MiB initramfs unpacked in memory).
+  # hw_rng:allowed lets an image ask for a virtio-rng device (docs/image.md).
+  local name ram disk
+  for f in "keelson.appliance 384 1" "keelson.rhcos 768 4"; do
+    read -r name ram disk <<<"$f"
+    openstack flavor show "$name" >/dev/null 2>&1 ||
+      openstack flavor create --ram "$ram" --disk "$disk" --vcpus 1 \
+        --property hw_rng:allowed=True "$name" >/dev/null
+  done
+  # neutron-api's first request after a start must not be a port GET: it answers 500 on a
+  # lazily loaded database mapping; listing networks first loads it.
+  openstack network list >/dev/null
+}
+
+case "${1:-}" in
+  databases) databases ;;
+  keystone) keystone ;;
+  cloud) cloud ;;
+  *) die "usage: bootstrap.sh databases|keystone|cloud" ;;
+esac
