@@ -515,71 +515,6 @@ impl Cluster {
             })
             .collect()
     }
-
-    /// The last console lines of the named nodes (for a failed scenario); for stand-in
-    /// nodes also the journal of `keelson-agent.service` and Ignition's log (journald
-    /// forwards every entry to the serial console, `systemd.journald.forward_to_console`).
-    fn console_report(&self, names: &[&str], lines: usize) -> String {
-        let mut text = String::new();
-        for name in names {
-            let Some(vm) = self.vms.get(*name) else {
-                continue;
-            };
-            text.push_str(&format!(
-                "---- {name} (last {lines} lines)\n{}\n",
-                vm.console_tail(lines)
-            ));
-            if self.is_standin(name) {
-                let console = vm.console_text();
-                for (what, tag, argv) in [
-                    (
-                        "journal of keelson-agent.service",
-                        "keelson-agent[",
-                        [
-                            "journalctl",
-                            "--no-pager",
-                            "-q",
-                            "-u",
-                            "keelson-agent.service",
-                        ],
-                    ),
-                    (
-                        "Ignition's log",
-                        "ignition[",
-                        ["journalctl", "--no-pager", "-q", "-t", "ignition"],
-                    ),
-                ] {
-                    // From the node's journal (every level, every boot) when its guest agent
-                    // answers; else the entries journald forwarded to the console.
-                    if let Some(journal) = vm
-                        .guest
-                        .as_ref()
-                        .and_then(|g| g.output(&argv, Duration::from_secs(10)).ok())
-                    {
-                        let entries: Vec<&str> = journal.lines().collect();
-                        let shown = &entries[entries.len().saturating_sub(lines)..];
-                        text.push_str(&format!(
-                            "---- {name}: {what} (`{}`, last {} of {} entries)\n{}\n",
-                            argv.join(" "),
-                            shown.len(),
-                            entries.len(),
-                            shown.join("\n")
-                        ));
-                        continue;
-                    }
-                    let entries = journal_entries(&console, tag);
-                    let shown = &entries[entries.len().saturating_sub(lines)..];
-                    text.push_str(&format!(
-                        "---- {name}: {what} (from the console, last {} of {} entries)\n{}\n",
-                        shown.len(),
-                        entries.len(),
-                        shown.join("\n")
-                    ));
-                }
-            }
-        }
-        text
-    }
 }
 
 impl Testbed for Cluster {
@@ -643,10 +578,6 @@ impl Testbed for Cluster {
 
     fn guest(&self, name: &str) -> Option<GuestAgent> {
         self.vms.get(name).and_then(|vm| vm.guest.clone())
-    }
-
-    fn consoles(&self, names: &[&str], lines: usize) -> String {
-        self.console_report(names, lines)
     }
 }
 

@@ -2,9 +2,10 @@
 //! virtio-serial port, `guest-exec`): how the harness reads a node's own resolver, its
 //! NetworkManager state, nftables and journal without SSH or a network path of its own.
 //!
-//! The protocol is QMP-shaped JSON, one object per line. Each call opens the socket, sends
-//! `guest-sync-delimited` (the agent answers after a 0xFF byte, which resynchronises a parser
-//! left mid-object by an earlier, abandoned call), then the command.
+//! The protocol is QMP-shaped JSON, one object per line. On QEMU's own socket each call opens
+//! it, sends `guest-sync-delimited` (the agent answers after a 0xFF byte, which resynchronises
+//! a parser left mid-object by an earlier, abandoned call), then the command. A libvirt
+//! domain's agent (Nova's guests) is libvirt's to talk to: `virsh qemu-agent-command`.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::net::UnixStream;
@@ -15,11 +16,65 @@ use anyhow::{Context, Result, bail};
 use base64::Engine;
 use serde_json::{Value, json};
 
-/// One node's guest agent socket (QEMU's side of the virtio-serial port).
+/// Where a node's guest agent is reached.
+#[derive(Debug, Clone)]
+pub enum GuestChannel {
+    /// The unix socket QEMU listens on (QEMU's side of the virtio-serial port).
+    Socket(PathBuf),
+    /// A libvirt domain (by name), whose agent socket libvirt holds.
+    Libvirt(String),
+}
+
+/// One node's guest agent.
 #[derive(Debug, Clone)]
 pub struct GuestAgent {
-    /// The unix socket QEMU listens on.
-    pub socket: PathBuf,
+    /// How to reach it.
+    pub channel: GuestChannel,
+}
+
+/// One conversation with a guest agent.
+enum Session {
+    Socket(Conn),
+    Libvirt(String),
+}
+
+impl Session {
+    fn open(channel: &GuestChannel, timeout: Duration) -> Result<Self> {
+        Ok(match channel {
+            GuestChannel::Socket(path) => Session::Socket(Conn::open(path, timeout)?),
+            GuestChannel::Libvirt(domain) => Session::Libvirt(domain.clone()),
+        })
+    }
+
+    fn call(&mut self, v: &Value) -> Result<Value> {
+        match self {
+            Session::Socket(conn) => conn.call(v),
+            Session::Libvirt(domain) => {
+                let out = std::process::Command::new("virsh")
+                    .args([
+                        "-c",
+                        "qemu:///system",
+                        "qemu-agent-command",
+                        "--timeout",
+                        "10",
+                    ])
+                    .arg(&*domain)
+                    .arg(v.to_string())
+                    .output()
+                    .context("running virsh qemu-agent-command")?;
+                if !out.status.success() {
+                    bail!(
+                        "guest agent of {domain}: {} failed: {}",
+                        v["execute"],
+                        String::from_utf8_lossy(&out.stderr).trim()
+                    );
+                }
+                let answer: Value = serde_json::from_slice(&out.stdout)
+                    .context("virsh qemu-agent-command: expected JSON")?;
+                Ok(answer["return"].clone())
+            }
+        }
+    }
 }
 
 /// What a command run in the guest gave back.
@@ -125,7 +180,7 @@ impl GuestAgent {
     pub fn exec(&self, argv: &[&str], timeout: Duration) -> Result<ExecOutput> {
         let (path, args) = argv.split_first().context("empty command")?;
         let start = Instant::now();
-        let mut conn = Conn::open(&self.socket, Duration::from_secs(5))?;
+        let mut conn = Session::open(&self.channel, Duration::from_secs(5))?;
         let ret = conn.call(&json!({
             "execute": "guest-exec",
             "arguments": {"path": path, "arg": args, "capture-output": true}
@@ -179,7 +234,9 @@ impl GuestAgent {
     pub fn wait(&self, timeout: Duration) -> Result<()> {
         let start = Instant::now();
         loop {
-            match Conn::open(&self.socket, Duration::from_secs(2)) {
+            let answered = Session::open(&self.channel, Duration::from_secs(2))
+                .and_then(|mut s| s.call(&json!({"execute": "guest-ping"})));
+            match answered {
                 Ok(_) => return Ok(()),
                 Err(e) if start.elapsed() > timeout => {
                     return Err(e.context(format!("guest agent not answering after {timeout:?}")));

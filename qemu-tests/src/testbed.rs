@@ -48,8 +48,71 @@ pub trait Testbed {
     fn wait_console(&mut self, name: &str, needle: &str, timeout: Duration) -> Result<String>;
     /// The node's QEMU guest agent, if it has one.
     fn guest(&self, name: &str) -> Option<GuestAgent>;
-    /// What to print about the named nodes when a scenario fails.
-    fn consoles(&self, names: &[&str], lines: usize) -> String;
+
+    /// The last console lines of the named nodes (for a failed scenario); for stand-in
+    /// nodes also the journal of `keelson-agent.service` and Ignition's log (journald
+    /// forwards every entry to the serial console, `systemd.journald.forward_to_console`).
+    fn consoles(&self, names: &[&str], lines: usize) -> String {
+        let mut text = String::new();
+        for name in names {
+            if !self.is_running(name) {
+                continue;
+            }
+            let console = self.console_text(name);
+            let all: Vec<&str> = console.lines().collect();
+            text.push_str(&format!(
+                "---- {name} (last {lines} lines)\n{}\n",
+                all[all.len().saturating_sub(lines)..].join("\n")
+            ));
+            if self.is_standin(name) {
+                for (what, tag, argv) in [
+                    (
+                        "journal of keelson-agent.service",
+                        "keelson-agent[",
+                        [
+                            "journalctl",
+                            "--no-pager",
+                            "-q",
+                            "-u",
+                            "keelson-agent.service",
+                        ],
+                    ),
+                    (
+                        "Ignition's log",
+                        "ignition[",
+                        ["journalctl", "--no-pager", "-q", "-t", "ignition"],
+                    ),
+                ] {
+                    // From the node's journal (every level, every boot) when its guest agent
+                    // answers; else the entries journald forwarded to the console.
+                    if let Some(journal) = self
+                        .guest(name)
+                        .and_then(|g| g.output(&argv, Duration::from_secs(10)).ok())
+                    {
+                        let entries: Vec<&str> = journal.lines().collect();
+                        let shown = &entries[entries.len().saturating_sub(lines)..];
+                        text.push_str(&format!(
+                            "---- {name}: {what} (`{}`, last {} of {} entries)\n{}\n",
+                            argv.join(" "),
+                            shown.len(),
+                            entries.len(),
+                            shown.join("\n")
+                        ));
+                        continue;
+                    }
+                    let entries = crate::cluster::journal_entries(&console, tag);
+                    let shown = &entries[entries.len().saturating_sub(lines)..];
+                    text.push_str(&format!(
+                        "---- {name}: {what} (from the console, last {} of {} entries)\n{}\n",
+                        shown.len(),
+                        entries.len(),
+                        shown.join("\n")
+                    ));
+                }
+            }
+        }
+        text
+    }
 
     /// The node's plan entry.
     fn node(&self, name: &str) -> Result<&NodePlan> {

@@ -137,7 +137,9 @@ impl Vm {
             let socket = work.join(format!("{}.qga", spec.name));
             let _ = std::fs::remove_file(&socket);
             cmd.args(guest::qemu_args(&socket));
-            GuestAgent { socket }
+            GuestAgent {
+                channel: guest::GuestChannel::Socket(socket),
+            }
         });
         cmd.stdin(Stdio::null())
             .stdout(Stdio::null())

@@ -437,6 +437,24 @@ fn vrrp(m: &mut Builder, st: &AgentStatus) {
             })
             .collect(),
     );
+    m.gauge(
+        "keelson_vrrp_port_security_problem",
+        "Cloud port security problems found (docs/vrrp.md, Port security): 1 while found.",
+        st.vrrp
+            .iter()
+            .flat_map(|v| {
+                crate::vrrp::portsec::Problem::ALL.iter().map(move |p| {
+                    (
+                        vec![
+                            ("vrrp_instance", v.name.clone()),
+                            ("problem", p.as_str().to_string()),
+                        ],
+                        b(v.port_security.iter().any(|f| f.problem == *p)),
+                    )
+                })
+            })
+            .collect(),
+    );
     let check = |v: &crate::status::model::VrrpInstance, c: &crate::status::model::HealthCheck| {
         vec![("vrrp_instance", v.name.clone()), ("check", c.name.clone())]
     };
@@ -880,6 +898,11 @@ mod tests {
                     weight: 50,
                     transitions: 1,
                 }],
+                port_security: vec![crate::status::model::PortSecurityFinding {
+                    problem: crate::vrrp::portsec::Problem::VipNotAllowed,
+                    seconds: 12.0,
+                    fix: "openstack port set --allowed-address ip-address=10.0.0.5 PORT".into(),
+                }],
             }],
             proxy: Some(ProxyStatus {
                 healthy: true,
@@ -952,6 +975,8 @@ mod tests {
             "keelson_vrrp_state{vrrp_instance=\"api\",state=\"master\"} 1",
             "keelson_vrrp_state{vrrp_instance=\"api\",state=\"backup\"} 0",
             "keelson_vrrp_drops_total{vrrp_instance=\"api\",reason=\"ttl\"} 1",
+            "keelson_vrrp_port_security_problem{vrrp_instance=\"api\",problem=\"vip_not_allowed\"} 1",
+            "keelson_vrrp_port_security_problem{vrrp_instance=\"api\",problem=\"vrrp_blocked\"} 0",
             "keelson_proxy_backend_bytes_total{backend=\"10.0.0.11:6443\",direction=\"to_client\"} 2000",
             "keelson_proxy_backend_connect_staggers_total{backend=\"10.0.0.11:6443\"} 3",
             "keelson_proxy_frontend_refused_total{frontend=\"[::]:9445\",kind=\"node\"} 1",

@@ -190,6 +190,21 @@ pub struct VrrpInstance {
     pub drops: BTreeMap<String, u64>,
     /// Health checks moving its priority.
     pub checks: Vec<HealthCheck>,
+    /// Cloud port security problems found (docs/vrrp.md, "Port security").
+    #[serde(default)]
+    pub port_security: Vec<PortSecurityFinding>,
+}
+
+/// A port security problem a VRRP instance found.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PortSecurityFinding {
+    /// What is wrong.
+    pub problem: crate::vrrp::portsec::Problem,
+    /// Seconds since it was found.
+    pub seconds: f64,
+    /// The likely fix (an `openstack` command).
+    pub fix: String,
 }
 
 /// One health check of a VRRP instance.

@@ -117,6 +117,22 @@ pub fn summary(st: &AgentStatus) -> String {
             v.adverts_sent,
             counts(&v.drops)
         );
+        for f in &v.port_security {
+            let what = match f.problem {
+                crate::vrrp::portsec::Problem::VipNotAllowed => {
+                    "this node's port drops the VIP (not an allowed address pair?)"
+                }
+                crate::vrrp::portsec::Problem::VrrpBlocked => {
+                    "VRRP adverts do not arrive (protocol 112 blocked?)"
+                }
+            };
+            let _ = writeln!(
+                o,
+                "  PORT SECURITY: {what} for {}; fix: {}",
+                duration(f.seconds),
+                f.fix
+            );
+        }
         if !v.checks.is_empty() {
             let checks = v.checks.iter().map(|c| {
                 format!(

@@ -2,7 +2,9 @@
 //! Validates every received packet (counting drops by reason), feeds the machine, carries
 //! out its actions, follows health weights, and cleans up on stop. In unicast mode it also
 //! keeps the claim gate ([`super::gate`]) and watches ARP for holders it cannot hear
-//! ([`super::conflict`]).
+//! ([`super::conflict`]). Whatever the transport it checks, while master, that its port lets
+//! the VIP's traffic out, and in unicast mode a backup does not claim beside a holder whose
+//! adverts the network drops ([`super::portsec`]).
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
@@ -18,10 +20,16 @@ use super::codec::{self, Advert, Auth, CodecError, GROUP_V4, GROUP_V6, Version};
 use super::conflict::{self, Verdict};
 use super::fsm::{Action, Machine, Params, State, effective_priority};
 use super::gate::{ClaimGate, GateEvent, GateState};
+use super::portsec::{self, Change, Problem, VipCheck};
 use super::socket::{Received, VrrpSocket};
-use super::{announce, vip};
+use super::{announce, reach, vip};
 use crate::context::{AgentContext, MemberList};
 use crate::health::{self, CheckState};
+
+/// When the first round of the port check runs after this node took the VIP.
+const PORT_CHECK_FIRST: Duration = Duration::from_secs(5);
+/// How often it runs while this node holds the VIP.
+const PORT_CHECK_EVERY: Duration = Duration::from_secs(10);
 
 /// How long a stopping master keeps the VIP after its successor's first advert: that
 /// advert and the successor's gratuitous ARP go out together; hosts need a moment.
@@ -162,6 +170,9 @@ pub struct InstanceStatus {
     /// When it entered its current state.
     #[serde(skip)]
     pub state_since: Option<Instant>,
+    /// Port security problems found ([`super::portsec`]): since when, and the fix.
+    #[serde(skip)]
+    pub port_security: BTreeMap<Problem, (Instant, String)>,
 }
 
 impl InstanceStatus {
@@ -196,6 +207,17 @@ impl InstanceStatus {
             claim_gate: self.claim_gate,
             destinations: self.destinations.clone(),
             drops: c.drops.iter().map(|(k, v)| (k.to_string(), *v)).collect(),
+            port_security: self
+                .port_security
+                .iter()
+                .map(
+                    |(p, (since, fix))| crate::status::model::PortSecurityFinding {
+                        problem: *p,
+                        seconds: now.saturating_duration_since(*since).as_secs_f64(),
+                        fix: fix.clone(),
+                    },
+                )
+                .collect(),
             checks: self
                 .checks
                 .iter()
@@ -242,6 +264,15 @@ struct Runner {
     /// The "another host answers" line was logged in this waiting period.
     holder_logged: bool,
     members: watch::Receiver<MemberList>,
+    /// While master: whether the port lets the VIP's traffic out ([`portsec`]).
+    vip_check: VipCheck,
+    /// Port security problems found, since when, and their fix.
+    findings: BTreeMap<Problem, (Instant, String)>,
+    /// Results of the port check's rounds (each runs in its own task).
+    rounds: (
+        tokio::sync::mpsc::Sender<Vec<portsec::Paths>>,
+        tokio::sync::mpsc::Receiver<Vec<portsec::Paths>>,
+    ),
 }
 
 impl Runner {
@@ -292,6 +323,146 @@ impl Runner {
         })
     }
 
+    /// Unicast backup that has heard no advert for two intervals: it probes ARP for the VIP
+    /// so that it sees a holder whose adverts do not arrive ([`portsec::hold_claim`]).
+    fn adverts_quiet(&self) -> bool {
+        let quiet_after =
+            Duration::from_millis(2 * u64::from(self.spec.config.advert_interval_ms.max(1)));
+        self.unicast()
+            && self.machine.state() == State::Backup
+            && self
+                .last_other_advert
+                .is_none_or(|t| self.now().saturating_sub(t) > quiet_after)
+    }
+
+    /// The priority to run with: the one health checks give, or 1 while this node's port
+    /// drops the VIP (so a router whose port passes it takes over).
+    fn with_port_penalty(&self, priority: u8) -> u8 {
+        if self.findings.contains_key(&Problem::VipNotAllowed) {
+            1
+        } else {
+            priority
+        }
+    }
+
+    /// What the port check connects to: live members taking part in this instance (their
+    /// `/metrics` port, open to the machine network on every node), and for IPv4 the
+    /// metadata service, there on most clouds even for a node alone.
+    fn port_check_targets(&self) -> Vec<std::net::SocketAddr> {
+        let port = match self.ctx.cluster.metrics.port {
+            0 => self.ctx.cluster.ignition.tls_port,
+            p => p,
+        };
+        let v6 = self.spec.primary.is_ipv6();
+        let mut targets: Vec<std::net::SocketAddr> = self
+            .members
+            .borrow()
+            .iter()
+            .filter(|m| {
+                m.name != self.ctx.node.name
+                    && self.spec.config.priorities.for_role(m.role).is_some()
+            })
+            .flat_map(|m| m.addresses.iter().copied())
+            .filter(|a| a.is_ipv6() == v6 && !self.spec.own.contains(a))
+            .take(3)
+            .map(|a| std::net::SocketAddr::new(a, port))
+            .collect();
+        if !v6 {
+            targets.push(std::net::SocketAddr::new(
+                std::net::Ipv4Addr::new(169, 254, 169, 254).into(),
+                80,
+            ));
+        }
+        targets
+    }
+
+    /// Starts one round of the port check in a task of its own.
+    fn start_port_round(&self) {
+        let (node, vip) = (self.spec.primary, self.spec.config.vip);
+        let targets = self.port_check_targets();
+        let tx = self.rounds.0.clone();
+        tokio::spawn(async move {
+            let _ = tx.send(reach::round(node, vip, &targets).await).await;
+        });
+    }
+
+    /// A round of the port check came back.
+    async fn on_port_round(&mut self, paths: &[portsec::Paths]) {
+        if self.machine.state() != State::Master {
+            return;
+        }
+        let name = self.spec.config.name.clone();
+        let vip = self.spec.config.vip;
+        match self.vip_check.on_round(portsec::judge_round(paths)) {
+            Some(Change::Found) => {
+                let fix = Problem::VipNotAllowed.fix(vip, &fmt_mac(self.mac));
+                tracing::warn!(
+                    "vrrp {name}: traffic from {vip} does not leave this node's port (peers answer {} but not {vip}): the port's security drops the VIP, which is likely not one of its allowed address pairs; fix: {fix}; lowering this node's priority to 1 so that a node whose port passes {vip} takes it",
+                    self.spec.primary
+                );
+                self.findings
+                    .insert(Problem::VipNotAllowed, (Instant::now(), fix));
+                let now = self.now();
+                let actions = self.machine.set_priority(now, 1);
+                self.execute(actions).await;
+            }
+            Some(Change::Cleared) => {
+                tracing::info!("vrrp {name}: traffic from {vip} leaves this node's port again");
+                self.findings.remove(&Problem::VipNotAllowed);
+                let p = effective_priority(self.spec.base, health::weight(&self.checks.borrow()));
+                let now = self.now();
+                let actions = self.machine.set_priority(now, p);
+                self.execute(actions).await;
+            }
+            None => {}
+        }
+    }
+
+    /// A unicast backup whose Master_Down ran out while another host answers ARP for the
+    /// VIP and no advert arrives: holds its claim ([`portsec::hold_claim`]) and says why.
+    /// Returns whether it held.
+    fn hold_claim_for_blocked_adverts(&mut self, now: Duration) -> bool {
+        if !self.unicast()
+            || self.machine.state() != State::Backup
+            || !self.gate.is_open()
+            || self.machine.next_deadline().is_none_or(|d| d > now)
+            || !portsec::hold_claim(
+                now,
+                self.holder_arp,
+                super::gate::HOLDER_FRESH,
+                self.last_other_advert,
+                self.machine.master_down_interval(),
+            )
+        {
+            return false;
+        }
+        self.machine.restart_master_down(now);
+        if !self.findings.contains_key(&Problem::VrrpBlocked) {
+            let vip = self.spec.config.vip;
+            let fix = Problem::VrrpBlocked.fix(vip, &fmt_mac(self.mac));
+            let peers: Vec<String> = self
+                .members
+                .borrow()
+                .iter()
+                .filter(|m| m.name != self.ctx.node.name)
+                .map(|m| m.name.clone())
+                .collect();
+            tracing::warn!(
+                "vrrp {}: another host answers ARP for {vip} but no VRRP advert has arrived (members: {}): the network likely drops IP protocol 112 (a security group without it); not claiming {vip} beside its holder; fix: {fix}",
+                self.spec.config.name,
+                if peers.is_empty() {
+                    "none".to_owned()
+                } else {
+                    peers.join(", ")
+                }
+            );
+            self.findings
+                .insert(Problem::VrrpBlocked, (Instant::now(), fix));
+        }
+        self.publish();
+        true
+    }
+
     /// The next time anything is due in the state machine, with the claim gate holding a
     /// backup back until it opens.
     fn deadline(&self) -> Option<Duration> {
@@ -326,6 +497,9 @@ impl Runner {
             }
             _ => {}
         }
+        if self.hold_claim_for_blocked_adverts(now) {
+            return;
+        }
         if self.gate.is_open() || self.machine.state() != State::Backup {
             let before = (self.machine.state(), self.machine.master());
             let actions = self.machine.on_timer(now);
@@ -344,6 +518,12 @@ impl Runner {
         let now = self.now();
         self.heard.insert(src, now);
         self.last_other_advert = Some(now);
+        if self.findings.remove(&Problem::VrrpBlocked).is_some() {
+            tracing::info!(
+                "vrrp {}: adverts arrive again (from {src})",
+                self.spec.config.name
+            );
+        }
         if self.gate.heard() == GateEvent::Opened {
             tracing::info!(
                 "vrrp {}: heard {src} (priority {}): claim gate open",
@@ -529,6 +709,7 @@ impl Runner {
             destinations: self.destinations(),
             counters: self.counters.clone(),
             state_since: Some(self.state_seen.1),
+            port_security: self.findings.clone(),
         };
         let snapshot = {
             let mut map = self.status.lock().unwrap_or_else(|p| p.into_inner());
@@ -652,6 +833,9 @@ pub async fn run(
         holder_arp: None,
         holder_logged: false,
         members,
+        vip_check: VipCheck::default(),
+        findings: BTreeMap::new(),
+        rounds: tokio::sync::mpsc::channel(4),
     };
     let now = r.now();
     let actions = r.machine.startup(now);
@@ -659,6 +843,9 @@ pub async fn run(
     r.on_members();
     let probe_every = Duration::from_secs(1);
     let mut next_probe: Option<Instant> = None;
+    // The port check while master: the first round a few seconds after taking the VIP
+    // (hosts act on its gratuitous ARP first), then every PORT_CHECK_EVERY.
+    let mut next_round: Option<Instant> = None;
     let mut next_refresh: Option<Instant> = None;
     // With no checks the sender is gone at once; stop polling it then.
     let mut checks_alive = true;
@@ -672,7 +859,12 @@ pub async fn run(
         }
         // ARP probes for the VIP: while master (another holder?) and while the claim gate
         // waits (is there a holder we have not heard yet?).
-        let probing = master || !r.gate.is_open();
+        let probing = master || !r.gate.is_open() || r.adverts_quiet();
+        if !master {
+            next_round = None;
+        } else if next_round.is_none() {
+            next_round = Some(Instant::now() + PORT_CHECK_FIRST);
+        }
         if arp.is_none() || !probing {
             next_probe = None;
         } else if next_probe.is_none() {
@@ -712,6 +904,11 @@ pub async fn run(
                     Err(e) => tracing::debug!("vrrp {}: ARP socket: {e}", r.spec.config.name),
                 }
             }
+            _ = sleep_until(next_round) => {
+                next_round = Some(Instant::now() + PORT_CHECK_EVERY);
+                r.start_port_round();
+            }
+            Some(paths) = r.rounds.1.recv() => r.on_port_round(&paths).await,
             _ = sleep_until(next_refresh) => {
                 next_refresh = None;
                 r.announce();
@@ -723,6 +920,7 @@ pub async fn run(
                     continue;
                 }
                 let p = effective_priority(r.spec.base, health::weight(&r.checks.borrow_and_update()));
+                let p = r.with_port_penalty(p);
                 tracing::info!("vrrp {}: priority {} -> {p}", r.spec.config.name, r.machine.priority());
                 let now = r.now();
                 let actions = r.machine.set_priority(now, p);

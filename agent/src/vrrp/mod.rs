@@ -6,6 +6,8 @@
 //! - [`gate`]: in unicast mode, no claim before a peer is heard or a grace period ran out
 //!   (pure).
 //! - [`conflict`]: in unicast mode, another holder of the VIP seen through ARP (pure).
+//! - [`portsec`]: cloud port security that drops the VIP or VRRP itself (pure), with
+//!   [`reach`], the connects the holder's check makes.
 //! - [`instance`]: one virtual router wiring them together, with health weights.
 
 pub mod announce;
@@ -14,6 +16,8 @@ pub mod conflict;
 pub mod fsm;
 pub mod gate;
 pub mod instance;
+pub mod portsec;
+pub mod reach;
 pub mod socket;
 pub mod vip;
 

@@ -1,0 +1,253 @@
+//! Cloud port security seen from a unicast VRRP instance (docs/vrrp.md, "Port security"),
+//! pure: time is a [`Duration`] since the instance's origin.
+//!
+//! Two settings of a cloud network (OpenStack Neutron's port security) break a VIP without
+//! any error anywhere:
+//!
+//! - **The VIP is not an allowed address pair of the holder's port.** Neutron's
+//!   anti-spoofing drops every packet the holder sends from the VIP, and its ARP protection
+//!   drops the holder's ARP replies for it: the VIP is held and nobody can reach it. The
+//!   holder finds out itself: while master it connects (TCP) to a few targets on its network
+//!   twice, once from its own address and once from the VIP; a target that answers the
+//!   first and never the second, round after round, means its port drops the VIP
+//!   ([`judge_round`], [`VipCheck`]). Then it lowers its priority to 1, so a router whose
+//!   port passes the VIP takes it over, and says which port needs the pair.
+//! - **The security group does not pass IP protocol 112.** Adverts stop at every port; each
+//!   backup would take the missing adverts for a dead master and claim the VIP beside the
+//!   holder (split brain; the ARP conflict rule would then move it back and forth). A
+//!   backup holds its claim while another host answers ARP for the VIP and no advert has
+//!   arrived for [`ADVERTS_STALE_FACTOR`] Master_Down intervals ([`hold_claim`]): the holder
+//!   keeps the VIP, and the backup says that adverts do not arrive and how to let them. A
+//!   master that stops answering (it died) no longer holds anyone back.
+
+use std::net::IpAddr;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+/// What is wrong with the port or its security group.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum Problem {
+    /// Traffic from the VIP leaves this node's port dropped: the VIP is not one of the
+    /// port's allowed address pairs.
+    VipNotAllowed,
+    /// Another host holds the VIP, members know the peers, and no advert arrives: the
+    /// security group drops VRRP (IP protocol 112).
+    VrrpBlocked,
+}
+
+impl Problem {
+    /// Every problem, for metrics (a 0 for each one not seen).
+    pub const ALL: [Problem; 2] = [Problem::VipNotAllowed, Problem::VrrpBlocked];
+
+    /// Its metric label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Problem::VipNotAllowed => "vip_not_allowed",
+            Problem::VrrpBlocked => "vrrp_blocked",
+        }
+    }
+
+    /// The likely fix, as the command an OpenStack user runs. `vip` is the instance's VIP,
+    /// `mac` this node's NIC (the port is found by it).
+    pub fn fix(self, vip: IpAddr, mac: &str) -> String {
+        match self {
+            Problem::VipNotAllowed => format!(
+                "openstack port set --allowed-address ip-address={vip} $(openstack port list --mac-address {mac} -f value -c ID)"
+            ),
+            Problem::VrrpBlocked => "openstack security group rule create --protocol 112 <the security group of the nodes' ports>".to_owned(),
+        }
+    }
+}
+
+/// How a target answered one TCP connect.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reach {
+    /// It answered (connected, or refused: a reset came back either way).
+    Answered,
+    /// Nothing came back within the timeout.
+    Silent,
+    /// The connect could not be tried (no route, no such source address): says nothing.
+    Unknown,
+}
+
+/// One target tried from both sources.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Paths {
+    /// From the node's own address.
+    pub from_node: Reach,
+    /// From the VIP.
+    pub from_vip: Reach,
+}
+
+/// What one round of connects says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Round {
+    /// Some target answered the VIP: its traffic leaves the port.
+    VipPasses,
+    /// A target answered the node but not the VIP, and none answered the VIP.
+    VipDropped,
+    /// Nothing to go by (no target answered either source).
+    Inconclusive,
+}
+
+/// Judges one round of connects.
+pub fn judge_round(paths: &[Paths]) -> Round {
+    if paths.iter().any(|p| p.from_vip == Reach::Answered) {
+        Round::VipPasses
+    } else if paths
+        .iter()
+        .any(|p| p.from_node == Reach::Answered && p.from_vip == Reach::Silent)
+    {
+        Round::VipDropped
+    } else {
+        Round::Inconclusive
+    }
+}
+
+/// Rounds in a row that must say [`Round::VipDropped`] before the holder believes it (a
+/// peer's first answer can be late while its ARP entry for the VIP is fresh).
+pub const CONFIRM_ROUNDS: u32 = 2;
+
+/// A change of what the holder believes about its port.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Change {
+    /// The port drops the VIP (from now on).
+    Found,
+    /// The VIP passes again.
+    Cleared,
+}
+
+/// The holder's belief about its port, over rounds.
+#[derive(Debug, Clone, Default)]
+pub struct VipCheck {
+    dropped_rounds: u32,
+    found: bool,
+}
+
+impl VipCheck {
+    /// Whether the port is believed to drop the VIP.
+    pub fn found(&self) -> bool {
+        self.found
+    }
+
+    /// Takes one round's verdict; says when the belief changes.
+    pub fn on_round(&mut self, round: Round) -> Option<Change> {
+        match round {
+            Round::VipPasses => {
+                self.dropped_rounds = 0;
+                std::mem::take(&mut self.found).then_some(Change::Cleared)
+            }
+            Round::VipDropped => {
+                self.dropped_rounds += 1;
+                (!self.found && self.dropped_rounds >= CONFIRM_ROUNDS).then(|| {
+                    self.found = true;
+                    Change::Found
+                })
+            }
+            Round::Inconclusive => None,
+        }
+    }
+}
+
+/// How many Master_Down intervals without any advert make adverts "not arriving".
+pub const ADVERTS_STALE_FACTOR: u32 = 3;
+
+/// Whether a unicast backup whose Master_Down ran out must hold its claim: another host
+/// answered ARP for the VIP within `fresh` (`holder_seen`: when it last did), and no advert
+/// arrived from any router within [`ADVERTS_STALE_FACTOR`] × `master_down` (`last_advert`:
+/// when the last one did). A master that died stops answering ARP, so the claim goes on; a
+/// master heard recently (it said goodbye, or just died) is VRRP's to handle.
+pub fn hold_claim(
+    now: Duration,
+    holder_seen: Option<Duration>,
+    fresh: Duration,
+    last_advert: Option<Duration>,
+    master_down: Duration,
+) -> bool {
+    let holder_answers = holder_seen.is_some_and(|t| now.saturating_sub(t) <= fresh);
+    let adverts_stale =
+        last_advert.is_none_or(|t| now.saturating_sub(t) > master_down * ADVERTS_STALE_FACTOR);
+    holder_answers && adverts_stale
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const A: Reach = Reach::Answered;
+    const S: Reach = Reach::Silent;
+    const U: Reach = Reach::Unknown;
+
+    fn p(from_node: Reach, from_vip: Reach) -> Paths {
+        Paths {
+            from_node,
+            from_vip,
+        }
+    }
+
+    #[test]
+    fn a_round_blames_the_vip_only_when_the_node_gets_through() {
+        assert_eq!(judge_round(&[p(A, S)]), Round::VipDropped);
+        assert_eq!(judge_round(&[p(A, S), p(A, A)]), Round::VipPasses);
+        // The target is down or filtered for everyone: nothing to say about the VIP.
+        assert_eq!(judge_round(&[p(S, S)]), Round::Inconclusive);
+        assert_eq!(judge_round(&[p(U, U), p(S, U)]), Round::Inconclusive);
+        assert_eq!(judge_round(&[]), Round::Inconclusive);
+        // No route from the VIP (not assigned yet): not a drop.
+        assert_eq!(judge_round(&[p(A, U)]), Round::Inconclusive);
+    }
+
+    #[test]
+    fn the_check_needs_rounds_in_a_row_and_one_pass_clears_it() {
+        let mut c = VipCheck::default();
+        assert_eq!(c.on_round(Round::VipDropped), None);
+        assert!(!c.found());
+        assert_eq!(c.on_round(Round::VipDropped), Some(Change::Found));
+        assert!(c.found());
+        assert_eq!(c.on_round(Round::VipDropped), None, "already found");
+        assert_eq!(c.on_round(Round::Inconclusive), None);
+        assert!(c.found(), "an inconclusive round changes nothing");
+        assert_eq!(c.on_round(Round::VipPasses), Some(Change::Cleared));
+        assert!(!c.found());
+        // A pass between two drops starts the count again.
+        assert_eq!(c.on_round(Round::VipDropped), None);
+        assert_eq!(c.on_round(Round::VipPasses), None);
+        assert_eq!(c.on_round(Round::VipDropped), None);
+        assert_eq!(c.on_round(Round::VipDropped), Some(Change::Found));
+    }
+
+    #[test]
+    fn a_backup_holds_its_claim_only_against_a_silent_holder_that_answers_arp() {
+        let s = Duration::from_secs;
+        let md = Duration::from_millis(3610);
+        let fresh = s(2);
+        // Never an advert, and the holder answered ARP a second ago: hold (protocol 112
+        // blocked).
+        assert!(hold_claim(s(20), Some(s(19)), fresh, None, md));
+        // Adverts stopped 4 s ago (the master just died or said goodbye): VRRP's call.
+        assert!(!hold_claim(s(20), Some(s(19)), fresh, Some(s(16)), md));
+        // Adverts stopped long ago and the holder still answers: hold.
+        assert!(hold_claim(s(100), Some(s(99)), fresh, Some(s(50)), md));
+        // Nobody answers ARP any more (the holder died): claim.
+        assert!(!hold_claim(s(100), Some(s(90)), fresh, None, md));
+        assert!(!hold_claim(s(100), None, fresh, None, md));
+    }
+
+    #[test]
+    fn the_fix_names_the_vip_and_the_port() {
+        let vip: IpAddr = "10.0.0.5".parse().unwrap();
+        let fix = Problem::VipNotAllowed.fix(vip, "fa:16:3e:00:00:01");
+        assert!(
+            fix.contains("--allowed-address ip-address=10.0.0.5"),
+            "{fix}"
+        );
+        assert!(fix.contains("--mac-address fa:16:3e:00:00:01"), "{fix}");
+        assert!(Problem::VrrpBlocked.fix(vip, "").contains("--protocol 112"));
+        assert_eq!(
+            Problem::ALL.map(Problem::as_str),
+            ["vip_not_allowed", "vrrp_blocked"]
+        );
+    }
+}
