@@ -8,7 +8,7 @@ export KEELSON_AGENT_BIN := $(abspath $(AGENT_BIN))
 # The QEMU cluster's stand-in kube-apiserver, shipped in its test image.
 export KEELSON_STANDIN_BIN := $(abspath target/$(TARGET)/$(AGENT_PROFILE)/kube-standin)
 
-.PHONY: all setup agent build image test lint qemu-cluster standin bench fuzz clean
+.PHONY: all setup agent build image test lint qemu-cluster openstack-cluster standin bench fuzz clean
 
 all: build
 
@@ -51,6 +51,15 @@ CONFIG ?= unicast
 qemu-cluster: setup agent
 	cargo build -p keelson -p keelson-qemu-tests --bin keelson --bin qemu-cluster
 	KEELSON_BIN=$(abspath target/debug/keelson) target/debug/qemu-cluster --config $(CONFIG)
+
+# The cluster on a real OpenStack: installs, configures and starts an all-in-one Debian 12
+# (Zed) OpenStack on this machine (scripts/openstack/, idempotent; services already running
+# are reused), runs the README's script examples/openstack/create-cluster.sh, checks the
+# cluster from outside and stops, by PID, what it started (docs/openstack.md).
+# OPENSTACK_ARGS=--subset: bootstrap and one master only (what `make test` runs).
+openstack-cluster: setup agent
+	cargo build -p keelson -p keelson-qemu-tests --bin keelson --bin openstack-cluster --bin qemu-cluster
+	KEELSON_BIN=$(abspath target/debug/keelson) scripts/openstack/run.sh $(OPENSTACK_ARGS)
 
 # The RHCOS stand-in the masters of qemu-cluster boot (docs/rhcos.md): built with mmdebstrap
 # on first use (minutes), then taken from .cache/standin/. qemu-cluster builds it itself.

@@ -1,6 +1,7 @@
 //! `keelson build`, `render`, `validate` and `vrids`: from install-config.yaml to the files of
 //! DESIGN §2 (`bootstrap.ign`, `master.ign`, `worker.ign`, `cluster.json`, `tls/`,
-//! `assets/keelson-agent`, `keelson.qcow2`, `SHA256SUMS`).
+//! `assets/keelson-agent`, `keelson.qcow2`, `SHA256SUMS`), and `openstack.yaml`, the
+//! cluster as one Heat template (docs/openstack.md).
 //!
 //! Everything is written into a temporary directory next to `--out` and moved into place
 //! at the end, so a failed build never leaves half-written files.
@@ -460,6 +461,12 @@ pub fn build(args: BuildArgs) -> anyhow::Result<()> {
         args.agent_url.clone(),
         &assets,
     )?;
+    // The cluster as one Heat template, next to the configs it takes as user_data.
+    std::fs::write(
+        staging.path().join(crate::heat::FILE),
+        crate::heat::template(&ic, &cluster)?,
+    )?;
+    names.push(crate::heat::FILE.into());
     if !args.no_image {
         say("building the appliance image (kernel, initramfs, disk, qcow2)");
         let daemon = routing_daemon_files(&cluster, &args.routing_daemon_root)?;

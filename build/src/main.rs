@@ -1,6 +1,7 @@
 //! `keelson`: builds a cluster's payloads from an install-config.yaml.
 
 mod build;
+mod heat;
 mod image;
 mod serve;
 

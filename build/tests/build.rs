@@ -169,6 +169,34 @@ fn two_builds_with_the_same_tls_give_the_same_sha256sums() {
     if image {
         assert!(sums_a.contains("  keelson.qcow2\n"));
     }
+    // The Heat template (docs/openstack.md): every node with its port carrying both VIPs
+    // and its Ignition config as user_data, and VRRP in the security group.
+    assert!(sums_a.contains("  openstack.yaml\n"));
+    let heat: serde_json::Value =
+        serde_norway::from_str(&std::fs::read_to_string(a.join("openstack.yaml")).unwrap())
+            .unwrap();
+    let res = &heat["resources"];
+    for (node, ign) in [
+        ("bootstrap", "bootstrap.ign"),
+        ("master_0", "master.ign"),
+        ("master_2", "master.ign"),
+        ("worker_1", "worker.ign"),
+    ] {
+        assert_eq!(res[node]["type"], "OS::Nova::Server", "{node}");
+        assert_eq!(res[node]["properties"]["user_data"]["get_file"], ign);
+        assert_eq!(
+            res[format!("{node}_port")]["properties"]["allowed_address_pairs"],
+            serde_json::json!([{"ip_address": "10.0.0.5"}, {"ip_address": "10.0.0.7"}])
+        );
+    }
+    assert!(res["master_3"].is_null() && res["worker_2"].is_null());
+    assert!(
+        res["security_group"]["properties"]["rules"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|r| r["protocol"] == "112")
+    );
     assert!(
         !sums_a.contains("ca.key"),
         "the CA key is not a deliverable"

@@ -29,7 +29,7 @@ openstack image create --disk-format qcow2 --container-format bare \
   --property hw_rng_model=virtio keelson
 if [ -n "$RHCOS_QCOW2" ]; then
   openstack image create --disk-format qcow2 --container-format bare \
-    --file "$RHCOS_QCOW2" "$RHCOS_IMAGE"
+    --file "$RHCOS_QCOW2" --property hw_qemu_guest_agent=yes "$RHCOS_IMAGE"
 fi
 
 # The machine network: one subnet, DHCP on, the VIPs outside the allocation pool.

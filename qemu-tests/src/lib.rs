@@ -7,6 +7,7 @@ pub mod fabric;
 pub mod guest;
 pub mod netns;
 pub mod neutron;
+pub mod openstack;
 pub mod payload;
 pub mod probe;
 pub mod report;

@@ -71,9 +71,13 @@ db() { ini_set "$1" "$2" connection "mysql+pymysql://${4:-$3}:$PW@$OS_HOST/$3"; 
 
 # uwsgi NAME PORT INI: the API's init script starts uwsgi with our arguments
 # (/etc/default/NAME is read after the script builds its own): bound to loopback rather
-# than every address, one process with a few threads rather than Debian's 8-16 processes.
+# than every address, one process with a few threads rather than Debian's 8-16 processes,
+# and `Connection: close` on every answer, which Debian's glance, neutron and placement
+# configurations carry and nova's, keystone's and heat's lack: uwsgi's HTTP socket closes
+# a connection the client would reuse, and the next request fails with "Connection reset
+# by peer" (error 104).
 uwsgi() {
-  printf 'DAEMON_ARGS="--http-socket %s:%s --ini %s --processes 1 --threads 4"\n' \
+  printf 'DAEMON_ARGS="--http-socket %s:%s --ini %s --processes 1 --threads 4 --add-header Connection:close"\n' \
     "$OS_HOST" "$2" "$3" > "/etc/default/$1"
 }
 
@@ -155,6 +159,10 @@ ini_set "$f" DEFAULT core_plugin ml2
 # without routers); ML2's dns extension needs the router API to load. No metering or QoS.
 ini_set "$f" DEFAULT service_plugins router
 ini_set "$f" DEFAULT interface_driver linuxbridge
+# A DNS domain of the cloud's own: with Neutron's default (openstacklocal) the DHCP agent
+# names every port host-<address>; with one, a port is named after its instance (the
+# RHCOS stand-in takes its host name from DHCP).
+ini_set "$f" DEFAULT dns_domain keelson.test.
 ini_set "$f" DEFAULT rpc_workers 1
 ini_set "$f" DEFAULT rpc_state_report_workers 1
 ini_set "$f" DEFAULT api_workers 1

@@ -8,7 +8,8 @@ cd "$(dirname "$0")/../.."
 . scripts/openstack/lib.sh
 [ "$(id -u)" -eq 0 ] || die "down.sh must run as root"
 scripts/openstack/services.sh stop
-if ! scripts/openstack/services.sh status | grep -q '^neutron-linuxbridge-agent running'; then
+status=$(scripts/openstack/services.sh status)
+if ! grep -q '^neutron-linuxbridge-agent running' <<<"$status"; then
   for br in $(ip -o link show type bridge | awk -F': ' '{print $2}' | grep '^brq' || true); do
     ip link del "$br" && log "bridge $br removed"
   done

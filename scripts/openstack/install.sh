@@ -33,6 +33,8 @@ OPENSTACK_REQUIRED=(
   "libvirtd libvirt-daemon-system"
   "virtlogd libvirt-daemon-system"
   "virsh libvirt-clients"
+  # Config drives: Nova writes them with genisoimage (nova-compute only recommends it).
+  "genisoimage genisoimage"
   "dbus-daemon dbus-daemon"
   # Networking: ML2 + linuxbridge, DHCP with isolated metadata, the metadata proxy.
   "/etc/init.d/neutron-api neutron-api"

@@ -31,6 +31,10 @@ use crate::retry::{Backoff, Transient};
 /// drivers have probed (well under a second here, even under TCG); the rest is margin.
 pub const CONFIG_DRIVE_WAIT: Duration = Duration::from_secs(3);
 
+/// How long the metadata service's first try waits for the DHCPv4 lease before it tries
+/// the IPv6 link-local address too.
+pub const FIRST_TRY_WAIT: Duration = Duration::from_secs(5);
+
 /// The node's network once PID 1 has configured it.
 #[derive(Debug)]
 pub struct NodeNetwork {
@@ -160,6 +164,17 @@ async fn from_metadata_service(
     }
     let lease = ephemeral.as_ref().map(|c| c.lease());
     let v6_url = nic.as_ref().map(|n| http::ipv6_url(&n.name));
+    // The first try waits for the DHCPv4 lease (it normally comes within two or three
+    // seconds): IPv4 is the path every cloud serves, IPv6 the fallback where no lease
+    // comes. Tried at once, both paths fail (no lease yet, the link-local address still
+    // tentative) and the retry warns that no metadata source answered, on every boot.
+    if nic.is_some() {
+        let leased = || lease.as_ref().is_some_and(|l| l.borrow().is_some());
+        let waited = std::time::Instant::now();
+        while waited.elapsed() < FIRST_TRY_WAIT && !leased() && !stop.is_cancelled() {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
     let backoff = Backoff::new(Duration::from_secs(1), Duration::from_secs(10));
     let attempt = || {
         let lease = lease.clone();
@@ -183,7 +198,15 @@ async fn from_metadata_service(
             } else if let Some(name) = &nic_name {
                 why.push(format!("no DHCPv4 lease on {name} yet"));
             }
-            if let Some(url) = &v6_url {
+            let v6_ready = nic_name
+                .as_deref()
+                .is_some_and(|n| crate::vrrp::vip::link_local(n).is_some());
+            if let (Some(url), false) = (&v6_url, v6_ready) {
+                why.push(format!(
+                    "{}'s IPv6 link-local address is still tentative, so {url} cannot be asked yet",
+                    nic_name.as_deref().unwrap_or("the NIC")
+                ));
+            } else if let Some(url) = &v6_url {
                 match crate::metadata::http::read(url).await {
                     Ok(md) => return Ok(md),
                     Err(e @ MetadataError::Invalid { .. }) => return Err(Waiting(e.to_string())),

@@ -127,9 +127,9 @@ impl ArpSocket {
         })
     }
 
-    /// Broadcasts an ARP probe for `vip` from `mac`.
-    pub fn send_probe(&self, mac: [u8; 6], vip: Ipv4Addr) -> io::Result<()> {
-        let frame = super::conflict::probe_frame(mac, vip);
+    /// Broadcasts an ARP request for `vip` from `mac` and the node's own address `sender`.
+    pub fn send_probe(&self, mac: [u8; 6], sender: Ipv4Addr, vip: Ipv4Addr) -> io::Result<()> {
+        let frame = super::conflict::probe_frame(mac, sender, vip);
         let ll = sockaddr_ll(self.ifindex, [0xff; 6]);
         // SAFETY: the frame pointer/length describe a live buffer, and `ll` is a valid,
         // initialised sockaddr_ll whose size we pass.

@@ -5,9 +5,12 @@
 //! restart with no remembered peers, a partition healed after the members expired) would
 //! both hold it for good. ARP can see them where VRRP cannot: the VIP itself relies on
 //! broadcast ARP (gratuitous ARP moves it), so every network a VIP works on carries it.
-//! While master, an instance sends an ARP probe for its VIP every second (RFC 5227 §2.1.1,
-//! sender address 0.0.0.0) and watches every ARP frame on the interface: a reply or an
-//! announcement for the VIP from another MAC is another holder.
+//! While master, an instance sends an ARP request for its VIP every second from its own
+//! address and watches every ARP frame on the interface: a reply or an announcement for the
+//! VIP from another MAC is another holder. (Not RFC 5227's probe from 0.0.0.0: cloud ARP
+//! protection, Neutron's among them, drops ARP whose sender is not one of the port's
+//! addresses, so a probe from 0.0.0.0 never leaves a cloud port. The node's own address is
+//! its to announce; the holder learns only the true mapping of it.)
 //!
 //! If a valid advert arrived within the last Master_Down interval the other holder is a
 //! router VRRP already sees, and VRRP resolves it: ignore. Otherwise the holder with the
@@ -55,16 +58,17 @@ pub fn parse_arp(frame: &[u8]) -> Option<ArpFrame> {
     })
 }
 
-/// An ARP probe for `vip` from `mac`: a broadcast request with sender address 0.0.0.0
-/// (RFC 5227 §2.1.1), which every holder of `vip` answers without learning anything.
-pub fn probe_frame(mac: [u8; 6], vip: Ipv4Addr) -> [u8; 42] {
+/// An ARP request for `vip` from `mac` and this node's own address `sender`: a broadcast
+/// every holder of `vip` answers.
+pub fn probe_frame(mac: [u8; 6], sender: Ipv4Addr, vip: Ipv4Addr) -> [u8; 42] {
     let mut f = [0u8; 42];
     f[0..6].copy_from_slice(&[0xff; 6]);
     f[6..12].copy_from_slice(&mac);
     f[12..14].copy_from_slice(&ETH_P_ARP.to_be_bytes());
     f[14..22].copy_from_slice(&[0, 1, 0x08, 0x00, 6, 4, 0, 1]);
     f[22..28].copy_from_slice(&mac);
-    // Sender protocol address 0.0.0.0, target hardware address zero.
+    f[28..32].copy_from_slice(&sender.octets());
+    // Target hardware address zero.
     f[38..42].copy_from_slice(&vip.octets());
     f
 }
@@ -122,12 +126,14 @@ mod tests {
 
     #[test]
     fn probe_round_trips_through_the_parser() {
-        let f = probe_frame(OWN, VIP);
+        let node = Ipv4Addr::new(10, 0, 0, 11);
+        let f = probe_frame(OWN, node, VIP);
         assert_eq!(&f[0..6], &[0xff; 6]);
         let a = parse_arp(&f).unwrap();
         assert_eq!(a.op, 1);
         assert_eq!(a.sender_mac, OWN);
-        assert_eq!(a.sender_ip, Ipv4Addr::UNSPECIFIED);
+        // From the node's own address: cloud ARP protection passes it (not 0.0.0.0).
+        assert_eq!(a.sender_ip, node);
         assert_eq!(a.target_ip, VIP);
         // A gratuitous ARP parses too (sender = target = VIP).
         let g = super::super::announce::garp_frame(OWN, VIP);
@@ -137,7 +143,7 @@ mod tests {
 
     #[test]
     fn parser_refuses_what_is_not_ethernet_ipv4_arp() {
-        let f = probe_frame(OWN, VIP);
+        let f = probe_frame(OWN, Ipv4Addr::new(10, 0, 0, 11), VIP);
         assert!(parse_arp(&f[..41]).is_none());
         let mut other = f;
         other[12] = 0x08;

@@ -437,30 +437,41 @@ impl Runner {
             return false;
         }
         self.machine.restart_master_down(now);
-        if !self.findings.contains_key(&Problem::VrrpBlocked) {
-            let vip = self.spec.config.vip;
-            let fix = Problem::VrrpBlocked.fix(vip, &fmt_mac(self.mac));
-            let peers: Vec<String> = self
-                .members
-                .borrow()
-                .iter()
-                .filter(|m| m.name != self.ctx.node.name)
-                .map(|m| m.name.clone())
-                .collect();
-            tracing::warn!(
-                "vrrp {}: another host answers ARP for {vip} but no VRRP advert has arrived (members: {}): the network likely drops IP protocol 112 (a security group without it); not claiming {vip} beside its holder; fix: {fix}",
-                self.spec.config.name,
-                if peers.is_empty() {
-                    "none".to_owned()
-                } else {
-                    peers.join(", ")
-                }
-            );
-            self.findings
-                .insert(Problem::VrrpBlocked, (Instant::now(), fix));
-        }
+        self.note_blocked_adverts(now);
         self.publish();
         true
+    }
+
+    /// Another host answers ARP for the VIP (the callers know), a member taking part in this
+    /// instance is live (members reach each other over TCP), and no advert has arrived for
+    /// [`portsec::ADVERTS_STALE_FACTOR`] Master_Down intervals: VRRP itself does not get
+    /// through. Records the finding and says so, once.
+    fn note_blocked_adverts(&mut self, now: Duration) {
+        let stale = self.machine.master_down_interval() * portsec::ADVERTS_STALE_FACTOR;
+        if self.findings.contains_key(&Problem::VrrpBlocked)
+            || !self.participating_peer()
+            || self
+                .last_other_advert
+                .is_some_and(|t| now.saturating_sub(t) <= stale)
+        {
+            return;
+        }
+        let vip = self.spec.config.vip;
+        let fix = Problem::VrrpBlocked.fix(vip, &fmt_mac(self.mac));
+        let peers: Vec<String> = self
+            .members
+            .borrow()
+            .iter()
+            .filter(|m| m.name != self.ctx.node.name)
+            .map(|m| m.name.clone())
+            .collect();
+        tracing::warn!(
+            "vrrp {}: another host answers ARP for {vip} but no VRRP advert has arrived while members {} are live: the network likely drops IP protocol 112 (a security group without it); not claiming {vip} beside its holder; fix: {fix}",
+            self.spec.config.name,
+            peers.join(", ")
+        );
+        self.findings
+            .insert(Problem::VrrpBlocked, (Instant::now(), fix));
     }
 
     /// The next time anything is due in the state machine, with the claim gate holding a
@@ -485,6 +496,7 @@ impl Runner {
                 );
             }
             GateEvent::HolderAnswers => {
+                self.note_blocked_adverts(now);
                 if !self.holder_logged {
                     self.holder_logged = true;
                     tracing::info!(
@@ -892,8 +904,9 @@ pub async fn run(
             }
             _ = sleep_until(next_probe) => {
                 next_probe = Some(Instant::now() + probe_every);
-                if let (Some(sock), IpAddr::V4(vip)) = (&arp, r.spec.config.vip)
-                    && let Err(e) = sock.send_probe(r.mac, vip)
+                if let (Some(sock), IpAddr::V4(vip), IpAddr::V4(node)) =
+                    (&arp, r.spec.config.vip, r.spec.primary)
+                    && let Err(e) = sock.send_probe(r.mac, node, vip)
                 {
                     tracing::debug!("vrrp {}: ARP probe: {e}", r.spec.config.name);
                 }

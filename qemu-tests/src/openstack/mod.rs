@@ -25,6 +25,8 @@ use crate::guest::{GuestAgent, GuestChannel};
 use crate::netns::Netns;
 use crate::testbed::{Outside, Testbed};
 
+pub mod scenarios;
+
 /// Where `scripts/openstack/up.sh` keeps the admin's credentials.
 pub const ADMIN_OPENRC: &str = "/var/lib/keelson-openstack/admin-openrc";
 /// The namespace holding the outside end of the provider veth (`scripts/openstack/lib.sh`).
@@ -37,6 +39,8 @@ pub const OUTSIDE_ADDRESS: &str = "10.0.0.250";
 pub const CLUSTER: &str = "ocp4";
 /// The provider network's physical network (`scripts/openstack/lib.sh`).
 pub const PHYSNET: &str = "keelson";
+/// The Heat stack the run creates from `keelson build`'s template.
+pub const HEAT_STACK: &str = "keelson-heat";
 /// The flavors `scripts/openstack/bootstrap.sh` makes.
 pub const APPLIANCE_FLAVOR: &str = "keelson.appliance";
 /// The RHCOS stand-in's flavor.
@@ -58,7 +62,12 @@ impl Client {
             .lines()
             .filter_map(|l| l.strip_prefix("export "))
             .filter_map(|l| l.split_once('='))
-            .map(|(k, v)| (k.to_owned(), v.trim_matches('"').trim_matches('\'').to_owned()))
+            .map(|(k, v)| {
+                (
+                    k.to_owned(),
+                    v.trim_matches('"').trim_matches('\'').to_owned(),
+                )
+            })
             .collect();
         Ok(Client { env })
     }
@@ -96,7 +105,8 @@ impl Client {
         let mut all = args.to_vec();
         all.extend(["-f", "json"]);
         let text = self.run(&all)?;
-        serde_json::from_str(&text).with_context(|| format!("openstack {}: expected JSON", args.join(" ")))
+        serde_json::from_str(&text)
+            .with_context(|| format!("openstack {}: expected JSON", args.join(" ")))
     }
 }
 
@@ -188,7 +198,13 @@ impl OpenStackCluster {
         let client = Client::admin()?;
         let outside = Netns::existing(OUTSIDE_NETNS);
         outside
-            .ip(&["addr", "replace", &format!("{OUTSIDE_ADDRESS}/16"), "dev", OUTSIDE_IF])
+            .ip(&[
+                "addr",
+                "replace",
+                &format!("{OUTSIDE_ADDRESS}/16"),
+                "dev",
+                OUTSIDE_IF,
+            ])
             .with_context(|| {
                 format!("{OUTSIDE_NETNS}/{OUTSIDE_IF} (scripts/openstack/up.sh makes it)")
             })?;
@@ -218,27 +234,42 @@ impl OpenStackCluster {
         Ok(cluster)
     }
 
-    /// Deletes every server, port, security group, subnet, network and image of a run.
+    /// Deletes every stack, server, port, security group, subnet, network and image of a
+    /// run (what is already gone is no error).
     pub fn clean(&self) -> Result<()> {
         let c = &self.client;
-        for s in as_list(c.json(&["server", "list", "-c", "ID", "-c", "Name"])?) {
-            let id = s["ID"].as_str().unwrap_or_default();
-            c.run(&["server", "delete", "--wait", id])?;
+        let delete = |args: &[&str]| match c.run(args) {
+            Err(e) if e.to_string().contains("found") => Ok(String::new()),
+            other => other,
+        };
+        let ids = |list: &[&str], name: Option<&str>| -> Result<Vec<String>> {
+            Ok(as_list(c.json(list)?)
+                .into_iter()
+                .filter(|v| name.is_none_or(|n| v["Name"] == n || v["Stack Name"] == n))
+                .filter_map(|v| v["ID"].as_str().map(str::to_owned))
+                .collect())
+        };
+        for id in ids(&["stack", "list"], Some(HEAT_STACK))? {
+            delete(&["stack", "delete", "--yes", "--wait", &id])?;
         }
-        for p in as_list(c.json(&["port", "list", "--tags", CLUSTER, "-c", "ID"])?) {
-            c.run(&["port", "delete", p["ID"].as_str().unwrap_or_default()])?;
+        for id in ids(&["server", "list", "-c", "ID", "-c", "Name"], None)? {
+            delete(&["server", "delete", "--wait", &id])?;
         }
-        for g in as_list(c.json(&["security", "group", "list", "-c", "ID", "-c", "Name"])?) {
-            if g["Name"] == CLUSTER {
-                c.run(&["security", "group", "delete", g["ID"].as_str().unwrap_or_default()])?;
-            }
+        for id in ids(&["port", "list", "--tags", CLUSTER, "-c", "ID"], None)? {
+            delete(&["port", "delete", &id])?;
         }
-        for n in as_list(c.json(&["network", "list", "--name", CLUSTER, "-c", "ID"])?) {
-            c.run(&["network", "delete", n["ID"].as_str().unwrap_or_default()])?;
+        for id in ids(
+            &["security", "group", "list", "-c", "ID", "-c", "Name"],
+            Some(CLUSTER),
+        )? {
+            delete(&["security", "group", "delete", &id])?;
         }
-        for i in as_list(c.json(&["image", "list", "-c", "ID", "-c", "Name"])?) {
-            if i["Name"] == "keelson" || i["Name"] == "rhcos" {
-                c.run(&["image", "delete", i["ID"].as_str().unwrap_or_default()])?;
+        for id in ids(&["network", "list", "--name", CLUSTER, "-c", "ID"], None)? {
+            delete(&["network", "delete", &id])?;
+        }
+        for image in ["keelson", "rhcos"] {
+            for id in ids(&["image", "list", "-c", "ID", "-c", "Name"], Some(image))? {
+                delete(&["image", "delete", &id])?;
             }
         }
         Ok(())
@@ -306,6 +337,23 @@ impl OpenStackCluster {
             .unwrap_or_default()
     }
 
+    /// One field of `openstack server show NAME`.
+    pub fn show_field(&self, name: &str, field: &str) -> Result<String> {
+        let v = self.show(name)?;
+        v[field]
+            .as_str()
+            .map(str::to_owned)
+            .with_context(|| format!("server {name}: no {field}"))
+    }
+
+    /// The ID of the node's port.
+    pub fn port_id(&self, name: &str) -> Result<String> {
+        self.ports()?
+            .remove(name)
+            .map(|(id, _, _)| id)
+            .with_context(|| format!("no port {CLUSTER}-{name}"))
+    }
+
     /// `openstack console log show NAME`.
     pub fn console_log_show(&self, name: &str) -> Result<String> {
         self.client.run(&["console", "log", "show", name])
@@ -314,7 +362,10 @@ impl OpenStackCluster {
     /// The ports of the cluster: name (without the cluster prefix) to (ID, MAC, address).
     pub fn ports(&self) -> Result<BTreeMap<String, (String, String, Ipv4Addr)>> {
         let mut ports = BTreeMap::new();
-        for p in as_list(self.client.json(&["port", "list", "--tags", CLUSTER, "--long"])?) {
+        for p in as_list(
+            self.client
+                .json(&["port", "list", "--tags", CLUSTER, "--long"])?,
+        ) {
             let name = p["Name"].as_str().unwrap_or_default();
             let Some(node) = name.strip_prefix(&format!("{CLUSTER}-")) else {
                 continue;
@@ -355,7 +406,9 @@ impl Testbed for OpenStackCluster {
         Outside {
             netns: &self.outside,
             iface: OUTSIDE_IF,
-            address: OUTSIDE_ADDRESS.parse().expect("OUTSIDE_ADDRESS is an address"),
+            address: OUTSIDE_ADDRESS
+                .parse()
+                .expect("OUTSIDE_ADDRESS is an address"),
         }
     }
 
@@ -419,10 +472,10 @@ impl Testbed for OpenStackCluster {
         let from = self.console_all(name).len();
         self.client.run(&["server", "start", name])?;
         self.wait_status(name, "ACTIVE", Duration::from_secs(120))?;
+        // Nova's console log starts anew with each boot or goes on; either way only what
+        // follows the old end belongs to this boot.
+        let now = self.console_all(name).len();
         if let Some(s) = self.servers.get_mut(name) {
-            // Nova's console log starts anew with each boot or goes on; either way only
-            // what follows the old end belongs to this boot.
-            let now = self.console_all(name).len();
             s.console_from = if now < from { 0 } else { from };
             s.running = true;
         }
@@ -461,11 +514,7 @@ impl Testbed for OpenStackCluster {
     fn wait_console(&mut self, name: &str, needle: &str, timeout: Duration) -> Result<String> {
         let deadline = Instant::now() + timeout;
         loop {
-            if let Some(line) = self
-                .console_text(name)
-                .lines()
-                .find(|l| l.contains(needle))
-            {
+            if let Some(line) = self.console_text(name).lines().find(|l| l.contains(needle)) {
                 return Ok(line.to_owned());
             }
             if Instant::now() > deadline {

@@ -353,6 +353,14 @@ fn build_image(
     let wants = tree.join(recipe::APISERVER_WANTS);
     std::fs::create_dir_all(wants.parent().context("wants path")?)?;
     std::os::unix::fs::symlink("/etc/systemd/system/kube-apiserver.service", &wants)?;
+    std::fs::write(
+        tree.join(recipe::FIRSTBOOT_UNIT_PATH),
+        recipe::FIRSTBOOT_UNIT,
+    )?;
+    std::os::unix::fs::symlink(
+        "/etc/systemd/system/standin-firstboot-complete.service",
+        tree.join(recipe::FIRSTBOOT_WANTS),
+    )?;
 
     // Every time in the tree at most SOURCE_DATE_EPOCH: maintainer scripts and this build
     // stamp files with the wall clock, and mkfs.ext4 -d copies the times into the inodes.
@@ -465,6 +473,147 @@ fn build_image(
         serde_json::to_vec_pretty(&manifest)?,
     )?;
     staging.finish(dir)
+}
+
+/// The boot partition of the cloud disk: FAT, 64 MiB.
+const BOOT_BYTES: u64 = 64 * 1024 * 1024;
+/// Where it starts (1 MiB alignment, as partitioning tools do).
+const BOOT_OFFSET: u64 = 1024 * 1024;
+
+/// The stand-in as a cloud image (`disk.qcow2` beside the rest, made on first use): the
+/// same kernel, initramfs and root, bootable from the disk alone as RHCOS's OpenStack image
+/// is. An MBR disk: a FAT boot partition (label [`recipe::BOOT_LABEL`], syslinux, the
+/// kernel, the initramfs, `syslinux.cfg` with [`recipe::cloud_cmdline`]) and the root file
+/// system. No mount and no root needed: `sfdisk` on a file, `mkfs.vfat` and mtools'
+/// `mcopy` on the partition's own image, syslinux through mtools, `dd` into place.
+pub fn disk(image: &StandinImage) -> Result<PathBuf> {
+    let qcow2 = image.dir.join("disk.qcow2");
+    if qcow2.exists() {
+        return Ok(qcow2);
+    }
+    eprintln!("standin: making the cloud disk {}", qcow2.display());
+    let work = image.dir.join(format!(".disk.{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&work);
+    std::fs::create_dir_all(&work)?;
+    let result = disk_in(image, &work, &qcow2);
+    let _ = std::fs::remove_dir_all(&work);
+    result.map(|()| qcow2)
+}
+
+fn disk_in(image: &StandinImage, work: &Path, qcow2: &Path) -> Result<()> {
+    let epoch = source_date_epoch().to_string();
+    // The boot partition, made as a file of its own.
+    let boot = work.join("boot.img");
+    std::fs::File::create(&boot)?.set_len(BOOT_BYTES)?;
+    let volume_id = &image.manifest.image_key[..8];
+    tool_output(
+        Command::new("mkfs.vfat")
+            .args([
+                "-F",
+                "16",
+                "-n",
+                recipe::BOOT_LABEL,
+                "-i",
+                volume_id,
+                "--invariant",
+            ])
+            .arg(&boot),
+        "mkfs.vfat",
+    )?;
+    let cfg = work.join("syslinux.cfg");
+    std::fs::write(&cfg, recipe::syslinux_cfg(&recipe::cloud_cmdline()))?;
+    for (file, name) in [
+        (&image.kernel, "vmlinuz"),
+        (&image.initrd, "initrd.img"),
+        (&cfg, "syslinux.cfg"),
+    ] {
+        tool_output(
+            Command::new("mcopy")
+                .arg("-i")
+                .arg(&boot)
+                .arg(file)
+                .arg(format!("::/{name}"))
+                .env("MTOOLS_SKIP_CHECK", "1")
+                .env("SOURCE_DATE_EPOCH", &epoch),
+            "mcopy",
+        )?;
+    }
+    tool_output(
+        Command::new("syslinux")
+            .arg("--install")
+            .arg(&boot)
+            .env("MTOOLS_SKIP_CHECK", "1")
+            .env("SOURCE_DATE_EPOCH", &epoch),
+        "syslinux --install",
+    )?;
+    // The root, back to raw.
+    let root = work.join("root.raw");
+    tool_output(
+        Command::new("qemu-img")
+            .args(["convert", "-q", "-f", "qcow2", "-O", "raw"])
+            .arg(&image.root)
+            .arg(&root),
+        "qemu-img convert",
+    )?;
+    let root_bytes = std::fs::metadata(&root)?.len();
+    // The disk: MBR, boot partition (active), root partition.
+    let raw = work.join("disk.raw");
+    let sector = 512;
+    std::fs::File::create(&raw)?.set_len(BOOT_OFFSET + BOOT_BYTES + root_bytes)?;
+    let table = format!(
+        "label: dos\nlabel-id: 0x{volume_id}\nstart={}, size={}, type=6, bootable\nstart={}, size={}, type=83\n",
+        BOOT_OFFSET / sector,
+        BOOT_BYTES / sector,
+        (BOOT_OFFSET + BOOT_BYTES) / sector,
+        root_bytes / sector
+    );
+    let out = crate::netns::output_with_stdin(
+        Command::new("sfdisk")
+            .args(["--quiet", "--no-reread", "--no-tell-kernel"])
+            .arg(&raw),
+        &table,
+    )?;
+    if !out.status.success() {
+        bail!(
+            "sfdisk failed: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    let place = |src: &Path, offset: u64, count: Option<u64>| -> Result<()> {
+        let mut cmd = Command::new("dd");
+        cmd.arg(format!("if={}", src.display()))
+            .arg(format!("of={}", raw.display()))
+            .arg("conv=notrunc,sparse")
+            .arg("status=none");
+        match count {
+            // The MBR's boot code only: 440 bytes, the partition table stays.
+            Some(n) => cmd.args(["bs=1", &format!("count={n}")]),
+            None => cmd.args(["bs=1M", &format!("seek={}", offset / (1024 * 1024))]),
+        };
+        tool_output(&mut cmd, "dd").map(|_| ())
+    };
+    place(Path::new("/usr/lib/syslinux/mbr/mbr.bin"), 0, Some(440))?;
+    place(&boot, BOOT_OFFSET, None)?;
+    place(&root, BOOT_OFFSET + BOOT_BYTES, None)?;
+    let staging = qcow2.with_extension("qcow2.part");
+    tool_output(
+        Command::new("qemu-img")
+            .args([
+                "convert",
+                "-q",
+                "-f",
+                "raw",
+                "-O",
+                "qcow2",
+                "-o",
+                "compat=1.1",
+            ])
+            .arg(&raw)
+            .arg(&staging),
+        "qemu-img convert",
+    )?;
+    std::fs::rename(&staging, qcow2)?;
+    Ok(())
 }
 
 fn set_mode(path: &Path, mode: u32) -> Result<()> {

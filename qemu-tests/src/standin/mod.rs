@@ -14,5 +14,5 @@
 pub mod build;
 pub mod recipe;
 
-pub use build::{BuildTimes, Manifest, StandinImage, ensure};
+pub use build::{BuildTimes, Manifest, StandinImage, disk, ensure};
 pub use recipe::{BootSpec, NodeNetwork};

@@ -93,6 +93,66 @@ pub const APISERVER_UNIT_PATH: &str = "etc/systemd/system/kube-apiserver.service
 pub const APISERVER_WANTS: &str =
     "etc/systemd/system/multi-user.target.wants/kube-apiserver.service";
 
+/// The label of the boot partition of the stand-in's cloud disk ([`super::build::disk`]).
+pub const BOOT_LABEL: &str = "STANDINBOOT";
+
+/// The unit that ends the first boot on the cloud disk, as RHCOS's
+/// `coreos-ignition-firstboot-complete` does: RHCOS's GRUB adds `ignition.firstboot` while
+/// `/boot/ignition.firstboot` exists and the unit removes that file once the real root is
+/// up (Ignition succeeded, or the boot would have stopped in the initramfs). The stand-in
+/// boots with syslinux, which tests no files, so the flag is the argument in
+/// `syslinux.cfg` on the boot partition and the unit removes it there. Booted by QEMU
+/// directly (no boot partition) it has nothing to do.
+pub const FIRSTBOOT_UNIT: &str = "\
+[Unit]
+Description=Ends the first boot: ignition.firstboot off the boot loader (RHCOS: coreos-ignition-firstboot-complete)
+ConditionKernelCommandLine=ignition.firstboot
+After=local-fs.target
+
+[Service]
+Type=oneshot
+RemainAfterExit=yes
+ExecStart=/bin/sh -c 'd=/dev/disk/by-label/STANDINBOOT; [ -e $d ] || exit 0; mkdir -p /run/standin-boot && mount -t vfat $d /run/standin-boot && sed -i \"s/ ignition.firstboot//\" /run/standin-boot/syslinux.cfg; umount /run/standin-boot'
+
+[Install]
+WantedBy=multi-user.target
+";
+
+/// Where the first-boot unit lands on the root.
+pub const FIRSTBOOT_UNIT_PATH: &str = "etc/systemd/system/standin-firstboot-complete.service";
+/// The `multi-user.target.wants` link enabling it.
+pub const FIRSTBOOT_WANTS: &str =
+    "etc/systemd/system/multi-user.target.wants/standin-firstboot-complete.service";
+
+/// The kernel command line of the cloud disk's first boot, as RHCOS boots on OpenStack:
+/// DHCP (the host name comes with the lease: Neutron hands out each port's DNS name), the
+/// machine ID from the VM's SMBIOS UUID (Nova sets it to the instance's), both consoles with
+/// the serial one last (what `openstack console log show` returns), the journal forwarded
+/// to it; `ignition.firstboot` until [`FIRSTBOOT_UNIT`] removes it.
+pub fn cloud_cmdline() -> String {
+    [
+        "console=tty0",
+        "console=ttyS0,115200n8",
+        &format!("root=LABEL={ROOT_LABEL}"),
+        "rw",
+        "no_timer_check",
+        "panic=10",
+        "ignition.platform.id=openstack",
+        "rd.neednet=1",
+        "ip=dhcp",
+        "systemd.journald.forward_to_console=1",
+        "ignition.firstboot",
+    ]
+    .join(" ")
+}
+
+/// `syslinux.cfg` of the cloud disk's boot partition: boot at once with `cmdline`.
+pub fn syslinux_cfg(cmdline: &str) -> String {
+    format!(
+        "DEFAULT standin\nPROMPT 0\nTIMEOUT 0\nSERIAL 0 115200\n\nLABEL standin\n  LINUX /vmlinuz\n  INITRD /initrd.img\n  APPEND {cmdline}\n"
+    )
+}
+
 /// Directories the image layer adds to the base root. `/var/log/journal` makes the journal
 /// persistent, as on RHCOS: Ignition's log from the first boot (flushed from the
 /// initramfs) is still there on the next boot.
@@ -186,6 +246,7 @@ pub fn image_key(base_key: &str, apiserver: &[u8]) -> String {
     let mut h = Sha256::new();
     h.update(base_key.as_bytes());
     h.update(APISERVER_UNIT.as_bytes());
+    h.update(FIRSTBOOT_UNIT.as_bytes());
     h.update(MACHINE_ID.as_bytes());
     h.update(b"times clamped to SOURCE_DATE_EPOCH\n");
     for u in MASKED_UNITS {
@@ -322,6 +383,19 @@ mod tests {
             cmdline(&boot(true, net))
                 .contains("ip=192.168.1.5::192.168.1.1:255.255.255.0:master-0::none")
         );
+    }
+
+    #[test]
+    fn the_cloud_disk_boots_ignition_once() {
+        let line = cloud_cmdline();
+        assert!(line.ends_with(" ignition.firstboot"), "{line}");
+        assert!(line.contains(" ip=dhcp ") && line.contains("ignition.platform.id=openstack"));
+        // The unit removes exactly the argument the config carries.
+        let cfg = syslinux_cfg(&line);
+        assert!(cfg.contains(&format!("APPEND {line}\n")));
+        assert!(FIRSTBOOT_UNIT.contains(r#"s/ ignition.firstboot//"#));
+        assert!(FIRSTBOOT_UNIT.contains(BOOT_LABEL));
+        assert!(FIRSTBOOT_UNIT.contains("ConditionKernelCommandLine=ignition.firstboot"));
     }
 
     #[test]

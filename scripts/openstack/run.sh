@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# `make openstack-cluster` (and `make test`'s subset): brings this machine's all-in-one
+# OpenStack up (reusing services already running), runs the cluster through it
+# (target/debug/openstack-cluster ARGS...), and stops, by PID, the services this run
+# started. One run at a time per machine (a lock), as there is one cloud.
+#
+#   OPENSTACK_KEEP=1   leave the services running afterwards (a later run reuses them)
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+. scripts/openstack/lib.sh
+[ "$(id -u)" -eq 0 ] || die "run.sh must run as root (it starts system services)"
+mkdir -p "$OS_STATE"
+exec 9>"$OS_STATE/run.lock"
+flock -n 9 || { log "another run holds $OS_STATE/run.lock; waiting for it"; flock 9; }
+
+# Services another run (or `up.sh` by hand) left running stay running; only what this run
+# starts is stopped at the end.
+if [ -s "$OS_STATE/started" ]; then
+  mv "$OS_STATE/started" "$OS_STATE/started.before-$$"
+fi
+finish() {
+  local rc=$?
+  if [ "${OPENSTACK_KEEP:-}" = 1 ]; then
+    log "OPENSTACK_KEEP=1: the services stay up; scripts/openstack/down.sh stops them"
+    [ -e "$OS_STATE/started.before-$$" ] && cat "$OS_STATE/started.before-$$" >> "$OS_STATE/started"
+  else
+    scripts/openstack/down.sh || rc=1
+    [ -e "$OS_STATE/started.before-$$" ] && mv "$OS_STATE/started.before-$$" "$OS_STATE/started"
+  fi
+  rm -f "$OS_STATE/started.before-$$"
+  exit $rc
+}
+trap finish EXIT
+t=$SECONDS
+scripts/openstack/up.sh
+log "the cloud was up after $((SECONDS - t)) s"
+target/debug/openstack-cluster "$@"
