@@ -21,8 +21,6 @@ pub mod retry;
 pub mod run;
 pub mod status;
 pub mod supervisor;
-#[cfg(test)]
-mod test_support;
 pub mod vrrp;
 
 /// The log filter: `RUST_LOG` when it parses (`info,keelson_agent::vrrp=debug`: levels per
