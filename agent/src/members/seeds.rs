@@ -18,7 +18,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use keelson_ignition::Role;
 use serde::{Deserialize, Serialize};
 
-use crate::context::Member;
+use crate::members::member::Member;
 
 /// The file under the state directory.
 pub const FILE: &str = "members.json";

@@ -182,9 +182,10 @@ async fn join_round(h: &mut Option<JoinHandle<RoundResult>>) -> RoundResult {
 }
 
 /// Runs the unicast client until `stop`, trusting the CA at `ca_path` and remembering the
-/// masters under `state_dir`.
+/// masters under `state_dir`; what it learns also goes into this node's `registry`.
 pub async fn run(
     ctx: AgentContext,
+    registry: Arc<Registry>,
     stop: CancellationToken,
     counters: &Counters,
     ca_path: PathBuf,
@@ -200,7 +201,6 @@ pub async fn run(
     let name = *ctx.cluster.api_vips.first().context(
         "cluster.json apiVips: expected an API VIP (the registries' certificate names it)",
     )?;
-    let registry = ctx.member_registry.clone();
     let mut configured: Vec<IpAddr> = Vec::new();
     for inst in &ctx.cluster.vrrp.instances {
         configured.extend(inst.unicast_peers.iter().copied());
