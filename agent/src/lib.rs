@@ -1,6 +1,6 @@
 //! keelson-agent: the node agent.
 //!
-//! One module per concern, each owning its state (DESIGN §1); they talk through the
+//! One module per concern, each owning its state (docs/architecture.md, "Inside the agent"); they talk through the
 //! watch channels of [`context::Bus`]. Pure protocol logic lives apart from the socket
 //! and netlink code at each module's edge so it can be tested without either.
 

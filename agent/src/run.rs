@@ -67,7 +67,7 @@ pub fn services(ctx: &AgentContext, registry: Arc<Registry>) -> Vec<(&'static st
     ]
 }
 
-/// Which services a role runs (DESIGN §3): the control plane (bootstrap and masters) serves
+/// Which services a role runs (docs/architecture.md, "What each part promises"): the control plane (bootstrap and masters) serves
 /// Ignition and balances the API; every node announces itself, answers DNS and takes part
 /// in the VRRP instances its role has a priority in (workers: ingress).
 pub fn services_for(role: Role) -> Vec<&'static str> {

@@ -1,4 +1,4 @@
-//! VIPs announced by BGP (DESIGN §9.3, `docs/bgp.md`): anycast, health-gated, through a
+//! VIPs announced by BGP (`docs/bgp.md`): anycast, health-gated, through a
 //! real routing daemon. keelson never speaks BGP itself; it decides who may announce which
 //! VIP, and when.
 //!

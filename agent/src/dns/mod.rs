@@ -1,4 +1,4 @@
-//! The cluster DNS server: authoritative zone plus forwarding (DESIGN §4.5).
+//! The cluster DNS server: authoritative zone plus forwarding (docs/dns.md).
 //!
 //! - [`zone`]: the cluster zone as data (`api`, `api-int`, `*.apps`, node names).
 //! - [`handler`]: one request in, one decision out (reply, forward, drop); all the

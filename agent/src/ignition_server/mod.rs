@@ -1,4 +1,4 @@
-//! The :22623/:22624 Ignition config service on a node (DESIGN §3.4). The server itself is
+//! The :22623/:22624 Ignition config service on a node (docs/ignition-server.md). The server itself is
 //! `keelson_ignition::server`, the same code `keelson serve` runs; this module wires it to
 //! the node: TLS from `/etc/keelson/tls/`, ports and allowed networks from cluster.json,
 //! bootstrap mode on the bootstrap node, the agent's own binary as `/assets/keelson-agent`,

@@ -1,4 +1,4 @@
-//! PID 1 in the appliance (DESIGN §4.1): mount the kernel file systems, load the image's
+//! PID 1 in the appliance (docs/agent.md, "Appliance boot"): mount the kernel file systems, load the image's
 //! modules, find metadata and configure the network as clouds provide them ([`cloud`]),
 //! apply user_data, run the services under
 //! the supervisor, reap orphans, and on SIGTERM / SIGPWR / ctrl-alt-del / the ACPI power

@@ -1,4 +1,4 @@
-//! Member discovery: who is in the cluster, with which address and role (DESIGN §4.6).
+//! Member discovery: who is in the cluster, with which address and role (docs/members.md).
 //!
 //! - [`mdns`] / [`mdns_net`]: mDNS + DNS-SD on the segment (RFC 6762/6763), coexisting
 //!   with avahi.

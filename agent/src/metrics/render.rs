@@ -78,7 +78,7 @@ impl std::fmt::Display for Value {
 ///
 /// Hand-written rather than through an exposition crate: `fastmetrics` (the one crate that
 /// writes both the 0.0.4 text `promtool` reads and OpenMetrics; `prometheus-client` writes
-/// OpenMetrics only) put the static agent over its 12 MiB bar (DESIGN §6,
+/// OpenMetrics only) put the static agent over its 12 MiB bar (docs/architecture.md, "Bars";
 /// `docs/decisions.md`), and what is needed here — counters, gauges and histograms from
 /// a snapshot, label escaping, the two naming rules for counters — is short.
 struct Builder {

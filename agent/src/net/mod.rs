@@ -3,9 +3,11 @@
 //!
 //! - [`plan`] is pure (tested on the metadata fixtures); [`Netlink`] applies a plan.
 //! - [`dhcp`]: the DHCPv4 client.
-//! - [`listen`]: listening sockets; [`http_server`]: HTTP/1.1 serving for small endpoints.
+//! - [`listen`]: listening sockets; [`http_server`]: HTTP/1.1 serving for small endpoints;
+//!   [`http_client`]: the agent's one HTTP client.
 
 pub mod dhcp;
+pub mod http_client;
 pub mod http_server;
 pub mod listen;
 pub mod plan;

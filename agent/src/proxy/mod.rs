@@ -1,4 +1,4 @@
-//! The L4 API load balancer with backend health checks (DESIGN §4.4).
+//! The L4 API load balancer with backend health checks (docs/proxy.md).
 //!
 //! - [`backend`]: pure bookkeeping — health rise/fall, round-robin order with slowstart,
 //!   counters, the marked-down signal.

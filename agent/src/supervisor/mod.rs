@@ -1,6 +1,6 @@
 //! The supervisor: runs the agent's services and the operator's extra processes, restarts
 //! what fails with exponential backoff (and says why), survives a panic in any service, and
-//! stops everything in order when asked (DESIGN §4.1).
+//! stops everything in order when asked (docs/agent.md, "Supervisor").
 
 use std::collections::BTreeSet;
 use std::future::Future;

@@ -1,4 +1,4 @@
-//! VRRP (RFC 5798 v3, RFC 3768 v2) keepalived-compatible virtual IPs (DESIGN §4.3).
+//! VRRP (RFC 5798 v3, RFC 3768 v2) keepalived-compatible virtual IPs (docs/vrrp.md).
 //!
 //! - [`codec`]: advertisement parse/encode (pure).
 //! - [`fsm`]: the RFC state machine with a caller-supplied clock (pure).
