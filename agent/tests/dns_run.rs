@@ -5,8 +5,9 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use keelson_agent::context::{AgentContext, Member};
+use keelson_agent::context::AgentContext;
 use keelson_agent::dns::{RunOptions, run_with};
+use keelson_agent::members::member::Member;
 use keelson_agent::node::NodeIdentity;
 use keelson_ignition::{ClusterConfig, Role};
 use tokio_util::sync::CancellationToken;

@@ -194,7 +194,7 @@ pub fn encode_limited(resp: &Message, max_size: usize) -> Option<(Vec<u8>, bool)
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::context::Member;
+    use crate::members::member::Member;
     use hickory_proto::rr::{Name, RecordType};
     use keelson_ignition::Role;
 

@@ -9,7 +9,7 @@ use std::net::IpAddr;
 use hickory_proto::rr::rdata::{A, AAAA, SOA};
 use hickory_proto::rr::{DNSClass, Name, RData, Record, RecordType};
 
-use crate::context::Member;
+use crate::members::member::Member;
 
 /// Errors building a zone.
 #[derive(Debug, thiserror::Error)]
