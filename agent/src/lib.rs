@@ -8,6 +8,7 @@ pub mod apply;
 pub mod bgp;
 pub mod context;
 pub mod dns;
+pub mod dns_label;
 pub mod health;
 pub mod ignition_server;
 pub mod init;

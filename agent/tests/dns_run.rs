@@ -79,7 +79,7 @@ async fn zone_follows_members_and_resolv_conf_is_local_first() {
     assert_eq!(out, "", "not a member yet");
 
     ctx.bus.members.send_replace(Arc::new(vec![Member {
-        name: "late-node".into(),
+        name: "late-node".parse().unwrap(),
         role: Role::Worker,
         addresses: vec!["10.0.0.99".parse().unwrap()],
         version: "x".into(),

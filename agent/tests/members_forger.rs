@@ -786,7 +786,7 @@ fn fake_master(net: &Net, claimed_key_id: Option<&str>) -> Vec<u8> {
     use keelson_agent::members::mdns::Announce;
     let announce = Announce {
         member: keelson_agent::members::member::Member {
-            name: "master-9".into(),
+            name: "master-9".parse().unwrap(),
             role: keelson_ignition::Role::Master,
             addresses: vec![IpAddr::V4(net.ip(FORGER))],
             version: env!("CARGO_PKG_VERSION").into(),

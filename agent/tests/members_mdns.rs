@@ -1,6 +1,7 @@
 //! Members over mDNS with real packets: agents in network namespaces on a bridge converge,
 //! drop a killed node within the expiry, drop a stopped one at once (goodbye), ignore another
-//! cluster; and interoperate with avahi-daemon both ways.
+//! cluster; interoperate with avahi-daemon both ways; and carry A-label node names through
+//! members and the cluster DNS.
 //!
 //! Needs root (namespaces); the avahi test needs avahi and dbus.
 
@@ -9,9 +10,12 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use keelson_testkit::agent::RunNet;
 use keelson_testkit::cmd::{JsonLines, spawn_json_lines};
+use keelson_testkit::dig::{answers, dig_in, status};
 use keelson_testkit::{Proc, Segment, require, require_root, wait_for};
 
+const AGENT: &str = env!("CARGO_BIN_EXE_keelson-agent");
 const CLUSTER: &str = include_str!("../src/dns/testdata/cluster.json");
 
 /// An agent running `members` in a namespace; its stdout carries the member list.
@@ -53,7 +57,7 @@ fn start_agent_with(
     .unwrap();
     let (proc, list) = spawn_json_lines(
         Command::new("ip")
-            .args(["netns", "exec", ns, env!("CARGO_BIN_EXE_keelson-agent")])
+            .args(["netns", "exec", ns, AGENT])
             .args(["members", "--cluster"])
             .arg(cluster)
             .arg("--node")
@@ -410,4 +414,48 @@ fn avahi_interop_both_ways() {
     drop(authenticated);
     drop(agent);
     drop(seg);
+}
+
+/// Issue 31: a node named with an A-label (`xn--...`: RFC 5890's ASCII form of an
+/// internationalised name, which OpenShift node names may be) is a member like any other:
+/// two `keelson-agent run` nodes (members over mDNS with signed records, and the cluster
+/// DNS) list each other, and each one's DNS answers the other's name. `xn--cwl6ngym1` is
+/// the name a property test once drew, which hickory's IDNA refused on the way out.
+#[test]
+fn a_label_node_names_go_through_mdns_members_and_dns() {
+    if !require_root() || !require("dig") {
+        return;
+    }
+    const A_LABEL: &str = "xn--cwl6ngym1";
+    // Subnet 0: cluster.json's machine network 10.0.0.0/24.
+    let seg = Segment::ipv4_only("kdx", 2, 0);
+    let mut cluster: serde_json::Value = serde_json::from_str(CLUSTER).unwrap();
+    cluster["members"]["renewIntervalSecs"] = 1.into();
+    cluster["members"]["expirySecs"] = 4.into();
+    let nodes = [(A_LABEL, "master"), ("master-0", "master")];
+    let mut net = RunNet::new(AGENT, seg, cluster, &nodes, "members,dns");
+    net.start(0);
+    net.start(1);
+    net.wait_ready(&[0, 1]);
+    let both = ["master-0", A_LABEL];
+    let took = net.wait("both nodes list both", Duration::from_secs(20), || {
+        (0..2).all(|i| net.member_names(i) == both)
+    });
+    eprintln!("members agree after {took:?}");
+    let auth = &net.status(1)["discovery"]["auth"];
+    assert_eq!(auth["authenticated"], true, "signed records: {auth}");
+    for (asker, named) in [(1, 0), (0, 1)] {
+        let name = format!("{}.ocp4.example.com", net.name(named).to_ascii_uppercase());
+        let out = dig_in(
+            &net.seg.nodes[asker],
+            net.seg.ip4(asker).into(),
+            &["+noidnin", "+noidnout", "+time=2", "+tries=2", &name, "A"],
+        );
+        assert_eq!(status(&out), "NOERROR", "{out}");
+        assert_eq!(
+            answers(&out),
+            [format!("{name}. 60 A {}", net.seg.ip4(named))],
+            "{out}"
+        );
+    }
 }

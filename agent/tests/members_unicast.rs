@@ -108,7 +108,11 @@ fn start_agent(dir: &Path, cluster: &Path, ca: &Path, name: &str, addr: &str) ->
 }
 
 fn names(registry: &Registry) -> Vec<String> {
-    registry.list().into_iter().map(|m| m.name).collect()
+    registry
+        .list()
+        .into_iter()
+        .map(|m| m.name.to_string())
+        .collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -330,7 +330,7 @@ mod tests {
         let mut c = ClusterConfig::from_json(include_bytes!("testdata/cluster.json")).unwrap();
         c.bgp.as_mut().unwrap().vips = vec!["api".into(), "api-v6".into()];
         let node = NodeIdentity {
-            name: "master-0".into(),
+            name: "master-0".parse().unwrap(),
             role,
             interface: "eth0".into(),
             addresses: vec![

@@ -328,7 +328,7 @@ mod tests {
     }
 
     proptest::proptest! {
-        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(64))]
+        #![proptest_config(keelson_testkit::proptest::with_cases(64))]
         /// Corrupting a valid image anywhere gives errors or data, never a panic.
         #[test]
         fn corrupted_images_never_panic(flips in proptest::collection::vec((0usize..60_000, proptest::prelude::any::<u8>()), 1..40)) {

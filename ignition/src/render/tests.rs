@@ -390,6 +390,7 @@ fn certificate_authorities_are_never_compressed() {
 }
 
 proptest::proptest! {
+    #![proptest_config(keelson_testkit::proptest::config())]
     #[test]
     fn data_url_round_trips(data in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..2000)) {
         let (url, compression) = data_url(&data);
