@@ -1,10 +1,11 @@
 //! Ignition spec 2.2 (RHCOS 4.2–4.5): the `ignition-config` crate starts at 3.0, so these
-//! types are ours — only the parts keelson writes. Differences from 3.x: `config.append`
-//! instead of `merge`, `filesystem: "root"` on every file, `overwrite` absent.
+//! types are ours — only the parts keelson writes — and [`from_v3`] is the one translation
+//! from the typed 3.x config. Differences from 3.x: `config.append` instead of `merge`,
+//! `filesystem: "root"` on every file, `overwrite` absent.
 
 use serde::Serialize;
 
-use super::{Contents, Model, RenderError, data_url, plain_data_url, sha512_hash};
+use super::V3Config;
 
 /// A 2.2 config.
 #[derive(Debug, Serialize)]
@@ -141,83 +142,93 @@ pub struct User {
     pub ssh_authorized_keys: Vec<String>,
 }
 
-/// Writes `model` as a 2.2 config.
-pub fn write(model: &Model) -> Result<Vec<u8>, RenderError> {
-    let config = Config {
+/// The one translation between the specs: a typed 3.x config as 2.2 — `config.merge`
+/// becomes `config.append`, every file gets `filesystem: "root"` and loses `overwrite` (2.2
+/// has none), and only what keelson writes is carried (see the types above).
+pub fn from_v3(config: &V3Config) -> Config {
+    let resource = |r: &ignition_config::v3_5::Resource| Resource {
+        source: r.source.clone().unwrap_or_default(),
+        verification: r
+            .verification
+            .as_ref()
+            .and_then(|v| v.hash.clone())
+            .map(|hash| Verification { hash }),
+    };
+    let ignition = &config.ignition;
+    Config {
         ignition: Ignition {
             version: "2.2.0",
-            config: model.merge.as_ref().map(|url| ConfigReferences {
-                append: vec![Resource {
-                    source: url.clone(),
-                    verification: None,
-                }],
-            }),
-            security: (!model.tls_cas.is_empty()).then(|| Security {
-                tls: Tls {
-                    certificate_authorities: model
-                        .tls_cas
-                        .iter()
-                        .map(|pem| Resource {
-                            source: plain_data_url(pem.as_bytes()),
-                            verification: None,
-                        })
-                        .collect(),
-                },
-            }),
+            config: ignition
+                .config
+                .as_ref()
+                .and_then(|c| c.merge.as_ref())
+                .map(|merge| ConfigReferences {
+                    append: merge.iter().map(resource).collect(),
+                }),
+            security: ignition
+                .security
+                .as_ref()
+                .and_then(|s| s.tls.as_ref())
+                .and_then(|t| t.certificate_authorities.as_ref())
+                .map(|cas| Security {
+                    tls: Tls {
+                        certificate_authorities: cas.iter().map(resource).collect(),
+                    },
+                }),
         },
-        storage: (!model.files.is_empty()).then(|| Storage {
-            files: model
-                .files
-                .iter()
-                .map(|f| {
-                    let contents = match &f.contents {
-                        Contents::Inline(data) => {
-                            let (source, compression) = data_url(data);
-                            FileContents {
-                                source,
-                                compression,
+        storage: config
+            .storage
+            .as_ref()
+            .and_then(|s| s.files.as_ref())
+            .map(|files| Storage {
+                files: files
+                    .iter()
+                    .map(|f| {
+                        let contents = f.contents.clone().unwrap_or_default();
+                        File {
+                            filesystem: "root",
+                            path: f.path.clone(),
+                            mode: f.mode.and_then(|m| u32::try_from(m).ok()).unwrap_or(0o644),
+                            contents: FileContents {
+                                source: contents.source.unwrap_or_default(),
+                                compression: contents.compression.is_some().then_some("gzip"),
                                 verification: Verification {
-                                    hash: sha512_hash(data),
+                                    hash: contents
+                                        .verification
+                                        .and_then(|v| v.hash)
+                                        .unwrap_or_default(),
                                 },
-                            }
-                        }
-                        Contents::Remote { url, sha512 } => FileContents {
-                            source: url.clone(),
-                            compression: None,
-                            verification: Verification {
-                                hash: format!("sha512-{sha512}"),
                             },
-                        },
-                    };
-                    File {
-                        filesystem: "root",
-                        path: f.path.clone(),
-                        mode: f.mode,
-                        contents,
-                    }
-                })
-                .collect(),
-        }),
-        systemd: (!model.units.is_empty()).then(|| Systemd {
-            units: model
-                .units
-                .iter()
-                .map(|u| Unit {
-                    name: u.name.clone(),
-                    enabled: u.enabled,
-                    contents: u.contents.clone(),
-                })
-                .collect(),
-        }),
-        passwd: (!model.ssh_keys.is_empty()).then(|| Passwd {
-            users: vec![User {
-                name: "core".into(),
-                ssh_authorized_keys: model.ssh_keys.clone(),
-            }],
-        }),
-    };
-    serde_json::to_vec(&config).map_err(|e| RenderError::Typed {
-        spec: crate::SpecVersion::V2_2,
-        message: e.to_string(),
-    })
+                        }
+                    })
+                    .collect(),
+            }),
+        systemd: config
+            .systemd
+            .as_ref()
+            .and_then(|s| s.units.as_ref())
+            .map(|units| Systemd {
+                units: units
+                    .iter()
+                    .map(|u| Unit {
+                        name: u.name.clone(),
+                        enabled: u.enabled.unwrap_or(false),
+                        contents: u.contents.clone().unwrap_or_default(),
+                    })
+                    .collect(),
+            }),
+        passwd: config
+            .passwd
+            .as_ref()
+            .and_then(|p| p.users.as_ref())
+            .map(|users| Passwd {
+                users: users
+                    .iter()
+                    .map(|u| User {
+                        name: u.name.clone(),
+                        ssh_authorized_keys: u.ssh_authorized_keys.clone().unwrap_or_default(),
+                    })
+                    .collect(),
+            }),
+    }
 }
