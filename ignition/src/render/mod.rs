@@ -387,6 +387,90 @@ pub fn sha512_hash(data: &[u8]) -> String {
     format!("sha512-{}", hex::encode(Sha512::digest(data)))
 }
 
+/// A config as read ([`read`]): typed 3.x, whatever spec it was written in.
+#[derive(Debug, Clone)]
+pub struct ReadConfig {
+    /// The config (a 2.x one translated by [`v22::to_v3`]).
+    pub config: V3Config,
+    /// It was written in spec 2.x (its pointers are `ignition.config.append`).
+    pub v2: bool,
+    /// 2.x disk layout sections present, which have no counterpart in the translation.
+    pub layout_v2: Vec<&'static str>,
+}
+
+/// Errors reading a config.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ReadError {
+    /// Not JSON.
+    #[error("expected Ignition JSON: {0}")]
+    NotJson(#[source] serde_json::Error),
+    /// No `ignition.version` string.
+    #[error("expected ignition.version")]
+    NoVersion,
+    /// A version the agent does not read.
+    #[error("ignition.version: expected 2.2.x or 3.x, got {0:?}")]
+    Version(String),
+    /// A field has the wrong form; `path` names it (`storage.files[2].mode`).
+    #[error("{path}: {source}")]
+    Field {
+        /// The field's path.
+        path: String,
+        /// What serde said.
+        #[source]
+        source: serde_json::Error,
+    },
+}
+
+/// Reads a config of spec 2.2, 2.3 or 3.x (any minor: the 3.x specs only add to one another,
+/// and what a newer one adds is ignored) as the typed 3.x config.
+pub fn read(bytes: &[u8]) -> Result<ReadConfig, ReadError> {
+    #[derive(serde::Deserialize)]
+    struct Head {
+        #[serde(default)]
+        ignition: Option<HeadIgnition>,
+    }
+    #[derive(serde::Deserialize)]
+    struct HeadIgnition {
+        #[serde(default)]
+        version: Option<serde_json::Value>,
+    }
+    fn typed<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, ReadError> {
+        serde_path_to_error::deserialize(&mut serde_json::Deserializer::from_slice(bytes)).map_err(
+            |e| ReadError::Field {
+                path: e.path().to_string(),
+                source: e.into_inner(),
+            },
+        )
+    }
+    let head: Head = serde_json::from_slice(bytes).map_err(ReadError::NotJson)?;
+    let version = head
+        .ignition
+        .and_then(|i| i.version)
+        .and_then(|v| v.as_str().map(str::to_owned))
+        .ok_or(ReadError::NoVersion)?;
+    if version.starts_with("2.2.") || version.starts_with("2.3.") {
+        let v2: v22::Config = typed(bytes)?;
+        return Ok(ReadConfig {
+            config: v22::to_v3(&v2),
+            v2: true,
+            layout_v2: v2
+                .storage
+                .as_ref()
+                .map(v22::Storage::layout_sections)
+                .unwrap_or_default(),
+        });
+    }
+    if !version.starts_with("3.") {
+        return Err(ReadError::Version(version));
+    }
+    Ok(ReadConfig {
+        config: typed(bytes)?,
+        v2: false,
+        layout_v2: Vec::new(),
+    })
+}
+
 /// The typed 3.x config every spec is written from: the newest spec keelson writes. The 3.x
 /// specs only add to one another, so an older one is this config in that spec's own types
 /// ([`in_spec`]), and 2.2 is one translation away ([`v22::from_v3`]).
