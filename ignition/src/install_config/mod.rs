@@ -2,13 +2,14 @@
 //! form (`platform.openstack.apiVIPs`/`ingressVIPs`, `networking.machineNetwork`) and the
 //! 4.2-era one (`apiVIP`/`ingressVIP`, `lbFloatingIP`, `networking.machineCIDR`, ...).
 //!
-//! Read field by field from the YAML tree (not derived with serde) so every error names the
-//! field path and what was expected: `controlPlane.replicas: expected an integer >= 1, got
-//! "three"`. Fields keelson does not use are kept out of the way and listed as notes.
+//! Read through serde into the fields keelson uses; every error names the field path
+//! (`serde_path_to_error`) and what was expected: `controlPlane.replicas: expected an
+//! integer >= 1, got "three"`. Fields keelson does not use are listed as notes.
 
 use std::net::IpAddr;
 
 use ipnet::IpNet;
+use serde::{Deserialize, Deserializer};
 use serde_norway::Value;
 
 use crate::cluster::{
@@ -24,6 +25,14 @@ pub enum InstallConfigError {
     /// Not YAML at all.
     #[error("not valid YAML: {0}")]
     Yaml(String),
+    /// A field has the wrong form, as serde found it (`message` says what was expected).
+    #[error("{path}: {message}")]
+    Invalid {
+        /// Dotted path, e.g. `platform.openstack.apiVIPs[1]`.
+        path: String,
+        /// What was wrong.
+        message: String,
+    },
     /// A field is missing or has the wrong form.
     #[error("{field}: expected {expected}, got {got}")]
     Field {
@@ -82,58 +91,221 @@ fn field_err(field: &str, expected: &str, got: &Value) -> InstallConfigError {
     }
 }
 
-fn get<'a>(v: &'a Value, key: &str) -> Option<&'a Value> {
-    v.as_mapping()?
-        .get(Value::String(key.into()))
-        .filter(|v| !v.is_null())
+/// A value read as YAML first, then checked, so its error says what was expected and what
+/// came (`expected an integer >= 1, got "three"`); the path in front comes from
+/// `serde_path_to_error`.
+trait Leaf: Sized {
+    /// What a good value looks like.
+    fn expected() -> String;
+    /// The value, when it is one.
+    fn from_value(v: &Value) -> Option<Self>;
 }
 
-fn req_str(v: &Value, path: &str, key: &str) -> Result<String, InstallConfigError> {
-    let field = join(path, key);
-    match get(v, key) {
-        Some(Value::String(s)) if !s.trim().is_empty() => Ok(s.trim().to_owned()),
-        Some(other) => Err(field_err(&field, "a non-empty string", other)),
-        None => Err(field_err(&field, "a non-empty string", &Value::Null)),
+/// A [`Leaf`] in a serde struct.
+struct Checked<T>(T);
+
+impl<'de, T: Leaf> Deserialize<'de> for Checked<T> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let v = Value::deserialize(d)?;
+        T::from_value(&v).map(Checked).ok_or_else(|| {
+            serde::de::Error::custom(format!("expected {}, got {}", T::expected(), describe(&v)))
+        })
     }
 }
 
-fn join(path: &str, key: &str) -> String {
-    if path.is_empty() {
-        key.to_owned()
-    } else {
-        format!("{path}.{key}")
-    }
-}
+/// A list of [`Leaf`]s; each item's error names its index.
+struct List<T>(Vec<T>);
 
-fn replicas(v: Option<&Value>, field: &str, min: u64) -> Result<u32, InstallConfigError> {
-    match v {
-        None => Ok(if min == 0 { 0 } else { 3 }),
-        Some(Value::Number(n)) if n.as_u64().is_some_and(|n| n >= min && n <= 1000) => {
-            Ok(n.as_u64().unwrap_or(0) as u32)
+impl<'de, T: Leaf> Deserialize<'de> for List<T> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Items<T>(std::marker::PhantomData<T>);
+        impl<'de, T: Leaf> serde::de::Visitor<'de> for Items<T> {
+            type Value = List<T>;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                write!(f, "a list of {}", T::expected())
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                mut seq: A,
+            ) -> Result<List<T>, A::Error> {
+                let mut out = Vec::new();
+                while let Some(Checked(item)) = seq.next_element::<Checked<T>>()? {
+                    out.push(item);
+                }
+                Ok(List(out))
+            }
         }
-        Some(other) => Err(field_err(field, &format!("an integer >= {min}"), other)),
+        d.deserialize_seq(Items(std::marker::PhantomData))
     }
 }
 
-fn ip_list(v: &Value, field: &str) -> Result<Vec<IpAddr>, InstallConfigError> {
-    match v {
-        Value::Sequence(items) => items
-            .iter()
-            .enumerate()
-            .map(|(i, item)| ip_of(item, &format!("{field}[{i}]")))
-            .collect(),
-        other => Err(field_err(field, "a list of IP addresses", other)),
+/// A string with something in it (trimmed).
+struct NonEmpty(String);
+impl Leaf for NonEmpty {
+    fn expected() -> String {
+        "a non-empty string".into()
+    }
+    fn from_value(v: &Value) -> Option<Self> {
+        v.as_str()
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .map(|s| NonEmpty(s.to_owned()))
     }
 }
 
-fn ip_of(v: &Value, field: &str) -> Result<IpAddr, InstallConfigError> {
-    match v {
-        Value::String(s) => s
+/// A replica count from `MIN` to 1000.
+struct Replicas<const MIN: u64>(u32);
+impl<const MIN: u64> Leaf for Replicas<MIN> {
+    fn expected() -> String {
+        format!("an integer >= {MIN}")
+    }
+    fn from_value(v: &Value) -> Option<Self> {
+        v.as_u64()
+            .filter(|n| (MIN..=1000).contains(n))
+            .map(|n| Replicas(n as u32))
+    }
+}
+
+/// An IP address.
+struct Ip(IpAddr);
+impl Leaf for Ip {
+    fn expected() -> String {
+        "an IP address".into()
+    }
+    fn from_value(v: &Value) -> Option<Self> {
+        v.as_str()?.trim().parse().ok().map(Ip)
+    }
+}
+
+/// A CIDR, truncated to its network.
+struct Cidr(IpNet);
+impl Leaf for Cidr {
+    fn expected() -> String {
+        "a CIDR such as 10.0.0.0/16".into()
+    }
+    fn from_value(v: &Value) -> Option<Self> {
+        v.as_str()?
             .trim()
-            .parse()
-            .map_err(|_| field_err(field, "an IP address", v)),
-        other => Err(field_err(field, "an IP address", other)),
+            .parse::<IpNet>()
+            .ok()
+            .map(|n| Cidr(n.trunc()))
     }
+}
+
+/// `sshKey`: one or several keys, one per line.
+struct SshKeys(Vec<String>);
+impl Leaf for SshKeys {
+    fn expected() -> String {
+        "an SSH public key string".into()
+    }
+    fn from_value(v: &Value) -> Option<Self> {
+        let keys = v.as_str()?.lines().map(str::trim).filter(|l| !l.is_empty());
+        Some(SshKeys(keys.map(str::to_owned).collect()))
+    }
+}
+
+/// `apiVersion`: `v1`.
+struct ApiV1;
+impl Leaf for ApiV1 {
+    fn expected() -> String {
+        "\"v1\"".into()
+    }
+    fn from_value(v: &Value) -> Option<Self> {
+        (v.as_str() == Some("v1")).then_some(ApiV1)
+    }
+}
+
+/// install-config.yaml as keelson reads it (the platform section apart: its name varies).
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Document {
+    /// Checked, not used.
+    #[serde(default, rename = "apiVersion")]
+    _api_version: Option<Checked<ApiV1>>,
+    #[serde(default)]
+    base_domain: Option<Checked<NonEmpty>>,
+    #[serde(default)]
+    metadata: Option<MetadataSection>,
+    #[serde(default)]
+    control_plane: Option<Pool<1>>,
+    #[serde(default)]
+    compute: Option<Vec<Pool<0>>>,
+    #[serde(default)]
+    networking: Option<Networking>,
+    #[serde(default)]
+    ssh_key: Option<Checked<SshKeys>>,
+}
+
+#[derive(Deserialize)]
+struct MetadataSection {
+    #[serde(default)]
+    name: Option<Checked<NonEmpty>>,
+}
+
+/// A machine pool: `replicas` at least `MIN`.
+#[derive(Deserialize)]
+struct Pool<const MIN: u64> {
+    #[serde(default)]
+    replicas: Option<Checked<Replicas<MIN>>>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Networking {
+    #[serde(default)]
+    machine_network: Option<Vec<MachineNetwork>>,
+    /// 4.2's single machine network.
+    #[serde(default, rename = "machineCIDR")]
+    machine_cidr: Option<Checked<Cidr>>,
+}
+
+#[derive(Deserialize)]
+struct MachineNetwork {
+    #[serde(default)]
+    cidr: Option<Checked<Cidr>>,
+}
+
+/// A platform's VIPs (openstack, baremetal, vsphere, ovirt all use the same names).
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct PlatformVips {
+    #[serde(default, rename = "apiVIPs")]
+    api_vips: Option<List<Ip>>,
+    #[serde(default, rename = "apiVIP")]
+    api_vip: Option<Checked<Ip>>,
+    #[serde(default, rename = "ingressVIPs")]
+    ingress_vips: Option<List<Ip>>,
+    #[serde(default, rename = "ingressVIP")]
+    ingress_vip: Option<Checked<Ip>>,
+    #[serde(default, rename = "apiFloatingIP")]
+    api_floating_ip: Option<Checked<Ip>>,
+    #[serde(default, rename = "lbFloatingIP")]
+    lb_floating_ip: Option<Checked<Ip>>,
+}
+
+/// The platform keys keelson reads.
+const USED_PLATFORM: &[&str] = &[
+    "apiVIPs",
+    "apiVIP",
+    "ingressVIPs",
+    "ingressVIP",
+    "apiFloatingIP",
+    "lbFloatingIP",
+];
+
+/// `T` from `v` through serde; an error names the field path below `prefix`.
+fn typed<T: serde::de::DeserializeOwned>(v: Value, prefix: &str) -> Result<T, InstallConfigError> {
+    serde_path_to_error::deserialize(v).map_err(|e| {
+        let path = e.path().to_string();
+        InstallConfigError::Invalid {
+            path: match (prefix.is_empty(), path.as_str()) {
+                (true, _) => path,
+                (false, ".") => prefix.to_owned(),
+                (false, _) => format!("{prefix}.{path}"),
+            },
+            message: e.into_inner().to_string(),
+        }
+    })
 }
 
 /// The top-level and platform fields keelson reads; anything else is noted.
@@ -149,6 +321,131 @@ const USED_TOP: &[&str] = &[
     "pullSecret",
 ];
 
+/// Names the keys of `map` that are not in `used`, as notes under `prefix`.
+fn unused_keys(map: &Value, used: &[&str], prefix: &str) -> Vec<String> {
+    map.as_mapping()
+        .into_iter()
+        .flat_map(|m| m.keys().filter_map(Value::as_str))
+        .filter(|k| !used.contains(k))
+        .map(|k| format!("{prefix}{k}: not used by keelson, ignored"))
+        .collect()
+}
+
+/// The machine networks: current `machineNetwork[].cidr`, or 4.2's `machineCIDR`.
+fn machine_networks(networking: Option<Networking>) -> Result<Vec<IpNet>, InstallConfigError> {
+    let mut out = Vec::new();
+    match networking {
+        Some(Networking {
+            machine_network: Some(list),
+            ..
+        }) => {
+            for (i, item) in list.into_iter().enumerate() {
+                let Checked(Cidr(net)) = item.cidr.ok_or_else(|| {
+                    field_err(
+                        &format!("networking.machineNetwork[{i}].cidr"),
+                        "a CIDR",
+                        &Value::Null,
+                    )
+                })?;
+                out.push(net);
+            }
+        }
+        Some(Networking {
+            machine_cidr: Some(Checked(Cidr(net))),
+            ..
+        }) => out.push(net),
+        _ => {}
+    }
+    if out.is_empty() {
+        return Err(field_err(
+            "networking.machineNetwork",
+            "at least one machine network CIDR",
+            &Value::Null,
+        ));
+    }
+    Ok(out)
+}
+
+/// The API and ingress VIPs of the first platform with a mapping, checked against the
+/// machine networks; the floating IP; notes for the platform keys keelson does not read.
+#[allow(clippy::type_complexity)]
+fn platform(
+    doc: &Value,
+    machine_networks: &[IpNet],
+    notes: &mut Vec<String>,
+) -> Result<(Vec<IpAddr>, Vec<IpAddr>, Option<IpAddr>), InstallConfigError> {
+    let platform = doc
+        .as_mapping()
+        .and_then(|m| m.get(Value::String("platform".into())))
+        .filter(|v| !v.is_null())
+        .ok_or_else(|| {
+            field_err(
+                "platform",
+                "a mapping with the VIPs (platform.openstack.apiVIPs)",
+                &Value::Null,
+            )
+        })?;
+    let (pname, p) = platform
+        .as_mapping()
+        .and_then(|m| m.iter().find(|(_, v)| v.is_mapping()))
+        .and_then(|(k, v)| Some((k.as_str()?.to_owned(), v)))
+        .ok_or_else(|| field_err("platform", "a mapping such as openstack: {...}", platform))?;
+    let base = format!("platform.{pname}");
+    let vips: PlatformVips = typed(p.clone(), &base)?;
+    let pick = |list: Option<List<Ip>>, one: Option<Checked<Ip>>, plural: &str| match (list, one) {
+        (Some(List(l)), _) => Ok(l.into_iter().map(|Ip(a)| a).collect::<Vec<_>>()),
+        (None, Some(Checked(Ip(a)))) => Ok(vec![a]),
+        (None, None) => Err(field_err(
+            &format!("{base}.{plural}"),
+            "a list with the VIP",
+            &Value::Null,
+        )),
+    };
+    let api_vips = pick(vips.api_vips, vips.api_vip, "apiVIPs")?;
+    let ingress_vips = pick(vips.ingress_vips, vips.ingress_vip, "ingressVIPs")?;
+    for (field, list) in [("apiVIPs", &api_vips), ("ingressVIPs", &ingress_vips)] {
+        if list.is_empty()
+            || list.len() > 2
+            || (list.len() == 2 && list[0].is_ipv4() == list[1].is_ipv4())
+        {
+            return Err(InstallConfigError::Field {
+                field: format!("{base}.{field}"),
+                expected: "one VIP, or one IPv4 and one IPv6".into(),
+                got: format!("{list:?}"),
+            });
+        }
+        for (i, vip) in list.iter().enumerate() {
+            if !machine_networks.iter().any(|n| n.contains(vip)) {
+                return Err(InstallConfigError::Field {
+                    field: format!("{base}.{field}[{i}]"),
+                    expected: format!(
+                        "an address inside the machine network ({})",
+                        machine_networks
+                            .iter()
+                            .map(|n| n.to_string())
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    ),
+                    got: vip.to_string(),
+                });
+            }
+        }
+    }
+    if let Some(same) = api_vips.iter().find(|v| ingress_vips.contains(v)) {
+        return Err(InstallConfigError::Field {
+            field: format!("{base}.ingressVIPs"),
+            expected: "a VIP different from the API VIP".into(),
+            got: same.to_string(),
+        });
+    }
+    let floating = vips
+        .api_floating_ip
+        .or(vips.lb_floating_ip)
+        .map(|Checked(Ip(a))| a);
+    notes.extend(unused_keys(p, USED_PLATFORM, &format!("{base}.")));
+    Ok((api_vips, ingress_vips, floating))
+}
+
 impl InstallConfig {
     /// Parses install-config.yaml text.
     pub fn parse(text: &str) -> Result<Self, InstallConfigError> {
@@ -157,23 +454,25 @@ impl InstallConfig {
         if !doc.is_mapping() {
             return Err(field_err("(top level)", "a mapping", &doc));
         }
-        let mut notes = Vec::new();
-        if let Some(map) = doc.as_mapping() {
-            for key in map.keys().filter_map(Value::as_str) {
-                if !USED_TOP.contains(&key) {
-                    notes.push(format!("{key}: not used by keelson, ignored"));
-                }
+        let mut notes = unused_keys(&doc, USED_TOP, "");
+        let d: Document = typed(doc.clone(), "")?;
+        let base_domain = match d.base_domain {
+            Some(Checked(NonEmpty(s))) => s,
+            None => return Err(field_err("baseDomain", "a non-empty string", &Value::Null)),
+        };
+        let name = match d.metadata {
+            None => return Err(field_err("metadata", "a mapping with name", &Value::Null)),
+            Some(MetadataSection { name: None }) => {
+                return Err(field_err(
+                    "metadata.name",
+                    "a non-empty string",
+                    &Value::Null,
+                ));
             }
-        }
-        if let Some(v) = get(&doc, "apiVersion")
-            && v.as_str() != Some("v1")
-        {
-            return Err(field_err("apiVersion", "\"v1\"", v));
-        }
-        let base_domain = req_str(&doc, "", "baseDomain")?;
-        let metadata = get(&doc, "metadata")
-            .ok_or_else(|| field_err("metadata", "a mapping with name", &Value::Null))?;
-        let name = req_str(metadata, "metadata", "name")?;
+            Some(MetadataSection {
+                name: Some(Checked(NonEmpty(n))),
+            }) => n,
+        };
         if !name
             .chars()
             .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
@@ -186,160 +485,21 @@ impl InstallConfig {
                 &Value::String(name),
             ));
         }
-        let masters = replicas(
-            get(&doc, "controlPlane").and_then(|c| get(c, "replicas")),
-            "controlPlane.replicas",
-            1,
-        )?;
-        let mut workers = 0;
-        match get(&doc, "compute") {
-            None => workers = 3,
-            Some(Value::Sequence(pools)) => {
-                for (i, pool) in pools.iter().enumerate() {
-                    workers +=
-                        replicas(get(pool, "replicas"), &format!("compute[{i}].replicas"), 0)?;
-                }
-            }
-            Some(other) => return Err(field_err("compute", "a list of machine pools", other)),
-        }
-
-        // Machine networks: current `machineNetwork[].cidr`, or 4.2's `machineCIDR`.
-        let networking = get(&doc, "networking");
-        let mut machine_networks = Vec::new();
-        if let Some(list) = networking.and_then(|n| get(n, "machineNetwork")) {
-            let Value::Sequence(items) = list else {
-                return Err(field_err(
-                    "networking.machineNetwork",
-                    "a list of {cidr: ...}",
-                    list,
-                ));
-            };
-            for (i, item) in items.iter().enumerate() {
-                let field = format!("networking.machineNetwork[{i}].cidr");
-                let cidr =
-                    get(item, "cidr").ok_or_else(|| field_err(&field, "a CIDR", &Value::Null))?;
-                machine_networks.push(
-                    cidr.as_str()
-                        .and_then(|s| s.trim().parse::<IpNet>().ok())
-                        .ok_or_else(|| field_err(&field, "a CIDR such as 10.0.0.0/16", cidr))?
-                        .trunc(),
-                );
-            }
-        } else if let Some(cidr) = networking.and_then(|n| get(n, "machineCIDR")) {
-            machine_networks.push(
-                cidr.as_str()
-                    .and_then(|s| s.trim().parse::<IpNet>().ok())
-                    .ok_or_else(|| {
-                        field_err("networking.machineCIDR", "a CIDR such as 10.0.0.0/16", cidr)
-                    })?
-                    .trunc(),
-            );
-        }
-        if machine_networks.is_empty() {
-            return Err(field_err(
-                "networking.machineNetwork",
-                "at least one machine network CIDR",
-                &Value::Null,
-            ));
-        }
-
-        // VIPs: the platform that has them (openstack, baremetal, vsphere, ovirt all use the
-        // same names).
-        let platform = get(&doc, "platform").ok_or_else(|| {
-            field_err(
-                "platform",
-                "a mapping with the VIPs (platform.openstack.apiVIPs)",
-                &Value::Null,
-            )
-        })?;
-        let (pname, p) = platform
-            .as_mapping()
-            .and_then(|m| m.iter().find(|(_, v)| v.is_mapping()))
-            .and_then(|(k, v)| Some((k.as_str()?.to_owned(), v)))
-            .ok_or_else(|| field_err("platform", "a mapping such as openstack: {...}", platform))?;
-        let base = format!("platform.{pname}");
-        let vips = |plural: &str, singular: &str| -> Result<Vec<IpAddr>, InstallConfigError> {
-            if let Some(v) = get(p, plural) {
-                return ip_list(v, &format!("{base}.{plural}"));
-            }
-            if let Some(v) = get(p, singular) {
-                return Ok(vec![ip_of(v, &format!("{base}.{singular}"))?]);
-            }
-            Err(field_err(
-                &format!("{base}.{plural}"),
-                "a list with the VIP",
-                &Value::Null,
-            ))
+        let masters = match d.control_plane.and_then(|c| c.replicas) {
+            Some(Checked(Replicas(n))) => n,
+            None => 3,
         };
-        let api_vips = vips("apiVIPs", "apiVIP")?;
-        let ingress_vips = vips("ingressVIPs", "ingressVIP")?;
-        for (field, list) in [("apiVIPs", &api_vips), ("ingressVIPs", &ingress_vips)] {
-            if list.is_empty()
-                || list.len() > 2
-                || (list.len() == 2 && list[0].is_ipv4() == list[1].is_ipv4())
-            {
-                return Err(InstallConfigError::Field {
-                    field: format!("{base}.{field}"),
-                    expected: "one VIP, or one IPv4 and one IPv6".into(),
-                    got: format!("{list:?}"),
-                });
-            }
-            for (i, vip) in list.iter().enumerate() {
-                if !machine_networks.iter().any(|n| n.contains(vip)) {
-                    return Err(InstallConfigError::Field {
-                        field: format!("{base}.{field}[{i}]"),
-                        expected: format!(
-                            "an address inside the machine network ({})",
-                            machine_networks
-                                .iter()
-                                .map(|n| n.to_string())
-                                .collect::<Vec<_>>()
-                                .join(", ")
-                        ),
-                        got: vip.to_string(),
-                    });
-                }
-            }
-        }
-        if let Some(same) = api_vips.iter().find(|v| ingress_vips.contains(v)) {
-            return Err(InstallConfigError::Field {
-                field: format!("{base}.ingressVIPs"),
-                expected: "a VIP different from the API VIP".into(),
-                got: same.to_string(),
-            });
-        }
-        let api_floating_ip = match get(p, "apiFloatingIP").or_else(|| get(p, "lbFloatingIP")) {
-            Some(v) => Some(ip_of(v, &format!("{base}.apiFloatingIP"))?),
-            None => None,
+        let workers = match d.compute {
+            None => 3,
+            Some(pools) => pools
+                .into_iter()
+                .filter_map(|p| p.replicas)
+                .map(|Checked(Replicas(n))| n)
+                .sum(),
         };
-        for key in p
-            .as_mapping()
-            .map(|m| m.keys().filter_map(Value::as_str).collect::<Vec<_>>())
-            .unwrap_or_default()
-        {
-            if ![
-                "apiVIPs",
-                "apiVIP",
-                "ingressVIPs",
-                "ingressVIP",
-                "apiFloatingIP",
-                "lbFloatingIP",
-            ]
-            .contains(&key)
-            {
-                notes.push(format!("{base}.{key}: not used by keelson, ignored"));
-            }
-        }
-        let ssh_keys = match get(&doc, "sshKey") {
-            None => vec![],
-            Some(Value::String(s)) => s
-                .lines()
-                .map(str::trim)
-                .filter(|l| !l.is_empty())
-                .map(str::to_owned)
-                .collect(),
-            Some(other) => return Err(field_err("sshKey", "an SSH public key string", other)),
-        };
+        let machine_networks = machine_networks(d.networking)?;
+        let (api_vips, ingress_vips, api_floating_ip) =
+            platform(&doc, &machine_networks, &mut notes)?;
         Ok(InstallConfig {
             name,
             base_domain,
@@ -348,7 +508,7 @@ impl InstallConfig {
             machine_networks,
             api_vips,
             ingress_vips,
-            ssh_keys,
+            ssh_keys: d.ssh_key.map(|Checked(SshKeys(k))| k).unwrap_or_default(),
             api_floating_ip,
             notes,
         })
