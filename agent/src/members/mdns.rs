@@ -365,6 +365,8 @@ impl Cache {
 
     /// Takes in one packet from `src`, received at `now` (`wall`: the same moment on the
     /// clock signed records are checked against).
+    // Over 100 lines on purpose: one pass over a packet's records (host addresses first, then
+    // the services that name them), each rejection beside the reason it is counted under.
     pub fn receive_from(
         &mut self,
         packet: &[u8],

@@ -620,6 +620,7 @@ impl Runner {
 }
 
 /// Runs one instance until `stop`; on stop sends priority 0 (if master) and removes the VIP.
+// Over 100 lines on purpose: the instance's one `select!` loop (adverts, timers, checks, members, stop); each arm is a few lines and hands the work to the state machine, and the loop reads best whole.
 pub async fn run(
     spec: Spec,
     ctx: AgentContext,

@@ -519,6 +519,7 @@ impl InstallConfig {
     /// the proxy and Ignition checks, ingress on the workers at 20, 1 s adverts, VRRPv3
     /// unicast with unicast members (OpenShift's default since 4.11; docs/decisions.md),
     /// garp refresh 60 s.
+    // Over 100 lines on purpose: one struct literal, OpenShift's defaults field by field, read top to bottom against docs/cluster-json.md.
     pub fn cluster_config(&self) -> ClusterConfig {
         let (api_vrid, ingress_vrid) = default_vrids(&self.name);
         let mut instances = Vec::new();

@@ -163,6 +163,7 @@ pub fn asset_url(cluster: &ClusterConfig, name: &str) -> Result<String, RenderEr
 }
 
 /// The full model for `role`.
+// Over 100 lines on purpose: the files of a full config in the order they are written, each role's differences beside the file they concern.
 pub fn full_model(cluster: &ClusterConfig, role: Role, assets: &NodeAssets) -> Model {
     let inline = |path: &str, mode: u32, data: &[u8]| FileSpec {
         path: path.into(),
