@@ -60,7 +60,7 @@ enum Transport {
 /// `keelson build`'s cluster.json for examples/install-config.yaml, timers shortened.
 fn cluster_json(transport: Transport) -> serde_json::Value {
     let text = include_str!("../../examples/install-config.yaml");
-    let ic = keelson_ignition::install_config::InstallConfig::parse(text).unwrap();
+    let ic = keelson_cluster::install_config::InstallConfig::parse(text).unwrap();
     let mut c = serde_json::to_value(ic.cluster_config()).unwrap();
     for inst in c["vrrp"]["instances"].as_array_mut().unwrap() {
         assert_eq!(inst["transport"], "unicast", "the default: {inst}");
@@ -105,7 +105,7 @@ impl Net {
         // As `keelson build`: the membership key cluster.json names.
         let files = RunCluster::new(cluster_json(transport));
         let key =
-            keelson_ignition::membership::parse_key(&files.pki.membership_keys["membership.key"])
+            keelson_cluster::membership::parse_key(&files.pki.membership_keys["membership.key"])
                 .unwrap();
         Net {
             seg,
@@ -608,7 +608,7 @@ fn unicast_forger_without_the_key_changes_nothing() {
         "401"
     );
     // 2. A fake master with a made-up MAC (the key ID is no secret).
-    let key_id = keelson_ignition::membership::key_id(&net.key);
+    let key_id = keelson_cluster::membership::key_id(&net.key);
     let reg = serde_json::json!({"cluster": ZONE, "member": fake, "auth":
         {"keyId": key_id, "timeMs": unix_ms(), "seq": u64::MAX, "mac": "ab".repeat(32)}});
     assert_eq!(
@@ -831,7 +831,7 @@ fn fake_master(net: &Net, claimed_key_id: Option<&str>) -> Vec<u8> {
     let announce = Announce {
         member: keelson_agent::members::member::Member {
             name: "master-9".into(),
-            role: keelson_ignition::Role::Master,
+            role: keelson_cluster::Role::Master,
             addresses: vec![IpAddr::V4(net.ip(FORGER))],
             version: env!("CARGO_PKG_VERSION").into(),
         },
@@ -900,7 +900,7 @@ fn mdns_forger_without_the_key_changes_nothing() {
 
     let watch = net.watch();
 
-    let key_id = keelson_ignition::membership::key_id(&net.key);
+    let key_id = keelson_cluster::membership::key_id(&net.key);
     // 1. A fake master, no MAC.
     mdns_send(&net, FORGER, fake_master(&net, None));
     // 2. A fake master with a made-up MAC under the cluster key's ID.

@@ -16,7 +16,7 @@ use http_body_util::{BodyExt, Full};
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
 use keelson_agent::members::unicast::Registry;
-use keelson_ignition::routes::ExtraRoutes;
+use keelson_cluster::routes::ExtraRoutes;
 use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair};
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
 use tokio::net::TcpListener;

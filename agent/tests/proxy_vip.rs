@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use keelson_agent::proxy::vip::{NFT_TABLE, VipFrontends, VipMode};
 use keelson_agent::proxy::{Proxy, ProxyConfig};
-use keelson_ignition::cluster::BackendCheck;
+use keelson_cluster::cluster::BackendCheck;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 

@@ -17,7 +17,7 @@ use keelson_agent::dns::handler::{
     DropReason, OUR_UDP_PAYLOAD, Outcome, TCP_LIMIT, Transport, handle,
 };
 use keelson_agent::dns::zone::Zone;
-use keelson_ignition::Role;
+use keelson_cluster::Role;
 use libfuzzer_sys::fuzz_target;
 
 fn zone() -> &'static Zone {

@@ -3,7 +3,7 @@
 //! directories and `core`'s SSH keys, and refuse, with a clear line, what it cannot honour
 //! (systemd units, disks, file systems: the appliance has neither systemd nor a root disk).
 //!
-//! Works on the typed 3.x config (`keelson_ignition::render::read`): a 2.x user_data is
+//! Works on the typed 3.x config (`keelson_cluster::render::read`): a 2.x user_data is
 //! translated to it first, so one path applies every spec.
 
 pub mod dataurl;
@@ -14,7 +14,7 @@ use std::path::{Component, Path, PathBuf};
 use std::time::Duration;
 
 use ignition_config::v3_5::{File, Resource};
-use keelson_ignition::render::{ReadConfig, ReadError, V3Config};
+use keelson_cluster::render::{ReadConfig, ReadError, V3Config};
 use sha2::{Digest, Sha256, Sha512};
 
 /// What applying user_data did.
@@ -110,7 +110,7 @@ pub async fn apply_user_data_with(
 }
 
 fn parse(bytes: &[u8]) -> Result<ReadConfig, ApplyError> {
-    keelson_ignition::render::read(bytes).map_err(|e| match e {
+    keelson_cluster::render::read(bytes).map_err(|e| match e {
         ReadError::Version(_) => ApplyError::Invalid {
             field: "ignition.version".into(),
             message: e.to_string(),
@@ -405,7 +405,7 @@ async fn write_config(
     }
     let units = config.systemd.as_ref().and_then(|s| s.units.as_deref());
     for unit in units.unwrap_or_default() {
-        if unit.name == keelson_ignition::unit::AGENT_UNIT_NAME {
+        if unit.name == keelson_cluster::unit::AGENT_UNIT_NAME {
             // The RHCOS unit that starts the agent: here the agent is already PID 1.
             continue;
         }

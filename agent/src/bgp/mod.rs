@@ -28,8 +28,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::Context as _;
-use keelson_ignition::bgp::{DaemonKind, DaemonRun};
-use keelson_ignition::cluster::{RestartPolicy, ServiceSpec};
+use keelson_cluster::bgp::{DaemonKind, DaemonRun};
+use keelson_cluster::cluster::{RestartPolicy, ServiceSpec};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 

@@ -28,7 +28,7 @@ use std::time::{Duration, Instant, SystemTime};
 use hickory_proto::op::{Message, MessageType, OpCode, Query, ResponseCode};
 use hickory_proto::rr::rdata::{A, AAAA, PTR, SRV, TXT};
 use hickory_proto::rr::{DNSClass, Name, RData, Record, RecordType};
-use keelson_ignition::Role;
+use keelson_cluster::Role;
 
 use super::auth::{Fields, Fresh, Op, Proof, Reject, Signer, Verifier, source_matches};
 use crate::members::member::Member;

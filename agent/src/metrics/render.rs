@@ -698,12 +698,12 @@ const FAMILIES: &[Family] = &[
     ),
     // The Ignition server.
     gauge(
-        "keelson_ignition_server_up",
+        "keelson_cluster_server_up",
         "Whether the Ignition server is serving on this node.",
         |st| one(none(), int(st.ignition_running.into())),
     ),
     counter(
-        "keelson_ignition_requests",
+        "keelson_cluster_requests",
         "Ignition server requests by route, pool, spec version served and HTTP status.",
         |st| {
             st.ignition
@@ -880,7 +880,7 @@ fn members_by_role_and_source(st: &AgentStatus) -> Rows {
         .map(|d| d.transport.clone())
         .unwrap_or_else(|| "none".to_string());
     let mut counts: std::collections::BTreeMap<(String, String), i64> = Default::default();
-    for role in keelson_ignition::Role::ALL {
+    for role in keelson_cluster::Role::ALL {
         counts.insert((role.to_string(), "self".into()), 0);
         counts.insert((role.to_string(), transport.clone()), 0);
     }
@@ -931,7 +931,7 @@ mod tests {
         AgentStatus {
             node: NodeStatus {
                 name: "master-0".into(),
-                role: keelson_ignition::Role::Master,
+                role: keelson_cluster::Role::Master,
                 interface: "eth0".into(),
                 addresses: vec!["10.0.0.11/24".parse().unwrap()],
                 cluster: "ocp4.example.com".into(),
@@ -965,7 +965,7 @@ mod tests {
             dns_upstreams: vec![],
             members: vec![crate::members::member::Member {
                 name: "master-0".into(),
-                role: keelson_ignition::Role::Master,
+                role: keelson_cluster::Role::Master,
                 addresses: vec!["10.0.0.11".parse().unwrap()],
                 version: "0.1.0".into(),
             }],
@@ -1072,7 +1072,7 @@ mod tests {
             "keelson_proxy_frontend_refused_total{frontend=\"[::]:9445\",kind=\"node\"} 1",
             "keelson_dns_queries_total{qtype=\"A\"} 4",
             "keelson_members{role=\"master\",source=\"self\"} 1",
-            "keelson_ignition_requests_total{route=\"config\",pool=\"master\",spec=\"3.2.0\",code=\"200\"} 2",
+            "keelson_cluster_requests_total{route=\"config\",pool=\"master\",spec=\"3.2.0\",code=\"200\"} 2",
             "keelson_build_info{version=\"0.1.0\",commit=\"abc\"} 1",
             "process_cpu_seconds_total 0.25",
             // Cumulative buckets: the 2 ms check is in every bucket from 2.5 ms up.
@@ -1089,7 +1089,7 @@ mod tests {
         assert!(!text.contains("# EOF"));
         // The families come in the order of docs/metrics.md, not a hash map's.
         let first = text.find("keelson_build_info").unwrap();
-        let last = text.find("keelson_ignition_requests_total").unwrap();
+        let last = text.find("keelson_cluster_requests_total").unwrap();
         assert!(first < text.find("keelson_vrrp_state").unwrap() && last > first);
     }
 

@@ -9,7 +9,7 @@ use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use keelson_ignition::cluster::{VrrpInstanceConfig, VrrpTransport, VrrpVersion};
+use keelson_cluster::cluster::{VrrpInstanceConfig, VrrpTransport, VrrpVersion};
 use serde::Serialize;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
@@ -812,7 +812,7 @@ async fn sleep_until(at: Option<Instant>) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use keelson_ignition::cluster::RolePriorities;
+    use keelson_cluster::cluster::RolePriorities;
 
     fn spec(version: VrrpVersion, pass: Option<&str>) -> Spec {
         Spec {

@@ -425,7 +425,7 @@ pub struct RunCluster {
     pub dir: tempfile::TempDir,
     pub cluster: PathBuf,
     pub tls: PathBuf,
-    pub pki: keelson_ignition::pki::Pki,
+    pub pki: keelson_cluster::pki::Pki,
 }
 
 /// One `keelson-agent run` process and its log.
@@ -447,9 +447,9 @@ impl RunCluster {
     pub fn new(mut cluster: serde_json::Value) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let config =
-            keelson_ignition::ClusterConfig::from_json(cluster.to_string().as_bytes()).unwrap();
+            keelson_cluster::ClusterConfig::from_json(cluster.to_string().as_bytes()).unwrap();
         let tls = dir.path().join("tls");
-        let pki = keelson_ignition::pki::load_or_create(&tls, &config, None).unwrap();
+        let pki = keelson_cluster::pki::load_or_create(&tls, &config, None).unwrap();
         pki.write(&tls).unwrap();
         cluster["members"]["keyId"] = pki.membership_key_id().unwrap().into();
         let cpath = dir.path().join("cluster.json");
