@@ -1,6 +1,7 @@
 //! `keelson build`, `render`, `validate` and `vrids`: from install-config.yaml to the files of
 //! docs/architecture.md, "From install-config to a running node" (`bootstrap.ign`,
-//! `master.ign`, `worker.ign`, `cluster.json`, `tls/`, `assets/keelson-agent`, `keelson.qcow2`, `SHA256SUMS`).
+//! `master.ign`, `worker.ign`, `cluster.json`, `tls/`, `assets/keelson-agent`, `keelson.qcow2`,
+//! `SHA256SUMS`).
 //!
 //! Everything is written into a temporary directory next to `--out` and moved into place
 //! at the end, so a failed build never leaves half-written files.
