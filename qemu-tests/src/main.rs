@@ -433,7 +433,7 @@ fn run(config: Config) -> Result<()> {
             &mut cluster,
             order[9],
             &all,
-            |c| scenarios::renewals(c),
+            scenarios::renewals,
             |d| d.clone(),
         )?;
         Some(())
