@@ -1,7 +1,7 @@
 # keelson: `make test` and `make qemu-cluster` do all their set-up themselves.
 SHELL := /bin/bash
 TARGET := x86_64-unknown-linux-gnu
-# The static agent (DESIGN §7): the explicit --target keeps the flag off proc-macro crates.
+# The static agent (docs/architecture.md, "Bars"): the explicit --target keeps the flag off proc-macro crates.
 AGENT_PROFILE ?= release
 AGENT_BIN := target/$(TARGET)/$(AGENT_PROFILE)/keelson-agent
 export KEELSON_AGENT_BIN := $(abspath $(AGENT_BIN))
@@ -33,7 +33,9 @@ lint:
 
 # The test command (README, .ci/run): every crate's tests, then the whole cluster under QEMU
 # in both configurations: unicast with the masters on the RHCOS stand-in, multicast with
-# every node on the appliance (the RHCOS path once is enough; twice would double the time).
+# every node on the appliance (the RHCOS path once is enough; twice would double the time),
+# then the bootstrap and one master through a real all-in-one OpenStack (Nova, Neutron,
+# Glance; docs/openstack.md), which the run starts and stops itself.
 # CI=1: a test that would skip for a missing tool, root or the static agent fails instead.
 test: export CI = 1
 test: setup agent
@@ -41,6 +43,7 @@ test: setup agent
 	cargo test --workspace --all-targets
 	$(MAKE) --no-print-directory qemu-cluster CONFIG=unicast
 	QEMU_CLUSTER_MASTERS=appliance $(MAKE) --no-print-directory qemu-cluster CONFIG=multicast
+	$(MAKE) --no-print-directory openstack-cluster OPENSTACK_ARGS=--subset
 
 # Bootstrap, three masters and two workers under QEMU (TCG; ACCEL=kvm where KVM works),
 # checked from a network namespace on their segment; prints a table (docs/qemu-cluster.md).

@@ -6,7 +6,9 @@
 use std::path::Path;
 
 use ipnet::IpNet;
-use keelson_ignition::Role;
+use keelson_cluster::Role;
+
+use crate::dns_label::DnsLabel;
 use serde::{Deserialize, Serialize};
 
 /// This node's identity, as `node.json` writes it.
@@ -14,7 +16,7 @@ use serde::{Deserialize, Serialize};
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct NodeIdentity {
     /// Node name (short host name), e.g. `master-0`.
-    pub name: String,
+    pub name: DnsLabel,
     /// Role in the cluster.
     pub role: Role,
     /// The interface on the machine network (VIPs are added here, adverts sent here).
@@ -99,6 +101,26 @@ impl NodeIdentity {
     }
 }
 
+/// What an operator process learns about its node: as environment variables, and as
+/// `${NAME}` in its arguments (one cluster.json entry serves every node, yet a process can
+/// bind its own node's address: the VIP and the wildcard stay free for the agent).
+pub fn node_vars(node: &NodeIdentity) -> Vec<(&'static str, String)> {
+    let addr = |v6| node.address(v6).map(|a| a.to_string()).unwrap_or_default();
+    vec![
+        ("KEELSON_NODE_NAME", node.name.to_string()),
+        ("KEELSON_NODE_ROLE", node.role.as_str().to_owned()),
+        ("KEELSON_NODE_ADDRESS", addr(false)),
+        ("KEELSON_NODE_ADDRESS6", addr(true)),
+    ]
+}
+
+/// `arg` with every `${NAME}` of `vars` replaced; other text (and unknown `${...}`) kept.
+pub fn expand(arg: &str, vars: &[(&'static str, String)]) -> String {
+    vars.iter().fold(arg.to_owned(), |a, (k, v)| {
+        a.replace(&format!("${{{k}}}"), v)
+    })
+}
+
 /// The role file the rendered Ignition configs write (`master`, `worker`, `bootstrap`).
 pub const ROLE_FILE: &str = "etc/keelson/role";
 
@@ -149,6 +171,9 @@ pub enum IdentityError {
         /// The node.
         name: String,
     },
+    /// The host name is not a DNS label (and the metadata named none).
+    #[error("the host name: {0}")]
+    BadName(#[from] crate::dns_label::DnsLabelError),
     /// No interface has an address in the machine network.
     #[error("node {name}: no interface has an address in the machine networks {networks:?}")]
     NoAddress {
@@ -163,25 +188,30 @@ pub enum IdentityError {
 /// [`role_hint`], interface and addresses from the machine's addresses inside the cluster's
 /// machine networks.
 pub fn from_system(
-    cluster: &keelson_ignition::ClusterConfig,
+    cluster: &keelson_cluster::ClusterConfig,
     root: &Path,
     metadata: Option<&crate::metadata::Metadata>,
 ) -> Result<NodeIdentity, IdentityError> {
-    let name = metadata
-        .and_then(|m| m.node_name())
-        .or_else(|| {
-            nix::unistd::gethostname().ok().map(|h| {
-                h.to_string_lossy()
-                    .split('.')
-                    .next()
-                    .unwrap_or("")
-                    .to_owned()
-            })
+    let host_name = nix::unistd::gethostname()
+        .ok()
+        .map(|h| {
+            h.to_string_lossy()
+                .split('.')
+                .next()
+                .unwrap_or("")
+                .to_owned()
         })
-        .filter(|n| !n.is_empty())
-        .unwrap_or_else(|| "localhost".into());
-    let role = role_hint(root, metadata.map(|m| &m.meta_data.meta), &name)
-        .ok_or_else(|| IdentityError::NoRole { name: name.clone() })?;
+        .filter(|h| !h.is_empty());
+    let name = match (metadata.and_then(|m| m.node_name()), host_name) {
+        (Some(name), _) => name,
+        (None, Some(host)) => DnsLabel::new(host)?,
+        (None, None) => DnsLabel::new("localhost").expect("a DNS label"),
+    };
+    let role = role_hint(root, metadata.map(|m| &m.meta_data.meta), &name).ok_or_else(|| {
+        IdentityError::NoRole {
+            name: name.to_string(),
+        }
+    })?;
     let mut found: Vec<(String, IpNet)> = Vec::new();
     if let Ok(addrs) = nix::ifaddrs::getifaddrs() {
         for ifa in addrs {
@@ -214,7 +244,7 @@ pub fn from_system(
     }
     let Some((interface, _)) = found.first().cloned() else {
         return Err(IdentityError::NoAddress {
-            name,
+            name: name.to_string(),
             networks: cluster.machine_networks.clone(),
         });
     };
@@ -264,7 +294,7 @@ mod identity_tests {
     #[test]
     fn from_system_finds_loopback_in_a_loopback_machine_network() {
         let mut cluster =
-            keelson_ignition::ClusterConfig::from_json(include_bytes!("dns/testdata/cluster.json"))
+            keelson_cluster::ClusterConfig::from_json(include_bytes!("dns/testdata/cluster.json"))
                 .unwrap();
         cluster.machine_networks = vec!["127.0.0.0/8".parse().unwrap()];
         let dir = tempfile::tempdir().unwrap();
@@ -290,6 +320,31 @@ mod identity_tests {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn process_arguments_expand_the_node_variables() {
+        let node = NodeIdentity {
+            name: "master-1".parse().unwrap(),
+            role: Role::Master,
+            interface: "eth0".into(),
+            addresses: vec!["10.0.0.12/16".parse().unwrap()],
+        };
+        let vars = node_vars(&node);
+        assert_eq!(
+            expand("--listen=${KEELSON_NODE_ADDRESS}:6443", &vars),
+            "--listen=10.0.0.12:6443"
+        );
+        assert_eq!(
+            expand("${KEELSON_NODE_NAME}/${KEELSON_NODE_ROLE}", &vars),
+            "master-1/master"
+        );
+        // No IPv6 address: empty, not the literal; unknown names stay as written.
+        assert_eq!(expand("[${KEELSON_NODE_ADDRESS6}]", &vars), "[]");
+        assert_eq!(
+            expand("${HOME} $KEELSON_NODE_NAME", &vars),
+            "${HOME} $KEELSON_NODE_NAME"
+        );
+    }
 
     #[test]
     fn parses_and_rejects_unknown_fields() {

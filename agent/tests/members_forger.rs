@@ -27,19 +27,25 @@
 //! registry of its own, with the cluster's server certificate, at the forger's address,
 //! which master-1 remembers as a master: the bytes replayed are those master-1's agent sent.
 //!
-//! Needs root (namespaces, nftables); skipped otherwise unless CI=true.
-
-mod vrrp_common;
+//! Needs root (namespaces), nftables, dig and curl.
 
 use std::io::{Read, Write};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, SocketAddrV4, TcpListener, UdpSocket};
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, mpsc};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use vrrp_common::*;
+use keelson_testkit::agent::{RunNet, status_at};
+use keelson_testkit::{Segment, in_netns, require, require_root};
+
+const AGENT: &str = env!("CARGO_BIN_EXE_keelson-agent");
+
+/// Root for the namespaces; nft, dig and curl for the bridge, the DNS answers, the
+/// registrations.
+fn can_run() -> bool {
+    require_root() && require("nft") && require("dig") && require("curl")
+}
 
 const ZONE: &str = "ocp4.osd2019.local";
 const M0: usize = 0;
@@ -60,7 +66,7 @@ enum Transport {
 /// `keelson build`'s cluster.json for examples/install-config.yaml, timers shortened.
 fn cluster_json(transport: Transport) -> serde_json::Value {
     let text = include_str!("../../examples/install-config.yaml");
-    let ic = keelson_ignition::install_config::InstallConfig::parse(text).unwrap();
+    let ic = keelson_cluster::install_config::InstallConfig::parse(text).unwrap();
     let mut c = serde_json::to_value(ic.cluster_config()).unwrap();
     for inst in c["vrrp"]["instances"].as_array_mut().unwrap() {
         assert_eq!(inst["transport"], "unicast", "the default: {inst}");
@@ -87,12 +93,23 @@ struct View {
     proxy_backends: Vec<String>,
 }
 
+/// Two masters and the forger's namespace on one bridge.
 struct Net {
-    seg: Segment,
-    files: RunCluster,
+    net: RunNet,
     key: Vec<u8>,
-    services: &'static str,
-    nodes: Vec<Option<RunNode>>,
+}
+
+impl std::ops::Deref for Net {
+    type Target = RunNet;
+    fn deref(&self) -> &RunNet {
+        &self.net
+    }
+}
+
+impl std::ops::DerefMut for Net {
+    fn deref_mut(&mut self) -> &mut RunNet {
+        &mut self.net
+    }
 }
 
 impl Net {
@@ -102,83 +119,34 @@ impl Net {
         if transport == Transport::Unicast {
             seg.drop_multicast();
         }
+        let services = match transport {
+            Transport::Unicast => "vrrp,members,ignition,dns,proxy",
+            Transport::Mdns => "vrrp,members,dns,proxy",
+        };
         // As `keelson build`: the membership key cluster.json names.
-        let files = RunCluster::new(cluster_json(transport));
-        let key =
-            keelson_ignition::membership::parse_key(&files.pki.membership_keys["membership.key"])
-                .unwrap();
-        Net {
-            seg,
-            files,
-            key,
-            services: match transport {
-                Transport::Unicast => "vrrp,members,ignition,dns,proxy",
-                Transport::Mdns => "vrrp,members,dns,proxy",
-            },
-            nodes: (0..3).map(|_| None).collect(),
-        }
-    }
-
-    fn name(i: usize) -> String {
-        if i == FORGER {
-            "forger".into()
-        } else {
-            format!("master-{i}")
-        }
+        let nodes = [
+            ("master-0", "master"),
+            ("master-1", "master"),
+            ("forger", "master"),
+        ];
+        let net = RunNet::new(AGENT, seg, cluster_json(transport), &nodes, services);
+        let key = keelson_cluster::membership::parse_key(
+            &net.files.pki.membership_keys["membership.key"],
+        )
+        .unwrap();
+        Net { net, key }
     }
 
     fn ip(&self, i: usize) -> Ipv4Addr {
-        self.seg.v4(i).split('/').next().unwrap().parse().unwrap()
+        self.seg.ip4(i)
     }
 
     fn socket(&self, i: usize) -> PathBuf {
         self.files.socket(i)
     }
 
-    fn start(&mut self, i: usize) {
-        let (name, address) = (Self::name(i), self.seg.v4(i));
-        self.nodes[i] = Some(self.files.start(
-            &self.seg.nodes[i],
-            i,
-            (&name, "master", &address),
-            self.services,
-        ));
-    }
-
-    fn kill(&mut self, i: usize) {
-        if let Some(mut n) = self.nodes[i].take() {
-            n.proc.kill9();
-        }
-    }
-
-    fn stop(&mut self, i: usize) {
-        if let Some(mut n) = self.nodes[i].take() {
-            n.proc.term();
-        }
-    }
-
-    fn wait_ready(&self, nodes: &[usize]) {
-        for &i in nodes {
-            let node = self.nodes[i].as_ref().expect("running");
-            self.wait(
-                &format!("{} ready", Self::name(i)),
-                Duration::from_secs(60),
-                || node.is_ready(),
-            );
-        }
-    }
-
-    /// `keelson-agent status --json` of node `i`.
-    fn status(&self, i: usize) -> serde_json::Value {
-        self.files.status(i)
-    }
-
     fn view(&self, i: usize) -> View {
         view_at(&self.socket(i))
-    }
-
-    fn member_names(&self, i: usize) -> Vec<String> {
-        member_names(&self.status(i))
     }
 
     /// Node `i`'s members auth status: `{"authenticated": .., "drops": {..}}`.
@@ -208,6 +176,14 @@ impl Net {
         let (ns, server) = (self.seg.nodes[FORGER].clone(), self.ip(M0));
         let names = ["master-0", "master-1", "master-9"];
         let views = sockets.clone().map(|s| view_at(&s));
+        // A settled node has VRRP instances: an empty list means the status document changed
+        // shape under this test, which would then compare nothing.
+        for v in &views {
+            assert!(
+                !v.vrrp_destinations.is_empty(),
+                "no vrrp in the status: {v:?}"
+            );
+        }
         let dns = names.map(|n| dig_at(&ns, server, n));
         let stop = Arc::new(AtomicBool::new(false));
         let stop2 = stop.clone();
@@ -238,22 +214,10 @@ impl Net {
         }
     }
 
-    fn wait(&self, what: &str, limit: Duration, mut cond: impl FnMut() -> bool) -> Duration {
-        let t = Instant::now();
-        while !cond() {
-            if t.elapsed() > limit {
-                self.dump();
-                panic!("{what}: not within {limit:?}");
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        t.elapsed()
-    }
-
     /// Waits until both masters list both, with both proxy backends and each other as a
     /// VRRP destination.
     fn wait_settled(&self, phase: &str) {
-        let both = vec![Self::name(M0), Self::name(M1)];
+        let both = vec![self.name(M0), self.name(M1)];
         self.wait(phase, Duration::from_secs(30), || {
             [M0, M1].iter().all(|&i| {
                 let v = self.view(i);
@@ -271,23 +235,11 @@ impl Net {
             })
         });
     }
-
-    fn dump(&self) {
-        for (i, n) in self.nodes.iter().enumerate() {
-            let Some(n) = n else { continue };
-            let text = std::fs::read_to_string(&n.log).unwrap_or_default();
-            let lines: Vec<&str> = text.lines().collect();
-            eprintln!("---- {} ({})", Self::name(i), n.log.display());
-            for l in &lines[lines.len().saturating_sub(30)..] {
-                eprintln!("{l}");
-            }
-        }
-    }
 }
 
 /// What the node at status socket `socket` sees: members, VRRP destinations, backends.
 fn view_at(socket: &std::path::Path) -> View {
-    let st = status_at(socket);
+    let st = status_at(AGENT, socket);
     let vrrp_destinations: Vec<serde_json::Value> = st["vrrp"]
         .as_array()
         .map(|a| {
@@ -296,9 +248,8 @@ fn view_at(socket: &std::path::Path) -> View {
                 .collect()
         })
         .unwrap_or_default();
-    // A running node has VRRP instances: an empty list means the document changed shape
-    // under this test, which would then compare nothing.
-    assert!(!vrrp_destinations.is_empty(), "no vrrp in the status: {st}");
+    // Empty while the node is still starting its VRRP instances; `wait_settled` waits past
+    // that and `watch` insists on a non-empty baseline.
     let mut proxy_backends: Vec<String> = st["proxy"]["backends"]
         .as_array()
         .map(|a| a.iter().map(|b| b["addr"].to_string()).collect())
@@ -313,14 +264,18 @@ fn view_at(socket: &std::path::Path) -> View {
 
 /// `dig` from namespace `ns` at `server`: the status and the answers for `name`.
 fn dig_at(ns: &str, server: Ipv4Addr, name: &str) -> String {
-    let out = Command::new("ip")
-        .args(["netns", "exec", ns, "dig"])
-        .args(["+time=2", "+tries=2", "+noall", "+comments", "+answer"])
-        .arg(format!("@{server}"))
-        .arg(format!("{name}.{ZONE}"))
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
+    let text = keelson_testkit::dig::dig_in(
+        ns,
+        server.into(),
+        &[
+            "+time=2",
+            "+tries=2",
+            "+noall",
+            "+comments",
+            "+answer",
+            &format!("{name}.{ZONE}"),
+        ],
+    );
     // The status line and the answers; not the query id or the timing.
     let mut lines: Vec<String> = text
         .lines()
@@ -542,23 +497,31 @@ fn serve_one(config: &Arc<rustls::ServerConfig>, mut tcp: std::net::TcpStream) -
 
 /// `curl` from namespace `ns` to master-0's registry: the HTTP status.
 fn curl(net: &Net, ns: usize, method: &str, path: &str, body: &[u8]) -> String {
-    let mut child = Command::new("ip")
-        .args(["netns", "exec", &net.seg.nodes[ns], "curl", "-sk"])
-        .args(["-o", "/dev/null", "-w", "%{http_code}", "--max-time", "5"])
-        .args(["-X", method, "-H", "Content-Type: application/json"])
-        .args(["--data-binary", "@-"])
-        .arg(format!("https://{}:22623{path}", net.ip(M0)))
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    child.stdin.take().unwrap().write_all(body).unwrap();
-    String::from_utf8_lossy(&child.wait_with_output().unwrap().stdout).into_owned()
+    let file = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(file.path(), body).unwrap();
+    let data = format!("@{}", file.path().display());
+    let url = format!("https://{}:22623{path}", net.ip(M0));
+    let reply = keelson_testkit::http::curl_in(
+        &net.seg.nodes[ns],
+        &[
+            "-k",
+            "--max-time",
+            "5",
+            "-X",
+            method,
+            "-H",
+            "Content-Type: application/json",
+            "--data-binary",
+            &data,
+            &url,
+        ],
+    );
+    reply.status.to_string()
 }
 
 #[test]
 fn unicast_forger_without_the_key_changes_nothing() {
-    if skip() {
+    if !can_run() {
         return;
     }
     let mut net = Net::new("kmf-u", Transport::Unicast);
@@ -608,7 +571,7 @@ fn unicast_forger_without_the_key_changes_nothing() {
         "401"
     );
     // 2. A fake master with a made-up MAC (the key ID is no secret).
-    let key_id = keelson_ignition::membership::key_id(&net.key);
+    let key_id = keelson_cluster::membership::key_id(&net.key);
     let reg = serde_json::json!({"cluster": ZONE, "member": fake, "auth":
         {"keyId": key_id, "timeMs": unix_ms(), "seq": u64::MAX, "mac": "ab".repeat(32)}});
     assert_eq!(
@@ -829,9 +792,9 @@ impl Drop for Sniffer {
 fn fake_master(net: &Net, claimed_key_id: Option<&str>) -> Vec<u8> {
     use keelson_agent::members::mdns::Announce;
     let announce = Announce {
-        member: keelson_agent::context::Member {
-            name: "master-9".into(),
-            role: keelson_ignition::Role::Master,
+        member: keelson_agent::members::member::Member {
+            name: "master-9".parse().unwrap(),
+            role: keelson_cluster::Role::Master,
             addresses: vec![IpAddr::V4(net.ip(FORGER))],
             version: env!("CARGO_PKG_VERSION").into(),
         },
@@ -873,7 +836,7 @@ fn as_goodbye(packet: &[u8]) -> Vec<u8> {
 
 #[test]
 fn mdns_forger_without_the_key_changes_nothing() {
-    if skip() {
+    if !can_run() {
         return;
     }
     let mut net = Net::new("kmf-m", Transport::Mdns);
@@ -900,7 +863,7 @@ fn mdns_forger_without_the_key_changes_nothing() {
 
     let watch = net.watch();
 
-    let key_id = keelson_ignition::membership::key_id(&net.key);
+    let key_id = keelson_cluster::membership::key_id(&net.key);
     // 1. A fake master, no MAC.
     mdns_send(&net, FORGER, fake_master(&net, None));
     // 2. A fake master with a made-up MAC under the cluster key's ID.

@@ -11,20 +11,22 @@
 //!    backup must not claim the VIP beside its holder for as long as that lasts, must say
 //!    so, and must clear the finding once adverts arrive again.
 //!
-//! Needs root (namespaces, nftables); skipped otherwise unless CI=true.
-
-mod vrrp_common;
+//! Needs root (namespaces) and nftables.
 
 use std::time::{Duration, Instant};
 
-use vrrp_common::*;
+use keelson_testkit::agent::RunNet;
+use keelson_testkit::segment::nft;
+use keelson_testkit::{Segment, require, require_root, sh};
+
+const AGENT: &str = env!("CARGO_BIN_EXE_keelson-agent");
 
 const VIP: &str = "10.0.0.5";
 const ADVERT_MS: u64 = 100;
 
 fn cluster_json() -> serde_json::Value {
     let text = include_str!("../../examples/install-config.yaml");
-    let ic = keelson_ignition::install_config::InstallConfig::parse(text).unwrap();
+    let ic = keelson_cluster::install_config::InstallConfig::parse(text).unwrap();
     let mut c = serde_json::to_value(ic.cluster_config()).unwrap();
     for inst in c["vrrp"]["instances"].as_array_mut().unwrap() {
         inst["advertIntervalMs"] = ADVERT_MS.into();
@@ -36,8 +38,8 @@ fn cluster_json() -> serde_json::Value {
 
 /// The `api` instance's port security findings in node `i`'s status (`vipNotAllowed`,
 /// `vrrpBlocked`).
-fn findings(files: &RunCluster, i: usize) -> Vec<String> {
-    let st = files.status(i);
+fn findings(net: &RunNet, i: usize) -> Vec<String> {
+    let st = net.status(i);
     st["vrrp"]
         .as_array()
         .and_then(|a| a.iter().find(|v| v["name"] == "api"))
@@ -80,78 +82,43 @@ fn port(seg: &Segment, i: usize, vip_allowed: bool) {
     nft(ns, &rules);
 }
 
-/// Waits until `cond` holds, up to `limit`; returns how long it took, or panics with
-/// `what` and the agents' last log lines (`logs`).
-fn wait(
-    what: &str,
-    limit: Duration,
-    logs: &[&std::path::Path],
-    mut cond: impl FnMut() -> bool,
-) -> Duration {
-    let t = Instant::now();
-    while !cond() {
-        if t.elapsed() > limit {
-            let tails: Vec<String> = logs
-                .iter()
-                .map(|p| {
-                    let text = std::fs::read_to_string(p).unwrap_or_default();
-                    let lines: Vec<&str> = text.lines().collect();
-                    format!(
-                        "---- {}\n{}",
-                        p.display(),
-                        lines[lines.len().saturating_sub(30)..].join("\n")
-                    )
-                })
-                .collect();
-            panic!("{what}: not within {limit:?}\n{}", tails.join("\n"));
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    t.elapsed()
-}
-
 #[test]
 fn port_security_is_found_and_handled_safely() {
-    if skip() {
+    if !require_root() || !require("nft") {
         return;
     }
-    let seg = Segment::new(&format!("kps{}", std::process::id() % 10000), 2, 0);
-    let files = RunCluster::new(cluster_json());
-    let roles = ["bootstrap", "master"];
-    let names = ["bootstrap", "master-1"];
-    let mut nodes: Vec<RunNode> = (0..2)
-        .map(|i| {
-            files.start(
-                &seg.nodes[i],
-                i,
-                (names[i], roles[i], &seg.v4(i)),
-                "vrrp,members,ignition",
-            )
-        })
-        .collect();
-    let log = |i: usize| std::fs::read_to_string(&nodes[i].log).unwrap_or_default();
-    let logs: Vec<std::path::PathBuf> = nodes.iter().map(|n| n.log.clone()).collect();
-    let logs: Vec<&std::path::Path> = logs.iter().map(|p| p.as_path()).collect();
-    wait("both agents ready", Duration::from_secs(90), &logs, || {
-        nodes.iter().all(RunNode::is_ready)
+    let seg = Segment::new("kps", 2, 0);
+    let mut net = RunNet::new(
+        AGENT,
+        seg,
+        cluster_json(),
+        &[("bootstrap", "bootstrap"), ("master-1", "master")],
+        "vrrp,members,ignition",
+    );
+    net.start(0);
+    net.start(1);
+    let log = |net: &RunNet, i: usize| {
+        std::fs::read_to_string(&net.nodes[i].as_ref().unwrap().log).unwrap_or_default()
+    };
+    net.wait("both agents ready", Duration::from_secs(90), || {
+        net.is_ready(0) && net.is_ready(1)
     });
     // Both ports as a correct cloud set them: the VIP an allowed address pair. The
     // bootstrap's priority is the higher: it holds the API VIP.
-    port(&seg, 0, true);
-    port(&seg, 1, true);
-    seg.wait_sole_holder(0, VIP, Duration::from_secs(30));
+    port(&net.seg, 0, true);
+    port(&net.seg, 1, true);
+    net.seg.wait_sole_holder(0, VIP, Duration::from_secs(30));
 
     // 1. The bootstrap's port without the VIP as a pair: what it sends from the VIP and its
     //    ARP for the VIP are dropped.
-    port(&seg, 0, false);
-    let found = wait(
+    port(&net.seg, 0, false);
+    let found = net.wait(
         "the holder finds its port dropping the VIP",
         Duration::from_secs(60),
-        &logs,
-        || findings(&files, 0).contains(&"vipNotAllowed".to_owned()),
+        || findings(&net, 0).contains(&"vipNotAllowed".to_owned()),
     );
-    let moved = seg.wait_sole_holder(1, VIP, Duration::from_secs(20));
-    let line = log(0)
+    let moved = net.seg.wait_sole_holder(1, VIP, Duration::from_secs(20));
+    let line = log(&net, 0)
         .lines()
         .find(|l| l.contains("does not leave this node's port"))
         .map(str::to_owned)
@@ -168,14 +135,14 @@ fn port_security_is_found_and_handled_safely() {
         moved.as_secs_f64()
     );
     // The fix is made (the pair is back); the master keeps the VIP, nothing flaps.
-    port(&seg, 0, true);
-    seg.assert_stable(1, VIP, Duration::from_secs(3));
+    port(&net.seg, 0, true);
+    net.seg.assert_stable(1, VIP, Duration::from_secs(3));
 
     // 2. The security group of both ports without protocol 112: no advert arrives
     //    anywhere. The backup's Master_Down runs out as if the master had died; both may
     //    hold the VIP for a moment, until the ARP conflict rule leaves one (docs/vrrp.md).
     //    From then on one node holds it, the other holds its claim and reports.
-    for ns in &seg.nodes {
+    for ns in &net.seg.nodes {
         nft(
             ns,
             "table inet kps_sg { chain in { type filter hook input priority 0; ip protocol 112 drop; }; }",
@@ -187,7 +154,7 @@ fn port_security_is_found_and_handled_safely() {
     let mut holder = None;
     let mut overlap = Duration::ZERO;
     while t.elapsed() < onset + Duration::from_secs(15) {
-        let h = seg.holders(VIP);
+        let h = net.seg.holders(VIP);
         if h.len() > 1 {
             overlap = t.elapsed();
         }
@@ -205,7 +172,7 @@ fn port_security_is_found_and_handled_safely() {
             holder = Some(h[0]);
         }
         let backup = 1 - holder.unwrap_or(1);
-        if seen.is_none() && findings(&files, backup).contains(&"vrrpBlocked".to_owned()) {
+        if seen.is_none() && findings(&net, backup).contains(&"vrrpBlocked".to_owned()) {
             seen = Some((backup, t.elapsed()));
         }
         std::thread::sleep(Duration::from_millis(50));
@@ -214,34 +181,32 @@ fn port_security_is_found_and_handled_safely() {
     let (backup, seen) = seen.expect("the backup reports that adverts do not arrive");
     assert_eq!(backup, 1 - holder);
     assert!(
-        log(backup)
+        log(&net, backup)
             .lines()
             .any(|l| l.contains("no VRRP advert has arrived") && l.contains("--protocol 112")),
         "a log line naming protocol 112"
     );
-    for ns in &seg.nodes {
+    for ns in &net.seg.nodes {
         sh(&[
             "ip", "netns", "exec", ns, "nft", "delete", "table", "inet", "kps_sg",
         ]);
     }
-    let cleared = wait(
+    let cleared = net.wait(
         "the finding clears once adverts arrive",
         Duration::from_secs(10),
-        &logs,
-        || !findings(&files, backup).contains(&"vrrpBlocked".to_owned()),
+        || !findings(&net, backup).contains(&"vrrpBlocked".to_owned()),
     );
     std::thread::sleep(Duration::from_secs(1));
-    let after = seg.holders(VIP);
+    let after = net.seg.holders(VIP);
     assert_eq!(after.len(), 1, "holders {after:?} once adverts flow again");
     eprintln!(
         "[vrrp blocked] two holders until {:.1} s at most, then {} alone; {} found it in {:.1} s; cleared {:.1} s after the rule went",
         overlap.as_secs_f64(),
-        names[holder],
-        names[backup],
+        net.name(holder),
+        net.name(backup),
         seen.as_secs_f64(),
         cleared.as_secs_f64()
     );
-    for n in &mut nodes {
-        n.proc.term();
-    }
+    net.stop(0);
+    net.stop(1);
 }

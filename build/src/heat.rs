@@ -11,8 +11,8 @@
 use std::fmt::Write as _;
 use std::net::{IpAddr, Ipv4Addr};
 
-use keelson_ignition::ClusterConfig;
-use keelson_ignition::install_config::InstallConfig;
+use keelson_cluster::ClusterConfig;
+use keelson_cluster::install_config::InstallConfig;
 
 /// The template's file name in `--out`.
 pub const FILE: &str = "openstack.yaml";

@@ -10,8 +10,10 @@
 #   scripts/openstack/services.sh stop    stop, by PID, what `start` started (newest first)
 #   scripts/openstack/services.sh status  one line per service: running (PID) or not
 #
-# `start` records "name pid" of each service it started in $OS_STATE/started; `stop`
-# stops exactly those. A service that does not come up is named with its log's path.
+# `start` records "name pid starttime" of each service it started in $OS_STATE/started;
+# `stop` stops exactly those, and only while that PID is still the same process (its start
+# time in /proc matches): after a reboot the file's PIDs may belong to anyone. A service
+# that does not come up is named with its log's path.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 . scripts/openstack/lib.sh
@@ -45,6 +47,10 @@ SERVICES=(
   "heat-api /run/heat/heat-api.pid /var/log/heat/heat-api.log"
   "heat-engine /run/heat/heat-engine.pid /var/log/heat/heat-engine.log"
 )
+
+# The kernel's start time of process $1 (clock ticks since boot; /proc/PID/stat field 22,
+# read after the command name, which may hold spaces).
+start_time() { [ -r "/proc/$1/stat" ] && sed 's/^.*) //' "/proc/$1/stat" | cut -d' ' -f20; }
 
 pid_of() { local p; [ -s "$1" ] && p=$(tr -dc 0-9 < "$1") && [ -n "$p" ] && kill -0 "$p" 2>/dev/null && echo "$p"; }
 
@@ -109,7 +115,7 @@ start() {
       die "$name did not start; see $logf"
     fi
     pid=$(pid_of "$pidfile")
-    echo "$name $pid" >> "$STARTED"
+    echo "$name $pid $(start_time "$pid")" >> "$STARTED"
     if ! wait_for 120 "$name" ready "$name" "$pidfile"; then
       pid_of "$pidfile" >/dev/null || die "$name (PID $pid) exited after starting; see $logf"
       # Not left running half-started: a later start would take it for a working one.
@@ -135,15 +141,21 @@ stop_pid() {
 
 stop() {
   [ -s "$STARTED" ] || { log "nothing to stop: no service was started by services.sh start"; return 0; }
-  local lines name pid f
+  local lines name pid started f
   mapfile -t lines < "$STARTED"
   for ((i = ${#lines[@]} - 1; i >= 0; i--)); do
-    read -r name pid <<<"${lines[i]}"
+    read -r name pid started <<<"${lines[i]}"
+    if [ -z "$started" ] || [ "$(start_time "$pid" || true)" != "$started" ]; then
+      log "$name (PID $pid) is not running any more (that PID is not the process started); skipped"
+      continue
+    fi
     # What Neutron's agents started for the cluster's networks (dnsmasq, the metadata
     # haproxy in each DHCP namespace) goes with the agent that started it.
     if [ "$name" = neutron-dhcp-agent ]; then
       for f in /var/lib/neutron/dhcp/*/pid /var/lib/neutron/external/pids/*.pid; do
-        [ -s "$f" ] && stop_pid "$(basename "$(dirname "$f")")/$(basename "$f")" "$(cat "$f")"
+        # Only while the file names one of them (a file from before a reboot may not).
+        [ -s "$f" ] && grep -qxE 'dnsmasq|haproxy' "/proc/$(cat "$f")/comm" 2>/dev/null &&
+          stop_pid "$(basename "$(dirname "$f")")/$(basename "$f")" "$(cat "$f")"
       done
     fi
     # Guests libvirt still runs go with it (the run deletes its servers first).

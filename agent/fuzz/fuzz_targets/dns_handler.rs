@@ -11,13 +11,13 @@
 use std::sync::OnceLock;
 
 use hickory_proto::op::{Message, MessageType};
-use keelson_agent::context::Member;
 use keelson_agent::dns::build_zone;
 use keelson_agent::dns::handler::{
     DropReason, OUR_UDP_PAYLOAD, Outcome, TCP_LIMIT, Transport, handle,
 };
 use keelson_agent::dns::zone::Zone;
-use keelson_ignition::Role;
+use keelson_agent::members::member::Member;
+use keelson_cluster::Role;
 use libfuzzer_sys::fuzz_target;
 
 fn zone() -> &'static Zone {
@@ -27,7 +27,7 @@ fn zone() -> &'static Zone {
             .iter()
             .enumerate()
             .map(|(i, name)| Member {
-                name: (*name).into(),
+                name: name.parse().expect("a DNS label"),
                 role: if i < 2 { Role::Master } else { Role::Worker },
                 addresses: vec![
                     format!("10.0.0.{}", 10 + i).parse().unwrap(),

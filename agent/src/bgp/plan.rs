@@ -4,9 +4,9 @@
 
 use std::net::{IpAddr, Ipv4Addr};
 
-use keelson_ignition::bgp::{BfdSettings, BgpSettings, Community, DaemonKind, DaemonRun};
-use keelson_ignition::cluster::{HealthCheckConfig, HealthCheckKind, RolePriorities};
-use keelson_ignition::{ClusterConfig, Role};
+use keelson_cluster::bgp::{BfdSettings, BgpSettings, Community, DaemonKind, DaemonRun};
+use keelson_cluster::cluster::{HealthCheckConfig, HealthCheckKind, RolePriorities};
+use keelson_cluster::{ClusterConfig, Role};
 
 use crate::node::NodeIdentity;
 
@@ -85,7 +85,7 @@ pub fn prepend_for(priorities: &RolePriorities, role: Role) -> Option<u8> {
 fn expand_check(check: &HealthCheckConfig, node: &NodeIdentity) -> HealthCheckConfig {
     let mut out = check.clone();
     if let HealthCheckKind::Http { url, .. } = &mut out.check {
-        let vars = crate::supervisor::node_vars(node);
+        let vars = crate::node::node_vars(node);
         // An IPv6 address in a URL needs brackets.
         let vars: Vec<(&'static str, String)> = vars
             .into_iter()
@@ -97,7 +97,7 @@ fn expand_check(check: &HealthCheckConfig, node: &NodeIdentity) -> HealthCheckCo
                 }
             })
             .collect();
-        *url = crate::supervisor::expand(url, &vars);
+        *url = crate::node::expand(url, &vars);
     }
     out
 }
@@ -209,7 +209,7 @@ mod tests {
 
     fn node(role: Role, addrs: &[&str]) -> NodeIdentity {
         NodeIdentity {
-            name: "master-0".into(),
+            name: "master-0".parse().unwrap(),
             role,
             interface: "eth0".into(),
             addresses: addrs.iter().map(|a| a.parse().unwrap()).collect(),

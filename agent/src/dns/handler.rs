@@ -194,14 +194,14 @@ pub fn encode_limited(resp: &Message, max_size: usize) -> Option<(Vec<u8>, bool)
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::context::Member;
+    use crate::members::member::Member;
     use hickory_proto::rr::{Name, RecordType};
-    use keelson_ignition::Role;
+    use keelson_cluster::Role;
 
     fn zone(n: usize) -> Zone {
         let members: Vec<Member> = (0..n)
             .map(|i| Member {
-                name: format!("node-{i}"),
+                name: format!("node-{i}").parse().unwrap(),
                 role: Role::Worker,
                 addresses: vec![format!("10.0.{}.{}", i / 250, i % 250 + 1).parse().unwrap()],
                 version: "1".into(),
@@ -376,6 +376,7 @@ mod tests {
     }
 
     proptest::proptest! {
+        #![proptest_config(keelson_testkit::proptest::config())]
         #[test]
         fn never_panics(bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..600)) {
             let z = zone(3);

@@ -9,7 +9,7 @@ use std::net::IpAddr;
 use hickory_proto::rr::rdata::{A, AAAA, SOA};
 use hickory_proto::rr::{DNSClass, Name, RData, Record, RecordType};
 
-use crate::context::Member;
+use crate::members::member::Member;
 
 /// Errors building a zone.
 #[derive(Debug, thiserror::Error)]
@@ -89,12 +89,11 @@ impl Zone {
         );
         let mut nodes = HashMap::new();
         for m in members {
-            // A member name that is not a single DNS label cannot be served; skip it.
-            let key = m.name.to_ascii_lowercase().into_bytes();
-            if key.is_empty() || key.len() > 63 || key.contains(&b'.') {
-                continue;
-            }
-            nodes.insert(key, m.addresses.clone());
+            // A member's name is one DNS label (`DnsLabel`): served as it is, any case.
+            nodes.insert(
+                m.name.to_ascii_lowercase().into_bytes(),
+                m.addresses.clone(),
+            );
         }
         Ok(Self {
             origin_labels: origin.num_labels() as usize,
@@ -207,20 +206,26 @@ impl Zone {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use keelson_ignition::Role;
+    use keelson_cluster::Role;
 
     fn zone() -> Zone {
         let members = vec![
             Member {
-                name: "master-0".into(),
+                name: "master-0".parse().unwrap(),
                 role: Role::Master,
                 addresses: vec!["10.0.0.10".parse().unwrap(), "fd00::10".parse().unwrap()],
                 version: "1".into(),
             },
             Member {
-                name: "Worker-1".into(),
+                name: "Worker-1".parse().unwrap(),
                 role: Role::Worker,
                 addresses: vec!["10.0.0.21".parse().unwrap()],
+                version: "1".into(),
+            },
+            Member {
+                name: "xn--bcher-kva".parse().unwrap(),
+                role: Role::Worker,
+                addresses: vec!["10.0.0.22".parse().unwrap()],
                 version: "1".into(),
             },
         ];
@@ -243,6 +248,23 @@ mod tests {
 
     fn q(s: &str) -> Name {
         Name::from_ascii(s).unwrap()
+    }
+
+    /// A-labels are served as any node name (issue 31), whatever the case asked.
+    #[test]
+    fn a_label_node_names_are_answered() {
+        let z = zone();
+        for n in [
+            "xn--bcher-kva.ocp4.example.com.",
+            "XN--BCHER-KVA.ocp4.example.com.",
+            "xn--bcher-kva.",
+        ] {
+            assert_eq!(
+                ips(z.lookup(&q(n), RecordType::A, DNSClass::IN)),
+                ["10.0.0.22"],
+                "{n}"
+            );
+        }
     }
 
     #[test]

@@ -15,10 +15,11 @@ use std::net::IpAddr;
 use std::path::Path;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use keelson_ignition::Role;
+use keelson_cluster::Role;
 use serde::{Deserialize, Serialize};
 
-use crate::context::Member;
+use crate::dns_label::DnsLabel;
+use crate::members::member::Member;
 
 /// The file under the state directory.
 pub const FILE: &str = "members.json";
@@ -44,7 +45,7 @@ pub struct Remembered {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct RememberedMember {
     /// Node name.
-    pub name: String,
+    pub name: DnsLabel,
     /// Its addresses.
     pub addresses: Vec<IpAddr>,
     /// When it was last heard (seconds since the Unix epoch).
@@ -63,8 +64,8 @@ struct Learned {
 pub struct Seeds {
     configured: Vec<IpAddr>,
     vips: Vec<IpAddr>,
-    learned: BTreeMap<String, Learned>,
-    written: Option<(BTreeMap<String, Vec<IpAddr>>, SystemTime)>,
+    learned: BTreeMap<DnsLabel, Learned>,
+    written: Option<(BTreeMap<DnsLabel, Vec<IpAddr>>, SystemTime)>,
 }
 
 fn unix(t: SystemTime) -> u64 {
@@ -131,7 +132,7 @@ impl Seeds {
         out
     }
 
-    fn masters(&self) -> BTreeMap<String, Vec<IpAddr>> {
+    fn masters(&self) -> BTreeMap<DnsLabel, Vec<IpAddr>> {
         self.learned
             .iter()
             .filter(|(_, l)| l.role == Role::Master)
@@ -183,9 +184,12 @@ impl Seeds {
         zone: &str,
         own_name: &str,
         now: SystemTime,
-    ) -> Result<usize, String> {
+    ) -> Result<usize, SeedsError> {
         if !doc.cluster.eq_ignore_ascii_case(zone) {
-            return Err(format!("cluster: expected {zone}, got {}", doc.cluster));
+            return Err(SeedsError::OtherCluster {
+                expected: zone.to_owned(),
+                got: doc.cluster.clone(),
+            });
         }
         let mut taken = 0;
         for m in &doc.members {
@@ -208,15 +212,51 @@ impl Seeds {
     }
 }
 
+/// Why the remembered masters cannot be used.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum SeedsError {
+    /// The file is another cluster's.
+    #[error("cluster: expected {expected}, got {got}")]
+    OtherCluster {
+        /// This cluster's zone.
+        expected: String,
+        /// The file's.
+        got: String,
+    },
+    /// The file cannot be read.
+    #[error("{path}: {source}")]
+    Read {
+        /// The file.
+        path: String,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// The file is not a remembered-members document (the message names the field).
+    #[error("{path}: {source}")]
+    Parse {
+        /// The file.
+        path: String,
+        /// The JSON error.
+        source: serde_json::Error,
+    },
+}
+
 /// Reads `dir/members.json`; `Ok(None)` when there is none.
-pub fn load(dir: &Path) -> Result<Option<Remembered>, String> {
+pub fn load(dir: &Path) -> Result<Option<Remembered>, SeedsError> {
     let path = dir.join(FILE);
     match std::fs::read(&path) {
         Ok(bytes) => serde_json::from_slice(&bytes)
             .map(Some)
-            .map_err(|e| format!("{}: {e}", path.display())),
+            .map_err(|source| SeedsError::Parse {
+                path: path.display().to_string(),
+                source,
+            }),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(format!("{}: {e}", path.display())),
+        Err(source) => Err(SeedsError::Read {
+            path: path.display().to_string(),
+            source,
+        }),
     }
 }
 
@@ -245,7 +285,7 @@ mod tests {
 
     fn m(name: &str, role: Role, addrs: &[&str]) -> Member {
         Member {
-            name: name.into(),
+            name: name.parse().unwrap(),
             role,
             addresses: addrs.iter().map(|a| ip(a)).collect(),
             version: "1".into(),
@@ -324,7 +364,12 @@ mod tests {
         assert!(text.contains("\"lastSeenUnix\":1700000000"), "{text}");
 
         let mut fresh = Seeds::new(vec![], vec![ip("10.0.0.5")]);
-        assert_eq!(fresh.remember(&doc, "C.example", "master-0", t(60)), Ok(1));
+        assert_eq!(
+            fresh
+                .remember(&doc, "C.example", "master-0", t(60))
+                .unwrap(),
+            1
+        );
         assert_eq!(
             fresh.targets(&[], &BTreeSet::new()),
             [ip("10.0.0.5"), ip("10.0.0.12")]
@@ -332,16 +377,22 @@ mod tests {
         assert!(!fresh.needs_write(t(61)), "what was read needs no write");
         let mut late = Seeds::new(vec![], vec![]);
         assert_eq!(
-            late.remember(&doc, "c.example", "master-0", t(RETENTION.as_secs() + 1)),
-            Ok(0)
+            late.remember(&doc, "c.example", "master-0", t(RETENTION.as_secs() + 1))
+                .unwrap(),
+            0
         );
         let err = late
             .remember(&doc, "other.example", "master-0", t(0))
             .unwrap_err();
-        assert!(err.contains("cluster: expected other.example"), "{err}");
+        assert!(
+            err.to_string().contains("cluster: expected other.example"),
+            "{err}"
+        );
         assert_eq!(
-            Seeds::new(vec![], vec![]).remember(&doc, "c.example", "master-1", t(0)),
-            Ok(0),
+            Seeds::new(vec![], vec![])
+                .remember(&doc, "c.example", "master-1", t(0))
+                .unwrap(),
+            0,
             "ourselves"
         );
     }
@@ -350,22 +401,23 @@ mod tests {
     fn load_and_save() {
         let dir = tempfile::tempdir().unwrap();
         let state = dir.path().join("state");
-        assert_eq!(load(&state), Ok(None));
+        assert_eq!(load(&state).unwrap(), None);
         let doc = Remembered {
             cluster: "c.example".into(),
             members: vec![RememberedMember {
-                name: "master-1".into(),
+                name: "master-1".parse().unwrap(),
                 addresses: vec![ip("10.0.0.12")],
                 last_seen_unix: 5,
             }],
         };
         save(&state, &doc).unwrap();
-        assert_eq!(load(&state), Ok(Some(doc)));
+        assert_eq!(load(&state).unwrap(), Some(doc));
         use std::os::unix::fs::PermissionsExt;
         let mode = std::fs::metadata(&state).unwrap().permissions().mode();
         assert_eq!(mode & 0o777, 0o700);
         std::fs::write(state.join(FILE), b"{\"cluster\": 1}").unwrap();
         let err = load(&state).unwrap_err();
-        assert!(err.contains("members.json"), "{err}");
+        assert!(matches!(err, SeedsError::Parse { .. }), "{err}");
+        assert!(err.to_string().contains("members.json"), "{err}");
     }
 }

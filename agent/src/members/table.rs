@@ -3,12 +3,13 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use crate::context::Member;
+use crate::dns_label::DnsLabel;
+use crate::members::member::Member;
 
 /// Members keyed by name with the time of their last registration.
 #[derive(Debug)]
 pub struct Table {
-    entries: HashMap<String, (Member, Instant)>,
+    entries: HashMap<DnsLabel, (Member, Instant)>,
     expiry: Duration,
 }
 
@@ -89,11 +90,11 @@ impl Table {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use keelson_ignition::Role;
+    use keelson_cluster::Role;
 
     fn m(name: &str) -> Member {
         Member {
-            name: name.into(),
+            name: name.parse().unwrap(),
             role: Role::Worker,
             addresses: vec!["10.0.0.1".parse().unwrap()],
             version: "1".into(),

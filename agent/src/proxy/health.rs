@@ -5,7 +5,7 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use keelson_ignition::cluster::BackendCheck;
+use keelson_cluster::cluster::BackendCheck;
 use rustls::pki_types::ServerName;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -75,8 +75,8 @@ impl std::fmt::Debug for Checker {
 impl Checker {
     /// A checker; each check gives up after `timeout`.
     pub fn new(kind: BackendCheck, timeout: Duration) -> Self {
-        let tls =
-            (kind == BackendCheck::TlsReadyz).then(crate::health::http::unverified_tls_connector);
+        let tls = (kind == BackendCheck::TlsReadyz)
+            .then(|| tokio_rustls::TlsConnector::from(crate::net::http_client::any_certificate()));
         Self { kind, timeout, tls }
     }
 
@@ -152,6 +152,7 @@ mod tests {
     }
 
     proptest! {
+        #![proptest_config(keelson_testkit::proptest::config())]
         #[test]
         fn status_round_trip(code in 100u16..1000, reason in "[ -~]{0,20}") {
             let line = format!("HTTP/1.1 {code} {reason}\r\n");

@@ -3,7 +3,7 @@
 
 use std::fmt::Write as _;
 
-use super::model::{AgentStatus, VrrpState};
+use super::model::{AgentStatus, BgpStatus, VrrpState};
 
 fn join<T: std::fmt::Display>(items: impl IntoIterator<Item = T>) -> String {
     let v: Vec<String> = items.into_iter().map(|x| x.to_string()).collect();
@@ -91,6 +91,19 @@ pub fn summary(st: &AgentStatus) -> String {
             r.restarts, r.last_error
         );
     }
+    vrrp_lines(&mut o, st);
+    proxy_lines(&mut o, st);
+    dns_lines(&mut o, st);
+    members_lines(&mut o, st);
+    ignition_lines(&mut o, st);
+    if let Some(b) = &st.other.bgp {
+        o.push_str(&bgp_lines(b));
+    }
+    o
+}
+
+/// Each VRRP instance.
+fn vrrp_lines(o: &mut String, st: &AgentStatus) {
     for v in &st.vrrp {
         let state = match v.state {
             VrrpState::Master => "MASTER",
@@ -146,6 +159,10 @@ pub fn summary(st: &AgentStatus) -> String {
             let _ = writeln!(o, "  checks: {}", join(checks));
         }
     }
+}
+
+/// The API proxy.
+fn proxy_lines(o: &mut String, st: &AgentStatus) {
     if let Some(px) = &st.proxy {
         let _ = writeln!(
             o,
@@ -200,6 +217,10 @@ pub fn summary(st: &AgentStatus) -> String {
             );
         }
     }
+}
+
+/// The DNS server.
+fn dns_lines(o: &mut String, st: &AgentStatus) {
     if let Some(d) = &st.dns {
         let _ = writeln!(
             o,
@@ -229,6 +250,10 @@ pub fn summary(st: &AgentStatus) -> String {
             join(&d.upstreams)
         );
     }
+}
+
+/// Members and their discovery.
+fn members_lines(o: &mut String, st: &AgentStatus) {
     let _ = writeln!(o, "members ({}):", st.members.len());
     for m in &st.members {
         let _ = writeln!(
@@ -270,6 +295,10 @@ pub fn summary(st: &AgentStatus) -> String {
             None => {}
         }
     }
+}
+
+/// The Ignition server.
+fn ignition_lines(o: &mut String, st: &AgentStatus) {
     if let Some(ig) = &st.ignition {
         let listen = join(ig.tls.iter().chain(ig.plain.iter()));
         let requests = ig.requests.iter().map(|r| {
@@ -289,17 +318,35 @@ pub fn summary(st: &AgentStatus) -> String {
             join(requests)
         );
     }
-    for (name, v) in &st.other {
-        // BGP has its own screen (per VIP: announced, or why not).
-        if name == "bgp"
-            && let Ok(bgp) = serde_json::from_value::<crate::bgp::status::BgpStatus>(v.clone())
-        {
-            o.push_str(&crate::bgp::status::summary(&bgp));
-            continue;
-        }
-        let _ = writeln!(o, "{name}: {v}");
+}
+
+/// BGP's own lines: per VIP, announced or why not.
+pub fn bgp_lines(status: &BgpStatus) -> String {
+    let mut out = format!(
+        "bgp: {} ({}), table {}, router id {}\n",
+        status.daemon, status.daemon_run, status.table, status.router_id
+    );
+    for s in &status.sessions {
+        out.push_str(&format!(
+            "  peer {:<24} AS{:<10} {}\n",
+            s.peer,
+            s.asn,
+            s.state.as_deref().unwrap_or("unknown")
+        ));
     }
-    o
+    for v in &status.vips {
+        if v.announced {
+            out.push_str(&format!("  {} {}: announced\n", v.name, v.vip));
+        } else {
+            out.push_str(&format!(
+                "  {} {}: not announced: {}\n",
+                v.name,
+                v.vip,
+                v.why_not.join("; ")
+            ));
+        }
+    }
+    out
 }
 
 #[cfg(test)]

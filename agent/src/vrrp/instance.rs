@@ -11,7 +11,7 @@ use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use keelson_ignition::cluster::{VrrpInstanceConfig, VrrpTransport, VrrpVersion};
+use keelson_cluster::cluster::{VrrpInstanceConfig, VrrpTransport, VrrpVersion};
 use serde::Serialize;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
@@ -19,12 +19,14 @@ use tokio_util::sync::CancellationToken;
 use super::codec::{self, Advert, Auth, CodecError, GROUP_V4, GROUP_V6, Version};
 use super::conflict::{self, Verdict};
 use super::fsm::{Action, Machine, Params, State, effective_priority};
-use super::gate::{ClaimGate, GateEvent, GateState};
+use super::gate::{ClaimGate, GateEvent};
 use super::portsec::{self, Change, Problem, VipCheck};
 use super::socket::{Received, VrrpSocket};
 use super::{announce, reach, vip};
-use crate::context::{AgentContext, MemberList};
+use crate::context::AgentContext;
 use crate::health::{self, CheckState};
+use crate::members::member::MemberList;
+use crate::status::model::GateState;
 
 /// When the first round of the port check runs after this node took the VIP.
 const PORT_CHECK_FIRST: Duration = Duration::from_secs(5);
@@ -232,8 +234,49 @@ impl InstanceStatus {
     }
 }
 
-/// Shared status of all instances, republished as the `vrrp` snapshot.
-pub type StatusMap = Arc<Mutex<BTreeMap<String, InstanceStatus>>>;
+/// The status of every instance by name, read by the `vrrp` view, with a signal at each
+/// change (`keelson-agent vrrp` prints the map then).
+#[derive(Debug, Clone)]
+pub struct StatusMap {
+    map: Arc<Mutex<BTreeMap<String, InstanceStatus>>>,
+    changed: Arc<watch::Sender<()>>,
+}
+
+impl Default for StatusMap {
+    fn default() -> Self {
+        Self {
+            map: Arc::default(),
+            changed: Arc::new(watch::Sender::new(())),
+        }
+    }
+}
+
+impl StatusMap {
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, InstanceStatus>> {
+        self.map.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Records an instance's status and signals the change.
+    pub fn insert(&self, st: InstanceStatus) {
+        self.lock().insert(st.name.clone(), st);
+        self.changed.send_replace(());
+    }
+
+    /// The typed status sections of every instance (`status`, `/metrics`).
+    pub fn views(&self, now: Instant) -> Vec<crate::status::model::VrrpInstance> {
+        self.lock().values().map(|s| s.view(now)).collect()
+    }
+
+    /// The map as one JSON document (`keelson-agent vrrp`'s lines).
+    pub fn to_json(&self) -> serde_json::Value {
+        serde_json::to_value(&*self.lock()).unwrap_or_default()
+    }
+
+    /// Changes from now on.
+    pub fn subscribe(&self) -> watch::Receiver<()> {
+        self.changed.subscribe()
+    }
+}
 
 struct Runner {
     spec: Spec,
@@ -463,7 +506,7 @@ impl Runner {
             .borrow()
             .iter()
             .filter(|m| m.name != self.ctx.node.name)
-            .map(|m| m.name.clone())
+            .map(|m| m.name.to_string())
             .collect();
         tracing::warn!(
             "vrrp {}: another host answers ARP for {vip} but no VRRP advert has arrived while members {} are live: the network likely drops IP protocol 112 (a security group without it); not claiming {vip} beside its holder; fix: {fix}",
@@ -723,12 +766,7 @@ impl Runner {
             state_since: Some(self.state_seen.1),
             port_security: self.findings.clone(),
         };
-        let snapshot = {
-            let mut map = self.status.lock().unwrap_or_else(|p| p.into_inner());
-            map.insert(st.name.clone(), st);
-            serde_json::to_value(&*map).unwrap_or_default()
-        };
-        self.ctx.bus.publish_status("vrrp", snapshot);
+        self.status.insert(st);
     }
 
     /// After our goodbye (priority 0), keeps the VIP until another router has taken over
@@ -775,6 +813,7 @@ impl Runner {
 }
 
 /// Runs one instance until `stop`; on stop sends priority 0 (if master) and removes the VIP.
+// Over 100 lines on purpose: the instance's one `select!` loop (adverts, timers, checks, members, stop); each arm is a few lines and hands the work to the state machine, and the loop reads best whole.
 pub async fn run(
     spec: Spec,
     ctx: AgentContext,
@@ -984,7 +1023,7 @@ async fn sleep_until(at: Option<Instant>) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use keelson_ignition::cluster::RolePriorities;
+    use keelson_cluster::cluster::RolePriorities;
 
     fn spec(version: VrrpVersion, pass: Option<&str>) -> Spec {
         Spec {

@@ -1,4 +1,4 @@
-//! VRRP (RFC 5798 v3, RFC 3768 v2) keepalived-compatible virtual IPs (DESIGN §4.3).
+//! VRRP (RFC 5798 v3, RFC 3768 v2) keepalived-compatible virtual IPs (docs/vrrp.md).
 //!
 //! - [`codec`]: advertisement parse/encode (pure).
 //! - [`fsm`]: the RFC state machine with a caller-supplied clock (pure).
@@ -55,8 +55,7 @@ pub async fn specs(ctx: &AgentContext) -> anyhow::Result<Vec<instance::Spec>> {
         };
         let mut own: Vec<std::net::IpAddr> = node.addresses.iter().map(|n| n.addr()).collect();
         // RFC 5798 §5.1.2.1: IPv6 multicast adverts come from the link-local address.
-        let primary = if v6 && cfg.transport == keelson_ignition::cluster::VrrpTransport::Multicast
-        {
+        let primary = if v6 && cfg.transport == keelson_cluster::cluster::VrrpTransport::Multicast {
             let ll = wait_link_local(&node.interface)
                 .await
                 .with_context(|| format!("vrrp {}: link-local address", cfg.name))?;
@@ -90,15 +89,22 @@ async fn wait_link_local(iface: &str) -> anyhow::Result<std::net::Ipv6Addr> {
 /// Runs every VRRP instance of this node until `stop` is cancelled; then each master sends
 /// priority 0 and every VIP is removed.
 pub async fn run(ctx: AgentContext, stop: CancellationToken) -> anyhow::Result<()> {
+    run_with(ctx, stop, instance::StatusMap::default()).await
+}
+
+/// [`run`] keeping the instances' status in `status`.
+pub async fn run_with(
+    ctx: AgentContext,
+    stop: CancellationToken,
+    status: instance::StatusMap,
+) -> anyhow::Result<()> {
     let specs = specs(&ctx).await?;
-    let status = instance::StatusMap::default();
     let _view = {
         let status = status.clone();
-        ctx.bus.views.vrrp.install(move || {
-            let now = std::time::Instant::now();
-            let map = status.lock().unwrap_or_else(|p| p.into_inner());
-            map.values().map(|s| s.view(now)).collect()
-        })
+        ctx.bus
+            .views
+            .vrrp
+            .install(move || status.views(std::time::Instant::now()))
     };
     let mut tasks = tokio::task::JoinSet::new();
     for spec in specs {
@@ -151,22 +157,20 @@ pub struct VrrpArgs {
 pub async fn cli(args: VrrpArgs) -> anyhow::Result<()> {
     let bytes = std::fs::read(&args.cluster)
         .with_context(|| format!("reading {}", args.cluster.display()))?;
-    let cluster = keelson_ignition::ClusterConfig::from_json(&bytes)?;
+    let cluster = keelson_cluster::ClusterConfig::from_json(&bytes)?;
     let node = crate::node::NodeIdentity::load(&args.node)?;
     let ctx = AgentContext::new(cluster, node);
     let stop = CancellationToken::new();
-    let mut status = ctx.bus.status.subscribe();
-    let printer = tokio::spawn(async move {
-        while status.changed().await.is_ok() {
-            let line = status
-                .borrow_and_update()
-                .get("vrrp")
-                .map(|v| v.to_string());
-            if let Some(line) = line {
-                println!("{line}");
+    let status = instance::StatusMap::default();
+    let mut changes = status.subscribe();
+    let printer = {
+        let status = status.clone();
+        tokio::spawn(async move {
+            while changes.changed().await.is_ok() {
+                println!("{}", status.to_json());
             }
-        }
-    });
+        })
+    };
     let signals = {
         let stop = stop.clone();
         tokio::spawn(async move {
@@ -184,7 +188,7 @@ pub async fn cli(args: VrrpArgs) -> anyhow::Result<()> {
             stop.cancel();
         })
     };
-    let res = run(ctx, stop).await;
+    let res = run_with(ctx, stop, status).await;
     signals.abort();
     printer.abort();
     res

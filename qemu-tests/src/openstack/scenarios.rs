@@ -77,6 +77,7 @@ pub fn cloud(c: &OpenStackCluster) -> Result<String> {
             node.name
         );
         let drive = matches!(node.source, MetadataSource::ConfigDrive(_));
+        let mut from = String::new();
         if c.is_standin(&node.name) {
             // Upstream Ignition read the user_data: from the drive Nova wrote, or over HTTP.
             let g = c.guest(&node.name).context("no guest agent")?;
@@ -102,7 +103,8 @@ pub fn cloud(c: &OpenStackCluster) -> Result<String> {
                 .lines()
                 .find_map(|l| l.split("metadata from ").nth(1))
                 .with_context(|| format!("{}: no `metadata from` line", node.name))?;
-            // The metadata service: over IPv4 once leased, or its IPv6 address on the link.
+            // The metadata service: over IPv4 once leased (what the agent asks first), or
+            // its IPv6 address on the link (Nova serves both; a slow lease makes it the one).
             let wanted: &[&str] = if drive {
                 &["config-drive:"]
             } else {
@@ -114,11 +116,13 @@ pub fn cloud(c: &OpenStackCluster) -> Result<String> {
                 node.name,
                 wanted.join(" or ")
             );
+            let url = said.split_whitespace().next().unwrap_or(said);
+            from = format!(" from {}", url.trim_end_matches(':'));
         }
         let created = c.show_field(&node.name, "created")?;
         let ready = ready_at(c, &node.name)? - epoch(&created)?;
         lines.push(format!(
-            "{} ({}, {}) ready {ready:.0} s after create",
+            "{} ({}, {}{from}) ready {ready:.0} s after create",
             node.name,
             node.image.as_str(),
             if drive {

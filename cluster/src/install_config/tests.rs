@@ -1,0 +1,128 @@
+use super::*;
+
+const EXAMPLE: &str = include_str!("../../../examples/install-config.yaml");
+const EXAMPLE_42: &str = include_str!("../../../examples/install-config-4.2.yaml");
+
+#[test]
+fn current_example() {
+    let ic = InstallConfig::parse(EXAMPLE).unwrap();
+    assert_eq!(
+        (ic.name.as_str(), ic.base_domain.as_str()),
+        ("ocp4", "osd2019.local")
+    );
+    assert_eq!((ic.masters, ic.workers), (3, 2));
+    assert_eq!(
+        ic.machine_networks,
+        ["10.0.0.0/16".parse::<IpNet>().unwrap()]
+    );
+    assert_eq!(ic.api_vips, ["10.0.0.5".parse::<IpAddr>().unwrap()]);
+    assert_eq!(ic.ingress_vips, ["10.0.0.7".parse::<IpAddr>().unwrap()]);
+    assert_eq!(ic.ssh_keys.len(), 1);
+    let cluster = ic.cluster_config();
+    cluster.check().unwrap();
+    let (api, ingress) = default_vrids("ocp4");
+    assert_eq!(cluster.instance("api").unwrap().vrid, api);
+    assert_eq!(cluster.instance("ingress").unwrap().vrid, ingress);
+    assert_eq!(
+        cluster.instance("api").unwrap().priorities.bootstrap,
+        Some(70)
+    );
+    assert_eq!(cluster.zone(), "ocp4.osd2019.local");
+}
+
+#[test]
+fn the_42_era_form() {
+    let ic = InstallConfig::parse(EXAMPLE_42).unwrap();
+    assert_eq!(ic.name, "ocp4");
+    assert_eq!(ic.api_vips, ["10.0.0.5".parse::<IpAddr>().unwrap()]);
+    assert_eq!(ic.ingress_vips, ["10.0.0.7".parse::<IpAddr>().unwrap()]);
+    assert_eq!(ic.machine_networks[0].to_string(), "10.0.0.0/16");
+    assert!(ic.api_floating_ip.is_some(), "lbFloatingIP kept");
+    assert!(
+        ic.notes.iter().any(|n| n.contains("computeFlavor")),
+        "{:?}",
+        ic.notes
+    );
+}
+
+fn err(yaml: &str) -> String {
+    InstallConfig::parse(yaml).unwrap_err().to_string()
+}
+
+fn with(from: &str, to: &str) -> String {
+    assert!(EXAMPLE.contains(from), "{from}");
+    EXAMPLE.replacen(from, to, 1)
+}
+
+#[test]
+fn bad_input_names_field_and_expectation() {
+    assert_eq!(
+        err(&with("replicas: 3", "replicas: three")),
+        "controlPlane.replicas: expected an integer >= 1, got \"three\""
+    );
+    assert_eq!(
+        err(&with("replicas: 3", "replicas: 0")),
+        "controlPlane.replicas: expected an integer >= 1, got 0"
+    );
+    assert!(err(&with("    - 10.0.0.5", "    - 192.168.1.5")).starts_with(
+        "platform.openstack.apiVIPs[0]: expected an address inside the machine network (10.0.0.0/16), got 192.168.1.5"
+    ));
+    assert_eq!(
+        err(&with("    - 10.0.0.7", "    - 10.0.0.5")),
+        "platform.openstack.ingressVIPs: expected a VIP different from the API VIP, got 10.0.0.5"
+    );
+    assert!(
+        err(&with("    - 10.0.0.5", "    - not-an-ip"))
+            .starts_with("platform.openstack.apiVIPs[0]: expected an IP address")
+    );
+    assert!(
+        err(&with("  - cidr: 10.0.0.0/16", "  - cidr: 10.0.0/99"))
+            .starts_with("networking.machineNetwork[0].cidr")
+    );
+    assert!(
+        err(&with("baseDomain: osd2019.local", ""))
+            .starts_with("baseDomain: expected a non-empty string")
+    );
+    assert!(
+        err(&with("  name: ocp4", "  name: OCP_4"))
+            .starts_with("metadata.name: expected a DNS label")
+    );
+    assert!(
+        err(&with("    apiVIPs:\n    - 10.0.0.5\n", ""))
+            .starts_with("platform.openstack.apiVIPs: expected a list with the VIP")
+    );
+    assert_eq!(
+        err(&with("    - 10.0.0.5\n", "    - 10.0.0.5\n    - fd00::x\n")),
+        "platform.openstack.apiVIPs[1]: expected an IP address, got \"fd00::x\""
+    );
+    assert!(
+        err(&with("compute:", "compute: three\nx:")).starts_with("compute: invalid type"),
+        "{}",
+        err(&with("compute:", "compute: three\nx:"))
+    );
+    assert_eq!(
+        err(&with("sshKey:", "sshKey: [1]\ny:")),
+        "sshKey: expected an SSH public key string, got a list"
+    );
+    assert!(err("a: [").starts_with("not valid YAML"));
+    assert!(err("- 1\n- 2\n").starts_with("(top level): expected a mapping"));
+}
+
+proptest::proptest! {
+    #![proptest_config(keelson_testkit::proptest::config())]
+    #[test]
+    fn never_panics(text in "[a-zA-Z0-9:\\-\\[\\]{}., \\n]{0,300}") {
+        let _ = InstallConfig::parse(&text);
+    }
+
+    #[test]
+    fn mutated_example_never_panics(at in 0usize..1500, byte in proptest::prelude::any::<u8>()) {
+        let mut bytes = EXAMPLE.as_bytes().to_vec();
+        if at < bytes.len() {
+            bytes[at] = byte;
+        }
+        if let Ok(text) = String::from_utf8(bytes) {
+            let _ = InstallConfig::parse(&text);
+        }
+    }
+}

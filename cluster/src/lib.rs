@@ -1,0 +1,50 @@
+//! keelson-cluster: the cluster model and its payloads — what `keelson` and the agent share.
+//!
+//! - [`cluster`]: `cluster.json`, the agent's cluster-wide configuration ([`bgp`]: its
+//!   BGP section).
+//! - [`version`]: the Ignition spec versions keelson writes.
+//! - [`routes`]: the hook through which the agent adds routes to the config server.
+//! - [`negotiate`]: which spec version to serve for an `Accept` header.
+//! - [`server`]: the Ignition config server (`keelson serve`, agent `ignition_server`).
+//!
+//! Everything here is pure (no sockets) except the config server, which `keelson serve`
+//! and the agent's `ignition_server` share.
+
+pub mod bgp;
+pub mod cluster;
+#[cfg(feature = "build")]
+pub mod install_config;
+pub mod membership;
+pub mod negotiate;
+#[cfg(feature = "build")]
+pub mod pki;
+pub mod render;
+pub mod resolver;
+pub mod routes;
+pub mod server;
+pub mod unit;
+pub mod version;
+
+pub use cluster::{ClusterConfig, Role};
+
+/// File names in a build's `tls/` directory, and on nodes under `/etc/keelson/tls/`.
+pub mod tls_files {
+    /// CA certificate.
+    pub const CA_CERT: &str = "ca.crt";
+    /// CA key (stays with the operator).
+    pub const CA_KEY: &str = "ca.key";
+    /// Server certificate.
+    pub const SERVER_CERT: &str = "server.crt";
+    /// Server key.
+    pub const SERVER_KEY: &str = "server.key";
+    /// The membership key: signs and verifies member records (docs/members.md).
+    pub const MEMBERSHIP_KEY: &str = "membership.key";
+    /// A key being retired: still verifies, never signs (key rotation).
+    pub const MEMBERSHIP_PREVIOUS_KEY: &str = "membership.previous.key";
+    /// A key being introduced: already verifies, does not sign yet (key rotation).
+    pub const MEMBERSHIP_NEXT_KEY: &str = "membership.next.key";
+    /// Every membership key file, signing key first.
+    pub const MEMBERSHIP_KEYS: [&str; 3] =
+        [MEMBERSHIP_KEY, MEMBERSHIP_PREVIOUS_KEY, MEMBERSHIP_NEXT_KEY];
+}
+pub use version::SpecVersion;
