@@ -5,7 +5,8 @@
 //!
 //! `openstack-cluster [--subset]`: the whole cluster (bootstrap, three masters, two workers)
 //! with every scenario; `--subset` (what `make test` runs) the bootstrap and one master:
-//! boot, cloud, DNS, API, both port security scenarios and the pivot.
+//! boot, cloud, DNS, API, both port security scenarios and the pivot. Both end with Heat's
+//! validator on `keelson build`'s template.
 //!
 //! Environment: `KEELSON_BIN`, `KEELSON_AGENT_BIN`, `KEELSON_STANDIN_BIN` (as
 //! `qemu-cluster`), `OPENSTACK_CLUSTER_MASTERS` (`standin`, the default, or `appliance`),
@@ -77,6 +78,7 @@ fn order(subset: bool) -> Vec<&'static str> {
             "P1 vip-pair",
             "P2 vrrp-112",
             "4 pivot",
+            "H heat",
         ]
     } else {
         vec![
@@ -91,6 +93,7 @@ fn order(subset: bool) -> Vec<&'static str> {
             "6 rejoin",
             "P1 vip-pair",
             "P2 vrrp-112",
+            "H heat",
         ]
     }
 }
@@ -120,6 +123,7 @@ fn scenarios(c: &mut OpenStackCluster, report: &mut Report, subset: bool) -> Opt
         report.run(c, "P1 vip-pair", &all, os::vip_not_allowed, d)?;
         report.run(c, "P2 vrrp-112", &all, os::vrrp_blocked, d)?;
         report.run(c, "4 pivot", &all, |c| scenarios::pivot(c), d)?;
+        report.run(c, "H heat", &[], os::heat_template, d)?;
         return Some(());
     }
     report.run(c, "4 pivot", &all, |c| scenarios::pivot(c), d)?;
@@ -142,6 +146,7 @@ fn scenarios(c: &mut OpenStackCluster, report: &mut Report, subset: bool) -> Opt
     )?;
     report.run(c, "P1 vip-pair", &all[1..], os::vip_not_allowed, d)?;
     report.run(c, "P2 vrrp-112", &all[1..], os::vrrp_blocked, d)?;
+    report.run(c, "H heat", &[], os::heat_template, d)?;
     Some(())
 }
 

@@ -348,3 +348,27 @@ pub fn vrrp_blocked(c: &mut OpenStackCluster) -> Result<String> {
         cleared.join(", ")
     ))
 }
+
+/// H. Heat: `keelson build`'s `openstack.yaml` passes Heat's own validator (heat-engine
+///    parses it, resolves every resource type and intrinsic function and checks the
+///    parameters); the run creates the cluster with the README's script, not the stack.
+pub fn heat_template(c: &OpenStackCluster) -> Result<String> {
+    let template = c.out.join("openstack.yaml");
+    let template = template.to_str().context("the template's path")?;
+    let v = c
+        .client
+        .json(&["orchestration", "template", "validate", "-t", template])?;
+    let params = v["Parameters"]
+        .as_object()
+        .context("Heat's validator answered without Parameters")?;
+    for p in ["keelson_image", "rhcos_image", "master_flavor"] {
+        ensure!(
+            params.contains_key(p),
+            "Heat's validator does not list the parameter {p}: {v}"
+        );
+    }
+    Ok(format!(
+        "Heat's validator accepts openstack.yaml ({} parameters)",
+        params.len()
+    ))
+}
