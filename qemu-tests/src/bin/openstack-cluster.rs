@@ -123,7 +123,7 @@ fn scenarios(c: &mut OpenStackCluster, report: &mut Report, subset: bool) -> Opt
         report.run(c, "P1 vip-pair", &all, os::vip_not_allowed, d)?;
         report.run(c, "P2 vrrp-112", &all, os::vrrp_blocked, d)?;
         report.run(c, "4 pivot", &all, |c| scenarios::pivot(c), d)?;
-        report.run(c, "H heat", &[], os::heat_template, d)?;
+        report.run(c, "H heat", &[], |c| os::heat_template(c), d)?;
         return Some(());
     }
     report.run(c, "4 pivot", &all, |c| scenarios::pivot(c), d)?;
@@ -146,7 +146,7 @@ fn scenarios(c: &mut OpenStackCluster, report: &mut Report, subset: bool) -> Opt
     )?;
     report.run(c, "P1 vip-pair", &all[1..], os::vip_not_allowed, d)?;
     report.run(c, "P2 vrrp-112", &all[1..], os::vrrp_blocked, d)?;
-    report.run(c, "H heat", &[], os::heat_template, d)?;
+    report.run(c, "H heat", &[], |c| os::heat_template(c), d)?;
     Some(())
 }
 
