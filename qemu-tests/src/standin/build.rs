@@ -112,6 +112,27 @@ fn apt_sources() -> Result<PathBuf> {
     bail!("no apt sources (/etc/apt/sources.list.d/debian.sources or /etc/apt/sources.list)")
 }
 
+/// `qemu-img convert` of a raw disk to qcow2 (v3).
+fn raw_to_qcow2(raw: &Path, qcow2: &Path) -> Result<()> {
+    tool_output(
+        Command::new("qemu-img")
+            .args([
+                "convert",
+                "-q",
+                "-f",
+                "raw",
+                "-O",
+                "qcow2",
+                "-o",
+                "compat=1.1",
+            ])
+            .arg(raw)
+            .arg(qcow2),
+        "qemu-img convert",
+    )?;
+    Ok(())
+}
+
 fn tool_output(cmd: &mut Command, what: &str) -> Result<String> {
     let out = cmd
         .output()
@@ -419,22 +440,7 @@ fn build_image(
     )?;
     let root_sha = sha256_file(&raw)?;
     let qcow2 = staging.0.join("root.qcow2");
-    tool_output(
-        Command::new("qemu-img")
-            .args([
-                "convert",
-                "-q",
-                "-f",
-                "raw",
-                "-O",
-                "qcow2",
-                "-o",
-                "compat=1.1",
-            ])
-            .arg(&raw)
-            .arg(&qcow2),
-        "qemu-img convert",
-    )?;
+    raw_to_qcow2(&raw, &qcow2)?;
     let root_files: u64 = tool_output(Command::new("du").args(["-s", "-B1"]).arg(&tree), "du")?
         .split_whitespace()
         .next()
@@ -596,22 +602,7 @@ fn disk_in(image: &StandinImage, work: &Path, qcow2: &Path) -> Result<()> {
     place(&boot, BOOT_OFFSET, None)?;
     place(&root, BOOT_OFFSET + BOOT_BYTES, None)?;
     let staging = qcow2.with_extension("qcow2.part");
-    tool_output(
-        Command::new("qemu-img")
-            .args([
-                "convert",
-                "-q",
-                "-f",
-                "raw",
-                "-O",
-                "qcow2",
-                "-o",
-                "compat=1.1",
-            ])
-            .arg(&raw)
-            .arg(&staging),
-        "qemu-img convert",
-    )?;
+    raw_to_qcow2(&raw, &staging)?;
     std::fs::rename(&staging, qcow2)?;
     Ok(())
 }
