@@ -77,8 +77,7 @@ pub fn cloud(c: &OpenStackCluster) -> Result<String> {
             node.name
         );
         let drive = matches!(node.source, MetadataSource::ConfigDrive(_));
-        let from;
-        if c.is_standin(&node.name) {
+        let from = if c.is_standin(&node.name) {
             // Upstream Ignition read the user_data: from the drive Nova wrote, or over HTTP.
             let g = c.guest(&node.name).context("no guest agent")?;
             let ignition = g.output(
@@ -109,11 +108,11 @@ pub fn cloud(c: &OpenStackCluster) -> Result<String> {
                     "metadata service"
                 }
             );
-            from = if drive_read {
+            if drive_read {
                 " read by Ignition".to_owned()
             } else {
                 " from http://169.254.169.254, by Ignition".to_owned()
-            };
+            }
         } else {
             let said = log
                 .lines()
@@ -133,8 +132,8 @@ pub fn cloud(c: &OpenStackCluster) -> Result<String> {
                 wanted.join(" or ")
             );
             let url = said.split_whitespace().next().unwrap_or(said);
-            from = format!(" from {}", url.trim_end_matches(':'));
-        }
+            format!(" from {}", url.trim_end_matches(':'))
+        };
         let created = c.show_field(&node.name, "created")?;
         let ready = ready_at(c, &node.name)? - epoch(&created)?;
         lines.push(format!(
