@@ -57,6 +57,9 @@ REQUIRED=(
   "birdc bird2"
   "vtysh frr"
   "haproxy haproxy"
+  # etcd 3.4 forms a cluster through the cluster DNS's SRV records (agent/tests/dns_etcd.rs).
+  "etcd etcd-server"
+  "etcdctl etcd-client"
   "nsd nsd"
   "dnsmasq dnsmasq-base"
   "dnsperf dnsperf"
@@ -69,6 +72,8 @@ REQUIRED=(
   "promtool prometheus"
   "wrk wrk"
   "iperf3 iperf3"
+  # PROFILE=1 of bench/dns_vs_nsd.sh: system calls per query and a profile.
+  "perf linux-perf"
 )
 # Files (not commands) the image builder and the UEFI boot test read: "path package".
 REQUIRED_FILES=(
