@@ -1,7 +1,7 @@
 # keelson: `make test` and `make qemu-cluster` do all their set-up themselves.
 SHELL := /bin/bash
 TARGET := x86_64-unknown-linux-gnu
-# The static agent (DESIGN §7): the explicit --target keeps the flag off proc-macro crates.
+# The static agent (docs/architecture.md, "Bars"): the explicit --target keeps the flag off proc-macro crates.
 AGENT_PROFILE ?= release
 AGENT_BIN := target/$(TARGET)/$(AGENT_PROFILE)/keelson-agent
 export KEELSON_AGENT_BIN := $(abspath $(AGENT_BIN))

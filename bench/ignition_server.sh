@@ -10,7 +10,7 @@
 # Env: KEELSON (binary; default target/release/keelson, else target/debug/keelson),
 #      SECS (per run, default 6), ROUNDS (default 5), CONNS (default 32),
 #      SERVER_CPU (default 1), WRK_CPU (default 0).
-# Bar (DESIGN §6): keelson >= 0.5 x nginx. Exit 1 below the bar.
+# Bar (docs/architecture.md): keelson >= 0.5 x nginx. Exit 1 below the bar.
 set -euo pipefail
 
 cd "$(dirname "$0")/.."

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The API proxy (DESIGN §4.4, §6): `keelson-agent proxy` vs haproxy in TCP mode, side by side
+# The API proxy (docs/proxy.md; bars in docs/architecture.md): `keelson-agent proxy` vs haproxy in TCP mode, side by side
 # in one run, with the direct path (no proxy) as the baseline. Loopback only.
 #
 # Measured for direct / haproxy / keelson:
@@ -27,7 +27,7 @@
 #      LOAD_CPU (default 0), QUIET_MAX / QUIET_WAIT (wait up to QUIET_WAIT s, default 60,
 #      before each run until other work uses at most QUIET_MAX %, default 10, of the machine),
 #      PARTS (which runs, default "iperf close ka"; bars of skipped runs are not judged).
-# Bars (DESIGN §6): throughput >= haproxy; connections/s >= 0.9 x haproxy; added p99
+# Bars (docs/architecture.md): throughput >= haproxy; connections/s >= 0.9 x haproxy; added p99
 # latency <= haproxy's. Exit 1 below a bar.
 set -euo pipefail
 

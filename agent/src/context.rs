@@ -1,41 +1,26 @@
 //! What the agent's subsystems share: the configuration, this node's identity and files,
-//! the watch channels through which one subsystem's state reaches the others, and the
-//! members registry (kept by `members`, served by `ignition_server`).
+//! and the watch channels through which one subsystem's state reaches the others.
 //!
 //! Producers own one channel each: `members` publishes the member list, `proxy` whether it
 //! has a healthy backend, `vrrp` which VIPs this node holds, `ignition_server` whether it
-//! runs. Everyone may publish a JSON status snapshot under its own name for `status`;
-//! the subsystems with a typed section in [`crate::status::model`] install a live view in
-//! [`Bus::views`] instead, read whenever `status` or `/metrics` asks.
+//! runs. Each subsystem with a section in the status document ([`crate::status::model`])
+//! installs a live view in [`Bus::views`], read whenever `status` or `/metrics` asks
+//! ([`AgentContext::status`]).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
-use keelson_ignition::{ClusterConfig, Role};
-use serde::{Deserialize, Serialize};
+use keelson_ignition::ClusterConfig;
 use tokio::sync::watch;
 
+use crate::members::member::MemberList;
 use crate::node::NodeIdentity;
-use crate::status::model::{DiscoveryStatus, DnsStatus, IgnitionStatus, ProxyStatus, VrrpInstance};
-
-/// One node of the cluster as members discovery sees it.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Member {
-    /// Node name.
-    pub name: String,
-    /// Role.
-    pub role: Role,
-    /// Addresses on the machine network.
-    pub addresses: Vec<IpAddr>,
-    /// Agent version the node runs.
-    pub version: String,
-}
-
-/// The live member list, sorted by name; this node included.
-pub type MemberList = Arc<Vec<Member>>;
+use crate::status::model::{
+    AgentStatus, BgpStatus, BuildInfo, DiscoveryStatus, DnsStatus, IgnitionStatus, NodeStatus,
+    OtherSections, ProxyStatus, Restarts, VrrpInstance,
+};
 
 /// The watch channels between subsystems.
 #[derive(Debug)]
@@ -53,8 +38,6 @@ pub struct Bus {
     pub vrrp_peer_down: watch::Sender<Option<IpAddr>>,
     /// DNS upstreams learned from metadata or DHCP (published by `net`/`metadata`).
     pub dns_upstreams: watch::Sender<Vec<IpAddr>>,
-    /// Status snapshots by subsystem name (published by everyone, read by `status`).
-    pub status: watch::Sender<BTreeMap<String, serde_json::Value>>,
     /// Services that are up (bound their sockets, started their loops); the supervisor
     /// logs the `keelson-agent ready:` line once every started service is here.
     pub ready: watch::Sender<BTreeSet<String>>,
@@ -62,16 +45,6 @@ pub struct Bus {
     pub views: Views,
     /// Restarts of services and operator processes by name (published by the supervisor).
     pub restarts: watch::Sender<BTreeMap<String, Restarts>>,
-}
-
-/// How often a service or process was restarted, and why last.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Restarts {
-    /// Restarts so far.
-    pub restarts: u64,
-    /// Why it ended the last time.
-    pub last_error: String,
 }
 
 /// A function that reads one subsystem's state now.
@@ -157,6 +130,8 @@ pub struct Views {
     pub discovery: Arc<ViewSlot<DiscoveryStatus>>,
     /// The Ignition server (`ignition`).
     pub ignition: Arc<ViewSlot<IgnitionStatus>>,
+    /// VIPs announced by BGP (`bgp`).
+    pub bgp: Arc<ViewSlot<BgpStatus>>,
 }
 
 impl Default for Bus {
@@ -168,7 +143,6 @@ impl Default for Bus {
             vips_held: watch::Sender::new(BTreeSet::new()),
             vrrp_peer_down: watch::Sender::new(None),
             dns_upstreams: watch::Sender::new(Vec::new()),
-            status: watch::Sender::new(BTreeMap::new()),
             ready: watch::Sender::new(BTreeSet::new()),
             views: Views::default(),
             restarts: watch::Sender::new(BTreeMap::new()),
@@ -194,13 +168,6 @@ impl Bus {
                     last_error: why.to_string(),
                 },
             );
-        });
-    }
-
-    /// Publishes `value` as subsystem `name`'s status snapshot.
-    pub fn publish_status(&self, name: &str, value: serde_json::Value) {
-        self.status.send_modify(|map| {
-            map.insert(name.to_string(), value);
         });
     }
 }
@@ -240,26 +207,16 @@ pub struct AgentContext {
     pub paths: Arc<NodePaths>,
     /// The shared channels.
     pub bus: Arc<Bus>,
-    /// The unicast members registry: filled by `members`, served by `ignition_server`
-    /// (unicast transport). Outlives restarts of either.
-    pub member_registry: Arc<crate::members::registry::Registry>,
 }
 
 impl AgentContext {
     /// A context with a fresh bus and the default paths.
     pub fn new(cluster: ClusterConfig, node: NodeIdentity) -> Self {
-        let expiry = std::time::Duration::from_secs(u64::from(cluster.members.expiry_secs.max(1)));
-        let mut registry = crate::members::registry::Registry::new(&cluster.zone(), expiry)
-            .with_own(crate::members::member_of(&node));
-        if cluster.members.key_id.is_some() {
-            registry = registry.awaiting_keys();
-        }
         Self {
             cluster: Arc::new(cluster),
             node: Arc::new(node),
             paths: Arc::new(NodePaths::default()),
             bus: Arc::new(Bus::default()),
-            member_registry: Arc::new(registry),
         }
     }
 
@@ -267,5 +224,40 @@ impl AgentContext {
     pub fn with_paths(mut self, paths: NodePaths) -> Self {
         self.paths = Arc::new(paths);
         self
+    }
+
+    /// The status document now: the bus's values and every installed view, read at this
+    /// moment; `started` is when the agent started serving (uptime). What the status socket
+    /// serves and `/metrics` exports.
+    pub fn status(&self, started: std::time::Instant) -> AgentStatus {
+        let bus = &self.bus;
+        let mut process = crate::status::process::read();
+        process.uptime_seconds = started.elapsed().as_secs_f64();
+        AgentStatus {
+            node: NodeStatus {
+                name: self.node.name.clone(),
+                role: self.node.role,
+                interface: self.node.interface.clone(),
+                addresses: self.node.addresses.clone(),
+                cluster: self.cluster.zone(),
+            },
+            build: BuildInfo::current(),
+            process,
+            ready: bus.ready.borrow().iter().cloned().collect(),
+            restarts: bus.restarts.borrow().clone(),
+            vips_held: bus.vips_held.borrow().iter().copied().collect(),
+            proxy_healthy: *bus.proxy_healthy.borrow(),
+            ignition_running: *bus.ignition_running.borrow(),
+            dns_upstreams: bus.dns_upstreams.borrow().clone(),
+            members: bus.members.borrow().to_vec(),
+            vrrp: bus.views.vrrp.read().unwrap_or_default(),
+            proxy: bus.views.proxy.read(),
+            dns: bus.views.dns.read(),
+            discovery: bus.views.discovery.read(),
+            ignition: bus.views.ignition.read(),
+            other: OtherSections {
+                bgp: bus.views.bgp.read(),
+            },
+        }
     }
 }

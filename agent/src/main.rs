@@ -42,7 +42,7 @@ fn main() -> anyhow::Result<()> {
         tracing_subscriber::fmt()
             .with_writer(std::io::stderr)
             .finish()
-            .with(keelson_agent::log_filter("info"))
+            .with(keelson_agent::log::filter("info"))
             .init();
     }
     let runtime = tokio::runtime::Runtime::new()?;

@@ -99,6 +99,26 @@ impl NodeIdentity {
     }
 }
 
+/// What an operator process learns about its node: as environment variables, and as
+/// `${NAME}` in its arguments (one cluster.json entry serves every node, yet a process can
+/// bind its own node's address: the VIP and the wildcard stay free for the agent).
+pub fn node_vars(node: &NodeIdentity) -> Vec<(&'static str, String)> {
+    let addr = |v6| node.address(v6).map(|a| a.to_string()).unwrap_or_default();
+    vec![
+        ("KEELSON_NODE_NAME", node.name.clone()),
+        ("KEELSON_NODE_ROLE", node.role.as_str().to_owned()),
+        ("KEELSON_NODE_ADDRESS", addr(false)),
+        ("KEELSON_NODE_ADDRESS6", addr(true)),
+    ]
+}
+
+/// `arg` with every `${NAME}` of `vars` replaced; other text (and unknown `${...}`) kept.
+pub fn expand(arg: &str, vars: &[(&'static str, String)]) -> String {
+    vars.iter().fold(arg.to_owned(), |a, (k, v)| {
+        a.replace(&format!("${{{k}}}"), v)
+    })
+}
+
 /// The role file the rendered Ignition configs write (`master`, `worker`, `bootstrap`).
 pub const ROLE_FILE: &str = "etc/keelson/role";
 
@@ -290,6 +310,31 @@ mod identity_tests {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn process_arguments_expand_the_node_variables() {
+        let node = NodeIdentity {
+            name: "master-1".into(),
+            role: Role::Master,
+            interface: "eth0".into(),
+            addresses: vec!["10.0.0.12/16".parse().unwrap()],
+        };
+        let vars = node_vars(&node);
+        assert_eq!(
+            expand("--listen=${KEELSON_NODE_ADDRESS}:6443", &vars),
+            "--listen=10.0.0.12:6443"
+        );
+        assert_eq!(
+            expand("${KEELSON_NODE_NAME}/${KEELSON_NODE_ROLE}", &vars),
+            "master-1/master"
+        );
+        // No IPv6 address: empty, not the literal; unknown names stay as written.
+        assert_eq!(expand("[${KEELSON_NODE_ADDRESS6}]", &vars), "[]");
+        assert_eq!(
+            expand("${HOME} $KEELSON_NODE_NAME", &vars),
+            "${HOME} $KEELSON_NODE_NAME"
+        );
+    }
 
     #[test]
     fn parses_and_rejects_unknown_fields() {

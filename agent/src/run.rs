@@ -3,13 +3,18 @@
 //! PID 1 (`init`) uses [`run_node`] too.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
+use keelson_ignition::cluster::MembersTransport;
+use keelson_ignition::routes::ExtraRoutes;
+use keelson_ignition::server::{AccessList, default_allowed_networks};
 use keelson_ignition::{ClusterConfig, Role};
 use tokio_util::sync::CancellationToken;
 
 use crate::context::AgentContext;
+use crate::members::registry::Registry;
 use crate::node::NodeIdentity;
 use crate::supervisor::{ServiceFn, Supervisor, boxed};
 
@@ -37,18 +42,32 @@ pub struct RunArgs {
     pub state_dir: PathBuf,
 }
 
-/// The services, in start order: members first (the others read the member list), the
-/// Ignition server before DNS so masters can fetch as early as possible.
-pub const SERVICES: &[(&str, ServiceFn)] = &[
-    ("members", |c, s| boxed(crate::members::run(c, s))),
-    ("ignition", |c, s| boxed(crate::ignition_server::run(c, s))),
-    ("dns", |c, s| boxed(crate::dns::run(c, s))),
-    ("vrrp", |c, s| boxed(crate::vrrp::run(c, s))),
-    ("proxy", |c, s| boxed(crate::proxy::run(c, s))),
-    ("bgp", |c, s| boxed(crate::bgp::run(c, s))),
-];
+/// The services' names, in start order: members first (the others read the member list),
+/// the Ignition server before DNS so masters can fetch as early as possible.
+pub const SERVICE_NAMES: [&str; 6] = ["members", "ignition", "dns", "vrrp", "proxy", "bgp"];
 
-/// Which services a role runs (DESIGN §3): the control plane (bootstrap and masters) serves
+/// The services of [`SERVICE_NAMES`], wired: `members` fills the members `registry` and the
+/// Ignition server serves it (unicast transport), so it outlives restarts of either.
+pub fn services(ctx: &AgentContext, registry: Arc<Registry>) -> Vec<(&'static str, ServiceFn)> {
+    let routes: Option<Arc<dyn ExtraRoutes>> =
+        (ctx.cluster.members.transport == MembersTransport::Unicast).then(|| registry.clone() as _);
+    vec![
+        (
+            "members",
+            Arc::new(move |c, s| boxed(crate::members::run(c, registry.clone(), s))),
+        ),
+        (
+            "ignition",
+            Arc::new(move |c, s| boxed(crate::ignition_server::run(c, routes.clone(), s))),
+        ),
+        ("dns", Arc::new(|c, s| boxed(crate::dns::run(c, s)))),
+        ("vrrp", Arc::new(|c, s| boxed(crate::vrrp::run(c, s)))),
+        ("proxy", Arc::new(|c, s| boxed(crate::proxy::run(c, s)))),
+        ("bgp", Arc::new(|c, s| boxed(crate::bgp::run(c, s)))),
+    ]
+}
+
+/// Which services a role runs (docs/architecture.md, "What each part promises"): the control plane (bootstrap and masters) serves
 /// Ignition and balances the API; every node announces itself, answers DNS and takes part
 /// in the VRRP instances its role has a priority in (workers: ingress).
 pub fn services_for(role: Role) -> Vec<&'static str> {
@@ -86,28 +105,21 @@ pub async fn run_node(
     } else {
         let mut out = Vec::new();
         for name in only {
-            let known = SERVICES
-                .iter()
-                .find(|(n, _)| n == name)
-                .map(|(n, _)| *n)
-                .with_context(|| {
-                    format!(
-                        "--only {name}: expected one of {}",
-                        SERVICES
-                            .iter()
-                            .map(|(n, _)| *n)
-                            .collect::<Vec<_>>()
-                            .join(", ")
-                    )
-                })?;
-            out.push(known);
+            let known = SERVICE_NAMES.iter().find(|n| *n == name).with_context(|| {
+                format!(
+                    "--only {name}: expected one of {}",
+                    SERVICE_NAMES.join(", ")
+                )
+            })?;
+            out.push(*known);
         }
         out
     };
     let mut supervisor = Supervisor::new(ctx.clone(), stop.clone());
-    for (name, run) in SERVICES {
-        if wanted.contains(name) {
-            supervisor.service(name, *run);
+    let registry = Arc::new(Registry::for_node(&ctx.cluster, &ctx.node));
+    for (name, run) in services(&ctx, registry) {
+        if wanted.contains(&name) {
+            supervisor.service(name, move |c, s| run(c, s));
         }
     }
     let mut processes = Vec::new();
@@ -148,14 +160,21 @@ pub async fn run_node(
     {
         let (ctx, stop) = (ctx.clone(), stop.clone());
         tokio::spawn(async move {
-            if let Err(e) = crate::status::serve(ctx, status_socket, started, stop).await {
+            let status = move || ctx.status(started);
+            if let Err(e) = crate::status::serve(status_socket, status, stop).await {
                 tracing::warn!("status socket: {e:#}");
             }
         });
     }
     // `/metrics` runs beside the status socket, not as a supervised service: it is never
     // in the ready line, and a port it cannot bind must not hold the node's services back.
-    tokio::spawn(crate::metrics::serve(ctx.clone(), started, stop.clone()));
+    {
+        let access = AccessList::new(default_allowed_networks(&ctx.cluster), true);
+        let port = ctx.cluster.metrics.port;
+        let ctx = ctx.clone();
+        let status = move || ctx.status(started);
+        tokio::spawn(crate::metrics::serve(port, access, status, stop.clone()));
+    }
     if !processes.is_empty() {
         tracing::info!("operator processes: {}", processes.join(", "));
     }

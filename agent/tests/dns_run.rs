@@ -6,8 +6,9 @@ use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use keelson_agent::context::{AgentContext, Member};
+use keelson_agent::context::AgentContext;
 use keelson_agent::dns::{RunOptions, run_with};
+use keelson_agent::members::member::Member;
 use keelson_agent::node::NodeIdentity;
 use keelson_ignition::{ClusterConfig, Role};
 use tokio_util::sync::CancellationToken;

@@ -8,8 +8,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use keelson_agent::proxy::backend::{Backend, BackendSnapshot};
+use keelson_agent::proxy::backend::Backend;
 use keelson_agent::proxy::{Proxy, ProxyConfig};
+use keelson_agent::status::model::BackendSnapshot;
 use keelson_ignition::cluster::BackendCheck;
 use sha2::{Digest, Sha256};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};

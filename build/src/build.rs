@@ -1,5 +1,5 @@
 //! `keelson build`, `render`, `validate` and `vrids`: from install-config.yaml to the files of
-//! DESIGN §2 (`bootstrap.ign`, `master.ign`, `worker.ign`, `cluster.json`, `tls/`,
+//! docs/architecture.md, "From install-config to a running node" (`bootstrap.ign`, `master.ign`, `worker.ign`, `cluster.json`, `tls/`,
 //! `assets/keelson-agent`, `keelson.qcow2`, `SHA256SUMS`).
 //!
 //! Everything is written into a temporary directory next to `--out` and moved into place
@@ -150,7 +150,7 @@ pub struct Asset {
 }
 
 /// Where the appliance image carries the build's assets, so an appliance bootstrap can
-/// run and serve them (DESIGN §2: the bootstrap cannot fetch from itself).
+/// run and serve them (docs/architecture.md: the bootstrap cannot fetch from itself).
 pub const IMAGE_ASSETS_DIR: &str = "/etc/keelson/assets";
 
 /// Reads the `--asset` files; names must be plain, distinct, and not the agent's.

@@ -1,4 +1,4 @@
-//! `keelson serve --dir DIR`: the Ignition server of DESIGN §3.4 over a build directory.
+//! `keelson serve --dir DIR`: the Ignition server (docs/ignition-server.md) over a build directory.
 //!
 //! Reads `DIR/cluster.json`, `DIR/tls/{server.crt,server.key}` and serves `DIR/assets/*`
 //! under `/assets/`. Clients allowed: `--allow` if given, else the cluster's

@@ -1,5 +1,5 @@
 //! `cluster.json` `bgp`: VIPs announced by a routing daemon instead of held by VRRP
-//! (DESIGN §9.3, `docs/bgp.md`).
+//! (`docs/bgp.md`).
 //!
 //! A VIP is in `bgp` mode when its `vrrp.instances[]` entry is named in `bgp.vips`; the
 //! instance keeps saying which roles take part (`priorities`) and what is checked

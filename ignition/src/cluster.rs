@@ -1,4 +1,4 @@
-//! `cluster.json`: the agent's cluster-wide configuration (DESIGN §3.3).
+//! `cluster.json`: the agent's cluster-wide configuration (docs/cluster-json.md).
 //!
 //! Written by `keelson build`, carried inside every full Ignition config as
 //! `/etc/keelson/cluster.json`, and read by every agent. Versioned (`"version": 1`);
@@ -283,7 +283,7 @@ pub enum HealthCheckKind {
     IgnitionServer,
 }
 
-/// The API load balancer (DESIGN §4.4).
+/// The API load balancer (docs/proxy.md).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ApiSettings {
@@ -370,7 +370,7 @@ pub enum BackendCheck {
     TlsReadyz,
 }
 
-/// The cluster DNS server (DESIGN §4.5).
+/// The cluster DNS server (docs/dns.md).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct DnsSettings {
@@ -418,7 +418,7 @@ impl EtcdRecords {
     }
 }
 
-/// The Ignition config server (DESIGN §3.4).
+/// The Ignition config server (docs/ignition-server.md).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct IgnitionServerSettings {
@@ -434,7 +434,7 @@ pub struct IgnitionServerSettings {
     pub spec: String,
 }
 
-/// How members find each other (DESIGN §4.6).
+/// How members find each other (docs/members.md).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum MembersTransport {

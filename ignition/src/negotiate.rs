@@ -1,5 +1,5 @@
 //! Which Ignition spec version to serve, from the `Accept` header the client sent
-//! (DESIGN §3.4). Pure code: no I/O.
+//! (docs/ignition-server.md). Pure code: no I/O.
 //!
 //! What real clients send:
 //! - Ignition 2.x and later (spec 3): `application/vnd.coreos.ignition+json;version=3.2.0, */*;q=0.1`

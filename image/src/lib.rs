@@ -1,4 +1,4 @@
-//! keelson-image: the appliance image (DESIGN §2, §4.1): a reproducible initramfs whose
+//! keelson-image: the appliance image (docs/image.md): a reproducible initramfs whose
 //! `/init` is the static agent, the kernel modules it needs, and a GPT disk that boots with
 //! SeaBIOS (syslinux) and UEFI (systemd-boot), converted to `keelson.qcow2`.
 //!

@@ -1,7 +1,7 @@
-//! The static agent as `make agent` builds it: statically linked and within DESIGN §6's
+//! The static agent as `make agent` builds it: statically linked and within the size bar of docs/architecture.md ("Bars")
 //! size bar (<= 12 MiB stripped), so growth is noticed when it happens.
 
-/// DESIGN §6.
+/// docs/architecture.md, "Bars".
 const MAX_BYTES: u64 = 12 * 1024 * 1024;
 
 #[test]

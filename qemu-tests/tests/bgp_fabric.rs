@@ -1,4 +1,4 @@
-//! VIPs by BGP through a real routing daemon (issue 21, DESIGN §9.3), in namespaces: two
+//! VIPs by BGP through a real routing daemon (issue 21, docs/bgp.md), in namespaces: two
 //! racks behind BIRD top-of-rack routers with BGP and BFD, a BIRD spine with the client,
 //! three masters (two in rack A, one in rack B) each running keelson-agent (which starts
 //! BIRD) and a stand-in apiserver. See `keelson_qemu_tests::fabric` for the topology.

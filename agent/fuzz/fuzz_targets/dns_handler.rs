@@ -13,7 +13,7 @@
 use std::sync::OnceLock;
 
 use hickory_proto::op::{Message, MessageType};
-use keelson_agent::context::Member;
+use keelson_agent::members::member::Member;
 use keelson_agent::dns::build_zone;
 use keelson_agent::dns::handler::{
     DropReason, OUR_UDP_PAYLOAD, Outcome, TCP_LIMIT, Transport, handle,

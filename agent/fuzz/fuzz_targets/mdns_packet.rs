@@ -12,7 +12,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
-use keelson_agent::context::Member;
+use keelson_agent::members::member::Member;
 use keelson_agent::members::auth::{Keys, Verifier};
 use keelson_agent::members::mdns::{Announce, Cache, MDNS_PORT, Received, valid_label};
 use keelson_ignition::Role;

@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::{Method, StatusCode};
-use keelson_agent::context::Member;
+use keelson_agent::members::member::Member;
 use keelson_agent::members::auth::{Keys, Verifier};
 use keelson_agent::members::mdns::valid_label;
 use keelson_agent::members::registry::{Entry, MEMBERS_PATH, Registry};

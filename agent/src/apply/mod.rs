@@ -1,4 +1,4 @@
-//! Appliance mode: apply the Ignition subset the agent needs from user_data (DESIGN §2):
+//! Appliance mode: apply the Ignition subset the agent needs from user_data (docs/architecture.md, "From install-config to a running node"):
 //! fetch and verify pointer configs, write files (cluster.json, TLS, the role, operator files),
 //! directories and `core`'s SSH keys, and refuse, with a clear line, what it cannot honour
 //! (systemd units, disks, file systems: the appliance has neither systemd nor a root disk).
@@ -44,7 +44,7 @@ pub enum ApplyError {
     },
     /// Fetching a pointer config or remote file failed for good.
     #[error(transparent)]
-    Fetch(#[from] fetch::FetchError),
+    Fetch(#[from] crate::net::http_client::HttpError),
     /// A file's contents are larger than [`MAX_FILE_BYTES`] (fetched, or once decompressed).
     #[error("user_data {field}: larger than the limit of {limit} bytes{how}")]
     TooLarge {
@@ -501,11 +501,13 @@ async fn write_file(
                 None => fetch::get_with_retry(url, cas, MAX_FILE_BYTES, opts.fetch_timeout)
                     .await
                     .map_err(|e| match e {
-                        fetch::FetchError::TooLarge { limit, .. } => ApplyError::TooLarge {
-                            field: format!("{field}.contents.source"),
-                            limit,
-                            how: "",
-                        },
+                        crate::net::http_client::HttpError::TooLarge { limit, .. } => {
+                            ApplyError::TooLarge {
+                                field: format!("{field}.contents.source"),
+                                limit,
+                                how: "",
+                            }
+                        }
                         other => other.into(),
                     })?,
             }

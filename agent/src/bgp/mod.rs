@@ -1,4 +1,4 @@
-//! VIPs announced by BGP (DESIGN §9.3, `docs/bgp.md`): anycast, health-gated, through a
+//! VIPs announced by BGP (`docs/bgp.md`): anycast, health-gated, through a
 //! real routing daemon. keelson never speaks BGP itself; it decides who may announce which
 //! VIP, and when.
 //!
@@ -24,6 +24,7 @@ pub mod status;
 use std::collections::BTreeSet;
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::Context as _;
@@ -181,16 +182,16 @@ async fn ask_daemon(
     }
 }
 
-fn publish(
-    ctx: &AgentContext,
+/// The `bgp` section of the status document now.
+fn status_now(
     plan: &NodePlan,
     vips: &[Vip],
     protocols: Option<&[birdc::Protocol]>,
     daemon_error: Option<&str>,
-) {
+) -> crate::status::model::BgpStatus {
     let sessions_known = plan.daemon == DaemonKind::Bird;
     let sessions = status::sessions(plan, protocols);
-    let st = status::BgpStatus {
+    crate::status::model::BgpStatus {
         table: plan.table,
         daemon: match plan.daemon {
             DaemonKind::Bird => "bird",
@@ -218,9 +219,7 @@ fn publish(
             })
             .collect(),
         sessions,
-    };
-    ctx.bus
-        .publish_status("bgp", serde_json::to_value(&st).unwrap_or_default());
+    }
 }
 
 /// The `bgp` service: runs until `stop`, then withdraws every VIP and empties the table.
@@ -275,17 +274,20 @@ pub async fn run(ctx: AgentContext, stop: CancellationToken) -> anyhow::Result<(
     let mut tick = tokio::time::interval(POLL);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let (mut protocols, mut daemon_error) = (None, None);
+    let latest = Arc::new(Mutex::new(status_now(&plan, &vips, None, None)));
+    let _view = {
+        let latest = latest.clone();
+        ctx.bus
+            .views
+            .bgp
+            .install(move || latest.lock().unwrap_or_else(|p| p.into_inner()).clone())
+    };
     loop {
         for v in vips.iter_mut() {
             reconcile(&ctx, &routes, v).await;
         }
-        publish(
-            &ctx,
-            &plan,
-            &vips,
-            protocols.as_deref(),
-            daemon_error.as_deref(),
-        );
+        *latest.lock().unwrap_or_else(|p| p.into_inner()) =
+            status_now(&plan, &vips, protocols.as_deref(), daemon_error.as_deref());
         tokio::select! {
             _ = stop.cancelled() => break,
             _ = any_check_changed(&mut vips) => {}

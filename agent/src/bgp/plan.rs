@@ -85,7 +85,7 @@ pub fn prepend_for(priorities: &RolePriorities, role: Role) -> Option<u8> {
 fn expand_check(check: &HealthCheckConfig, node: &NodeIdentity) -> HealthCheckConfig {
     let mut out = check.clone();
     if let HealthCheckKind::Http { url, .. } = &mut out.check {
-        let vars = crate::supervisor::node_vars(node);
+        let vars = crate::node::node_vars(node);
         // An IPv6 address in a URL needs brackets.
         let vars: Vec<(&'static str, String)> = vars
             .into_iter()
@@ -97,7 +97,7 @@ fn expand_check(check: &HealthCheckConfig, node: &NodeIdentity) -> HealthCheckCo
                 }
             })
             .collect();
-        *url = crate::supervisor::expand(url, &vars);
+        *url = crate::node::expand(url, &vars);
     }
     out
 }

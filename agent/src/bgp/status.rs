@@ -1,78 +1,10 @@
 //! What `keelson-agent status` shows about BGP: per VIP whether this node announces it,
 //! and if not, why (pure: built from the check states, the table and the daemon's answer).
 
-use std::net::IpAddr;
-
-use serde::{Deserialize, Serialize};
-
 use super::birdc::Protocol;
 use super::plan::{NodePlan, VipPlan};
 use crate::health::CheckState;
-
-/// One BGP session as status shows it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct SessionStatus {
-    /// The peer's address.
-    pub peer: IpAddr,
-    /// The peer's ASN.
-    pub asn: u32,
-    /// The daemon's state for it (`Established`, `Active`...), `None` when unknown.
-    pub state: Option<String>,
-    /// Whether it is established.
-    pub established: bool,
-}
-
-/// One VIP as status shows it.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct VipStatus {
-    /// The `vrrp.instances[]` name.
-    pub name: String,
-    /// The VIP.
-    pub vip: IpAddr,
-    /// Whether the host route is in the keelson table (the checks pass).
-    pub route_installed: bool,
-    /// Whether this node announces it: route installed and a session of its family up
-    /// (for a daemon the agent cannot ask, the route alone).
-    pub announced: bool,
-    /// Why not, when not announced (empty when it is).
-    pub why_not: Vec<String>,
-    /// Extra copies of the local ASN on the announcement (role order).
-    pub prepend: u8,
-    /// The checks and whether they pass.
-    pub checks: Vec<CheckStateStatus>,
-}
-
-/// A check's state (the serialisable mirror of [`CheckState`]).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct CheckStateStatus {
-    /// Check name.
-    pub name: String,
-    /// Whether it passes.
-    pub passing: bool,
-}
-
-/// The `bgp` status snapshot.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct BgpStatus {
-    /// The kernel table of the VIP routes.
-    pub table: u32,
-    /// `bird` or `frr`.
-    pub daemon: String,
-    /// Whether the agent runs the daemon (`agent`) or someone else does (`external`).
-    pub daemon_run: String,
-    /// Why the daemon could not be asked about its sessions, if it could not.
-    pub daemon_error: Option<String>,
-    /// BGP router ID.
-    pub router_id: String,
-    /// The sessions this node opens.
-    pub sessions: Vec<SessionStatus>,
-    /// The VIPs this node's role takes part in.
-    pub vips: Vec<VipStatus>,
-}
+use crate::status::model::{CheckStateStatus, SessionStatus, VipStatus};
 
 /// Whether a VIP with these check states is announced: every check passes (a VIP without
 /// checks always is).
@@ -165,35 +97,6 @@ pub fn vip_status(
             })
             .collect(),
     }
-}
-
-/// Lines for `keelson-agent status`'s summary.
-pub fn summary(status: &BgpStatus) -> String {
-    let mut out = format!(
-        "bgp: {} ({}), table {}, router id {}\n",
-        status.daemon, status.daemon_run, status.table, status.router_id
-    );
-    for s in &status.sessions {
-        out.push_str(&format!(
-            "  peer {:<24} AS{:<10} {}\n",
-            s.peer,
-            s.asn,
-            s.state.as_deref().unwrap_or("unknown")
-        ));
-    }
-    for v in &status.vips {
-        if v.announced {
-            out.push_str(&format!("  {} {}: announced\n", v.name, v.vip));
-        } else {
-            out.push_str(&format!(
-                "  {} {}: not announced: {}\n",
-                v.name,
-                v.vip,
-                v.why_not.join("; ")
-            ));
-        }
-    }
-    out
 }
 
 #[cfg(test)]
@@ -289,7 +192,7 @@ mod tests {
 
     #[test]
     fn summary_lines() {
-        let st = BgpStatus {
+        let st = crate::status::model::BgpStatus {
             table: 198,
             daemon: "bird".into(),
             daemon_run: "agent".into(),
@@ -305,7 +208,7 @@ mod tests {
                 None,
             )],
         };
-        let text = summary(&st);
+        let text = crate::status::bgp_lines(&st);
         assert!(text.contains("peer 10.1.0.1"), "{text}");
         assert!(
             text.contains("api 10.255.0.5: not announced: check failing: local-apiserver"),

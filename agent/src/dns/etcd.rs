@@ -10,7 +10,7 @@ use std::net::IpAddr;
 
 use keelson_ignition::Role;
 
-use crate::context::Member;
+use crate::members::member::Member;
 
 /// Peer port in `_etcd-server-ssl._tcp` SRV records.
 pub const PEER_PORT: u16 = 2380;

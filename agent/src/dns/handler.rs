@@ -247,8 +247,8 @@ pub fn encode_limited(resp: &Message, max_size: usize) -> Option<(Vec<u8>, bool)
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::context::Member;
     use crate::dns::zone::tests::member;
+    use crate::members::member::Member;
     use hickory_proto::op::Query;
     use hickory_proto::rr::{Name, RData, RecordType};
     use keelson_ignition::Role;

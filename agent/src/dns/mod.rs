@@ -1,4 +1,4 @@
-//! The cluster DNS server: authoritative zone plus forwarding (DESIGN §4.5).
+//! The cluster DNS server: authoritative zone plus forwarding (docs/dns.md).
 //!
 //! - [`zone`]: the cluster zone as data (`api`, `api-int`, `*.apps`, node names, the etcd
 //!   names of [`etcd`]).
@@ -30,11 +30,12 @@ use std::sync::Arc;
 
 use anyhow::Context as _;
 use keelson_ignition::ClusterConfig;
-use tokio::net::{TcpListener, UdpSocket};
+
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use crate::context::{AgentContext, Member};
+use crate::context::AgentContext;
+use crate::members::member::Member;
 use forward::{Forwarder, UPSTREAM_TIMEOUT};
 use server::Shared;
 use zone::Zone;
@@ -134,9 +135,10 @@ pub async fn listen(
     let mut last_err = None;
     // With port 0 the UDP port the kernel picks may be taken for TCP: retry a few times.
     for _ in 0..10 {
-        let udp = bind_udp(addr).with_context(|| format!("binding UDP {addr}"))?;
+        let udp = crate::net::listen::udp_one_family(addr)
+            .with_context(|| format!("binding UDP {addr}"))?;
         let bound = udp.local_addr()?;
-        match bind_tcp(bound) {
+        match crate::net::listen::tcp_one_family(bound) {
             Ok(tcp) => {
                 tokio::spawn(server::serve_udp(udp, shared.clone(), stop.clone()));
                 tokio::spawn(server::serve_tcp(tcp, shared.clone(), stop.clone()));
@@ -150,37 +152,6 @@ pub async fn listen(
         .map(anyhow::Error::from)
         .unwrap_or_else(|| anyhow::anyhow!("no port")))
     .with_context(|| format!("binding TCP on {addr}"))
-}
-
-/// Receive buffer of the UDP socket: bursts of queries (dnsperf, a cluster booting) must
-/// not overflow it while one thread answers.
-const UDP_RCVBUF: usize = 4 << 20;
-
-fn new_socket(addr: SocketAddr, ty: socket2::Type) -> std::io::Result<socket2::Socket> {
-    let domain = socket2::Domain::for_address(addr);
-    let s = socket2::Socket::new(domain, ty, None)?;
-    if addr.is_ipv6() {
-        // `[::]` next to `0.0.0.0` on the same port: keep the families apart.
-        s.set_only_v6(true)?;
-    }
-    s.set_nonblocking(true)?;
-    Ok(s)
-}
-
-fn bind_udp(addr: SocketAddr) -> std::io::Result<UdpSocket> {
-    let s = new_socket(addr, socket2::Type::DGRAM)?;
-    // Best effort: the kernel caps it at net.core.rmem_max.
-    let _ = s.set_recv_buffer_size(UDP_RCVBUF);
-    s.bind(&addr.into())?;
-    UdpSocket::from_std(s.into())
-}
-
-fn bind_tcp(addr: SocketAddr) -> std::io::Result<TcpListener> {
-    let s = new_socket(addr, socket2::Type::STREAM)?;
-    s.set_reuse_address(true)?;
-    s.bind(&addr.into())?;
-    s.listen(1024)?;
-    TcpListener::from_std(s.into())
 }
 
 /// Options of [`run_with`] that tests change.

@@ -1,4 +1,4 @@
-//! Health checks whose results move VRRP priorities (DESIGN §4.3), like keepalived's
+//! Health checks whose results move VRRP priorities (docs/vrrp.md), like keepalived's
 //! `track_script` but in-process: TCP connect, HTTP(S) GET expecting a status (HTTPS
 //! without certificate verification), "the local proxy has a healthy backend" and "the
 //! local Ignition server runs" (both read from the bus).

@@ -1,4 +1,4 @@
-//! The :22623/:22624 Ignition config service on a node (DESIGN §3.4). The server itself is
+//! The :22623/:22624 Ignition config service on a node (docs/ignition-server.md). The server itself is
 //! `keelson_ignition::server`, the same code `keelson serve` runs; this module wires it to
 //! the node: TLS from `/etc/keelson/tls/`, ports and allowed networks from cluster.json,
 //! bootstrap mode on the bootstrap node, the agent's own binary as `/assets/keelson-agent`,
@@ -12,7 +12,6 @@ use std::sync::{Arc, Mutex};
 use anyhow::Context;
 use bytes::Bytes;
 use keelson_ignition::Role;
-use keelson_ignition::cluster::MembersTransport;
 use keelson_ignition::routes::ExtraRoutes;
 use keelson_ignition::server::{
     Assets, BoundServer, ConfigSource, IgnitionServer, RenderSource, RequestObserver,
@@ -251,8 +250,13 @@ impl Drop for Running {
     }
 }
 
-/// Runs this subsystem until `stop` is cancelled.
-pub async fn run(ctx: AgentContext, stop: CancellationToken) -> anyhow::Result<()> {
+/// Runs this subsystem until `stop` is cancelled; `members` (the unicast members registry)
+/// answers the `/keelson/` routes.
+pub async fn run(
+    ctx: AgentContext,
+    members: Option<Arc<dyn ExtraRoutes>>,
+    stop: CancellationToken,
+) -> anyhow::Result<()> {
     // The node renders what it serves from its own cluster.json and TLS files, with the
     // running agent as the binary masters and workers fetch.
     let exe = std::env::current_exe().context("locating the agent's own binary")?;
@@ -261,8 +265,8 @@ pub async fn run(ctx: AgentContext, stop: CancellationToken) -> anyhow::Result<(
         .map_err(|e| anyhow::anyhow!("{e}"))?;
     let mut service = IgnitionService::new(source).with_paths(Paths::in_tls_dir(&tls_dir));
     // Unicast members: every control-plane node is a registry (docs/members.md).
-    if ctx.cluster.members.transport == MembersTransport::Unicast {
-        service = service.with_extra_routes(ctx.member_registry.clone());
+    if let Some(members) = members {
+        service = service.with_extra_routes(members);
     }
     service.run(ctx, stop).await
 }

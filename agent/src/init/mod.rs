@@ -1,4 +1,4 @@
-//! PID 1 in the appliance (DESIGN §4.1): mount the kernel file systems, load the image's
+//! PID 1 in the appliance (docs/agent.md, "Appliance boot"): mount the kernel file systems, load the image's
 //! modules, find metadata and configure the network as clouds provide them ([`cloud`]),
 //! apply user_data, run the services under
 //! the supervisor, reap orphans, and on SIGTERM / SIGPWR / ctrl-alt-del / the ACPI power
@@ -21,6 +21,8 @@ use tracing_subscriber::layer::SubscriberExt as _;
 use tracing_subscriber::util::SubscriberInitExt as _;
 
 use crate::context::AgentContext;
+// The console line, under its short name for PID 1's many steps.
+use crate::log::console as log;
 
 /// Where the cluster settings land after user_data is applied.
 pub const CLUSTER_JSON: &str = "/etc/keelson/cluster.json";
@@ -66,19 +68,13 @@ pub fn main() -> ! {
     }
 }
 
-/// Logs straight to the console, independent of `tracing` (used before it is set up and for
-/// the steps operators look for).
-pub fn log(message: &str) {
-    eprintln!("keelson-agent: {message}");
-}
-
 fn init_logging() {
     let _ = tracing_subscriber::fmt()
         .with_ansi(false)
         .with_writer(std::io::stderr)
         .with_target(false)
         .finish()
-        .with(crate::log_filter(
+        .with(crate::log::filter(
             "info,hickory_proto=warn,hickory_server=warn",
         ))
         .try_init();

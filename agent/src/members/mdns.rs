@@ -31,7 +31,7 @@ use hickory_proto::rr::{DNSClass, Name, RData, Record, RecordType};
 use keelson_ignition::Role;
 
 use super::auth::{Fields, Fresh, Op, Proof, Reject, Signer, Verifier, source_matches};
-use crate::context::Member;
+use crate::members::member::Member;
 
 /// The DNS-SD service type members use.
 pub const SERVICE: &str = "_keelson._tcp.local.";

@@ -1,4 +1,4 @@
-//! Member discovery: who is in the cluster, with which address and role (DESIGN §4.6).
+//! Member discovery: who is in the cluster, with which address and role (docs/members.md).
 //!
 //! - [`mdns`] / [`mdns_net`]: mDNS + DNS-SD on the segment (RFC 6762/6763), coexisting
 //!   with avahi.
@@ -7,18 +7,22 @@
 //!   server side [`registry::Registry`] (the Ignition server's `/keelson/` routes).
 //! - [`table`]: soft state that expires.
 //!
+//! - [`member`]: what a member is.
+//!
 //! Whatever the transport, the result is published on `ctx.bus.members`: sorted by name,
 //! this node included, other clusters' members never.
 
 pub mod auth;
 pub mod mdns;
 pub mod mdns_net;
+pub mod member;
 pub mod registry;
 pub mod seeds;
 pub mod table;
 pub mod unicast;
 
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use anyhow::Context as _;
@@ -26,8 +30,10 @@ use keelson_ignition::ClusterConfig;
 use keelson_ignition::cluster::MembersTransport;
 use tokio_util::sync::CancellationToken;
 
-use crate::context::{AgentContext, Member};
+use crate::context::AgentContext;
 use crate::node::NodeIdentity;
+use member::Member;
+use registry::Registry;
 
 /// Packets and records seen, dropped and why (status snapshot).
 #[derive(Debug, Default)]
@@ -81,17 +87,7 @@ impl Counters {
 
 /// This node as a member.
 pub fn own_member(ctx: &AgentContext) -> Member {
-    member_of(&ctx.node)
-}
-
-/// `node` as a member.
-pub fn member_of(node: &NodeIdentity) -> Member {
-    Member {
-        name: node.name.clone(),
-        role: node.role,
-        addresses: node.addresses.iter().map(|n| n.addr()).collect(),
-        version: crate::VERSION.to_string(),
-    }
+    Member::of(&ctx.node)
 }
 
 /// Publishes `others` plus this node, sorted by name, if the list changed.
@@ -117,21 +113,27 @@ pub struct RunOptions {
     pub ca_path: Option<PathBuf>,
 }
 
-/// Runs this subsystem until `stop` is cancelled.
-pub async fn run(ctx: AgentContext, stop: CancellationToken) -> anyhow::Result<()> {
-    run_with(ctx, stop, RunOptions::default()).await
+/// Runs this subsystem until `stop` is cancelled, filling `registry` (which the Ignition
+/// server serves to the other nodes, unicast transport).
+pub async fn run(
+    ctx: AgentContext,
+    registry: Arc<Registry>,
+    stop: CancellationToken,
+) -> anyhow::Result<()> {
+    run_with(ctx, registry, stop, RunOptions::default()).await
 }
 
 /// [`run`] with explicit options.
 pub async fn run_with(
     ctx: AgentContext,
+    registry: Arc<Registry>,
     stop: CancellationToken,
     opts: RunOptions,
 ) -> anyhow::Result<()> {
     let counters = std::sync::Arc::new(Counters::default());
     let _view = {
         let (counters, transport) = (counters.clone(), ctx.cluster.members.transport);
-        let registry = ctx.member_registry.clone();
+        let registry = registry.clone();
         ctx.bus.views.discovery.install(move || {
             let mut st = counters.status(transport);
             st.auth = registry.auth_status();
@@ -144,7 +146,7 @@ pub async fn run_with(
     let verifier = std::sync::Arc::new(
         auth::Verifier::new(keys.clone()).with_window(ctx.cluster.members.max_clock_skew()),
     );
-    ctx.member_registry.set_verifier(verifier.clone());
+    registry.set_verifier(verifier.clone());
     match ctx.cluster.members.transport {
         MembersTransport::Mdns => mdns_net::run(ctx, stop, &counters, verifier, keys).await,
         MembersTransport::Unicast => {
@@ -152,7 +154,7 @@ pub async fn run_with(
                 .ca_path
                 .unwrap_or_else(|| ctx.paths.tls_dir.join(keelson_ignition::tls_files::CA_CERT));
             let state = ctx.paths.state_dir.clone();
-            unicast::run(ctx, stop, &counters, ca, state, keys).await
+            unicast::run(ctx, registry, stop, &counters, ca, state, keys).await
         }
     }
 }
@@ -222,6 +224,7 @@ pub async fn cli(args: MembersArgs) -> anyhow::Result<()> {
         .ca
         .clone()
         .unwrap_or_else(|| tls_dir.join(keelson_ignition::tls_files::CA_CERT));
+    let registry = Arc::new(Registry::for_node(&cluster, &node));
     let ctx = AgentContext::new(cluster, node).with_paths(crate::context::NodePaths {
         state_dir: args.state_dir.clone(),
         tls_dir,
@@ -235,7 +238,7 @@ pub async fn cli(args: MembersArgs) -> anyhow::Result<()> {
         }
     });
     let opts = RunOptions { ca_path: Some(ca) };
-    let mut task = tokio::spawn(run_with(ctx, stop.clone(), opts));
+    let mut task = tokio::spawn(run_with(ctx, registry, stop.clone(), opts));
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     let result = tokio::select! {
         _ = tokio::signal::ctrl_c() => None,

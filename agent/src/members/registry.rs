@@ -21,7 +21,9 @@ use tokio::sync::watch;
 use super::auth::{Fields, Fresh, Op, Proof, Reject, Verifier, source_matches};
 use super::mdns::valid_label;
 use super::table::Table;
-use crate::context::Member;
+use crate::members::member::Member;
+use crate::node::NodeIdentity;
+use keelson_ignition::ClusterConfig;
 
 /// The registration path on the Ignition server.
 pub const MEMBERS_PATH: &str = "/keelson/v1/members";
@@ -80,6 +82,20 @@ impl Registry {
             table: Mutex::new(Table::new(expiry)),
             changed: watch::Sender::new(0),
             verifier: RwLock::new(Some(Arc::new(Verifier::new(None)))),
+        }
+    }
+
+    /// The registry of `node` in `cluster`: entries expire after `members.expiryS`, the
+    /// node lists itself, and registrations wait for the membership keys when the cluster
+    /// names one. Built once by the run loop, it outlives restarts of `members` (which fills
+    /// it) and `ignition_server` (which serves it).
+    pub fn for_node(cluster: &ClusterConfig, node: &NodeIdentity) -> Self {
+        let expiry = Duration::from_secs(u64::from(cluster.members.expiry_secs.max(1)));
+        let registry = Self::new(&cluster.zone(), expiry).with_own(Member::of(node));
+        if cluster.members.key_id.is_some() {
+            registry.awaiting_keys()
+        } else {
+            registry
         }
     }
 

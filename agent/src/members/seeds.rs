@@ -18,7 +18,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use keelson_ignition::Role;
 use serde::{Deserialize, Serialize};
 
-use crate::context::Member;
+use crate::members::member::Member;
 
 /// The file under the state directory.
 pub const FILE: &str = "members.json";
@@ -183,9 +183,12 @@ impl Seeds {
         zone: &str,
         own_name: &str,
         now: SystemTime,
-    ) -> Result<usize, String> {
+    ) -> Result<usize, SeedsError> {
         if !doc.cluster.eq_ignore_ascii_case(zone) {
-            return Err(format!("cluster: expected {zone}, got {}", doc.cluster));
+            return Err(SeedsError::OtherCluster {
+                expected: zone.to_owned(),
+                got: doc.cluster.clone(),
+            });
         }
         let mut taken = 0;
         for m in &doc.members {
@@ -208,15 +211,51 @@ impl Seeds {
     }
 }
 
+/// Why the remembered masters cannot be used.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum SeedsError {
+    /// The file is another cluster's.
+    #[error("cluster: expected {expected}, got {got}")]
+    OtherCluster {
+        /// This cluster's zone.
+        expected: String,
+        /// The file's.
+        got: String,
+    },
+    /// The file cannot be read.
+    #[error("{path}: {source}")]
+    Read {
+        /// The file.
+        path: String,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// The file is not a remembered-members document (the message names the field).
+    #[error("{path}: {source}")]
+    Parse {
+        /// The file.
+        path: String,
+        /// The JSON error.
+        source: serde_json::Error,
+    },
+}
+
 /// Reads `dir/members.json`; `Ok(None)` when there is none.
-pub fn load(dir: &Path) -> Result<Option<Remembered>, String> {
+pub fn load(dir: &Path) -> Result<Option<Remembered>, SeedsError> {
     let path = dir.join(FILE);
     match std::fs::read(&path) {
         Ok(bytes) => serde_json::from_slice(&bytes)
             .map(Some)
-            .map_err(|e| format!("{}: {e}", path.display())),
+            .map_err(|source| SeedsError::Parse {
+                path: path.display().to_string(),
+                source,
+            }),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(format!("{}: {e}", path.display())),
+        Err(source) => Err(SeedsError::Read {
+            path: path.display().to_string(),
+            source,
+        }),
     }
 }
 
@@ -324,7 +363,12 @@ mod tests {
         assert!(text.contains("\"lastSeenUnix\":1700000000"), "{text}");
 
         let mut fresh = Seeds::new(vec![], vec![ip("10.0.0.5")]);
-        assert_eq!(fresh.remember(&doc, "C.example", "master-0", t(60)), Ok(1));
+        assert_eq!(
+            fresh
+                .remember(&doc, "C.example", "master-0", t(60))
+                .unwrap(),
+            1
+        );
         assert_eq!(
             fresh.targets(&[], &BTreeSet::new()),
             [ip("10.0.0.5"), ip("10.0.0.12")]
@@ -332,16 +376,22 @@ mod tests {
         assert!(!fresh.needs_write(t(61)), "what was read needs no write");
         let mut late = Seeds::new(vec![], vec![]);
         assert_eq!(
-            late.remember(&doc, "c.example", "master-0", t(RETENTION.as_secs() + 1)),
-            Ok(0)
+            late.remember(&doc, "c.example", "master-0", t(RETENTION.as_secs() + 1))
+                .unwrap(),
+            0
         );
         let err = late
             .remember(&doc, "other.example", "master-0", t(0))
             .unwrap_err();
-        assert!(err.contains("cluster: expected other.example"), "{err}");
+        assert!(
+            err.to_string().contains("cluster: expected other.example"),
+            "{err}"
+        );
         assert_eq!(
-            Seeds::new(vec![], vec![]).remember(&doc, "c.example", "master-1", t(0)),
-            Ok(0),
+            Seeds::new(vec![], vec![])
+                .remember(&doc, "c.example", "master-1", t(0))
+                .unwrap(),
+            0,
             "ourselves"
         );
     }
@@ -350,7 +400,7 @@ mod tests {
     fn load_and_save() {
         let dir = tempfile::tempdir().unwrap();
         let state = dir.path().join("state");
-        assert_eq!(load(&state), Ok(None));
+        assert_eq!(load(&state).unwrap(), None);
         let doc = Remembered {
             cluster: "c.example".into(),
             members: vec![RememberedMember {
@@ -360,12 +410,13 @@ mod tests {
             }],
         };
         save(&state, &doc).unwrap();
-        assert_eq!(load(&state), Ok(Some(doc)));
+        assert_eq!(load(&state).unwrap(), Some(doc));
         use std::os::unix::fs::PermissionsExt;
         let mode = std::fs::metadata(&state).unwrap().permissions().mode();
         assert_eq!(mode & 0o777, 0o700);
         std::fs::write(state.join(FILE), b"{\"cluster\": 1}").unwrap();
         let err = load(&state).unwrap_err();
-        assert!(err.contains("members.json"), "{err}");
+        assert!(matches!(err, SeedsError::Parse { .. }), "{err}");
+        assert!(err.to_string().contains("members.json"), "{err}");
     }
 }

@@ -3,7 +3,7 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use crate::context::Member;
+use crate::members::member::Member;
 
 /// Members keyed by name with the time of their last registration.
 #[derive(Debug)]

@@ -21,11 +21,6 @@ use std::time::{Duration, Instant, SystemTime};
 use anyhow::Context as _;
 use bytes::Bytes;
 use http::{Method, StatusCode};
-use http_body_util::{BodyExt, Full};
-use hyper_util::rt::TokioIo;
-use rustls::pki_types::ServerName;
-use rustls::pki_types::pem::PemObject;
-use tokio::net::TcpStream;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
@@ -34,6 +29,7 @@ pub use super::registry::{Entry, Goodbye, MEMBERS_PATH, Registration, Registry};
 use super::seeds::{self, Seeds};
 use super::{Counters, own_member, publish};
 use crate::context::AgentContext;
+use crate::net::http_client::{HttpClient, HttpError, Request, Trust};
 
 /// Where the cluster CA is on a node.
 pub const CA_PATH: &str = "/etc/keelson/tls/ca.crt";
@@ -46,28 +42,20 @@ const ALONE_RETRY: Duration = Duration::from_secs(1);
 
 /// A TLS client configuration trusting only the CA in `ca_path`.
 pub fn client_config(ca_path: &Path) -> anyhow::Result<Arc<rustls::ClientConfig>> {
-    let mut roots = rustls::RootCertStore::empty();
-    let certs = rustls::pki_types::CertificateDer::pem_file_iter(ca_path)
+    let pem = std::fs::read(ca_path)
         .with_context(|| format!("cluster CA {}: expected a PEM file", ca_path.display()))?;
-    for cert in certs {
-        let cert = cert.with_context(|| format!("cluster CA {}: bad PEM", ca_path.display()))?;
-        roots.add(cert).with_context(|| {
-            format!("cluster CA {}: not a usable certificate", ca_path.display())
-        })?;
+    match Trust::roots_from_pem(&[pem]) {
+        Ok(Trust::Roots(config)) => Ok(config),
+        Ok(_) => anyhow::bail!(
+            "cluster CA {}: expected at least one certificate",
+            ca_path.display()
+        ),
+        Err(e) => anyhow::bail!("cluster CA {}: {e}", ca_path.display()),
     }
-    anyhow::ensure!(
-        !roots.is_empty(),
-        "cluster CA {}: expected at least one certificate",
-        ca_path.display()
-    );
-    let config = rustls::ClientConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()?
-    .with_root_certificates(roots)
-    .with_no_client_auth();
-    Ok(Arc::new(config))
 }
+
+/// The largest answer taken from a registry (the whole cluster's member list).
+const MAX_ANSWER_BYTES: usize = 4 << 20;
 
 /// One HTTPS exchange with `addr` (an IP literal: the certificate must name that IP).
 pub async fn exchange(
@@ -76,7 +64,7 @@ pub async fn exchange(
     method: Method,
     path: &str,
     body: Vec<u8>,
-) -> anyhow::Result<(StatusCode, Bytes)> {
+) -> Result<(StatusCode, Bytes), HttpError> {
     exchange_as(tls, None, addr, addr.ip(), method, path, body).await
 }
 
@@ -91,44 +79,58 @@ pub async fn exchange_as(
     method: Method,
     path: &str,
     body: Vec<u8>,
-) -> anyhow::Result<(StatusCode, Bytes)> {
-    let tcp = match source {
-        Some(src) => {
-            let sock = if addr.is_ipv4() {
-                tokio::net::TcpSocket::new_v4()?
-            } else {
-                tokio::net::TcpSocket::new_v6()?
-            };
-            // An address not (yet) on the interface: let the kernel choose; the registry
-            // says so (403) if its choice is not one this node registers.
-            if let Err(e) = sock.bind(SocketAddr::new(src, 0)) {
-                tracing::debug!(%src, error = %e, "members: cannot send from this address");
-            }
-            sock.connect(addr).await?
-        }
-        None => TcpStream::connect(addr).await?,
-    };
-    let stream = tokio_rustls::TlsConnector::from(tls)
-        .connect(ServerName::IpAddress(name.into()), tcp)
-        .await
-        .context("TLS handshake")?;
-    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
-    let conn = tokio::spawn(conn);
-    let req = http::Request::builder()
-        .method(method)
-        .uri(path)
-        .header(http::header::HOST, addr.to_string())
-        .header(http::header::CONTENT_TYPE, "application/json")
-        .body(Full::new(Bytes::from(body)))?;
-    let resp = sender.send_request(req).await?;
-    let status = resp.status();
-    let body = resp.into_body().collect().await?.to_bytes();
-    conn.abort();
-    Ok((status, body))
+) -> Result<(StatusCode, Bytes), HttpError> {
+    let url = format!("https://{addr}{path}");
+    let long = Duration::from_secs(3600);
+    let client = HttpClient::new()
+        .trust(Trust::Roots(tls))
+        .timeouts(long, long, long)
+        .body_limit(MAX_ANSWER_BYTES);
+    let mut req = Request::get(&url).header(http::header::CONTENT_TYPE, "application/json");
+    req.method = method;
+    req.body = Bytes::from(body);
+    req.source = source;
+    req.server_name = Some(name);
+    let answer = client.send(req).await?;
+    Ok((answer.status, answer.body))
+}
+
+/// Why a registration with one registry brought nothing back.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RegistrationError {
+    /// The registry answered, but not with the list.
+    #[error("refused: {status} {text}")]
+    Refused {
+        /// Its status.
+        status: StatusCode,
+        /// Its explanation.
+        text: String,
+    },
+    /// The registry's list does not parse.
+    #[error("bad list: {0}")]
+    BadList(#[source] serde_json::Error),
+    /// No answer (connect, TLS, HTTP).
+    #[error(transparent)]
+    Http(#[from] HttpError),
+    /// No answer in time.
+    #[error("no answer within {0:?}")]
+    NoAnswer(Duration),
+}
+
+impl RegistrationError {
+    /// The registry answered but refused, or answered with something unusable (counted
+    /// and logged loudly: it is not the network).
+    pub fn is_refusal(&self) -> bool {
+        matches!(
+            self,
+            RegistrationError::Refused { .. } | RegistrationError::BadList(_)
+        )
+    }
 }
 
 /// What one registration round brought back, per registry.
-type RoundResult = Vec<(SocketAddr, Result<Vec<Entry>, String>)>;
+type RoundResult = Vec<(SocketAddr, Result<Vec<Entry>, RegistrationError>)>;
 
 /// This node's address of `target`'s family, if it has one.
 fn source_for(own: &[IpAddr], target: SocketAddr) -> Option<IpAddr> {
@@ -152,14 +154,15 @@ async fn round(
         set.spawn(async move {
             let call = exchange_as(tls, source, addr, name, Method::POST, MEMBERS_PATH, body);
             let res = match tokio::time::timeout(EXCHANGE_TIMEOUT, call).await {
-                Ok(Ok((StatusCode::OK, list))) => serde_json::from_slice::<Vec<Entry>>(&list)
-                    .map_err(|e| format!("bad list: {e}")),
-                Ok(Ok((status, text))) => Err(format!(
-                    "refused: {status} {}",
-                    String::from_utf8_lossy(&text).trim()
-                )),
-                Ok(Err(e)) => Err(format!("{e:#}")),
-                Err(_) => Err(format!("no answer within {EXCHANGE_TIMEOUT:?}")),
+                Ok(Ok((StatusCode::OK, list))) => {
+                    serde_json::from_slice::<Vec<Entry>>(&list).map_err(RegistrationError::BadList)
+                }
+                Ok(Ok((status, text))) => Err(RegistrationError::Refused {
+                    status,
+                    text: String::from_utf8_lossy(&text).trim().to_owned(),
+                }),
+                Ok(Err(e)) => Err(e.into()),
+                Err(_) => Err(RegistrationError::NoAnswer(EXCHANGE_TIMEOUT)),
             };
             (addr, res)
         });
@@ -182,9 +185,10 @@ async fn join_round(h: &mut Option<JoinHandle<RoundResult>>) -> RoundResult {
 }
 
 /// Runs the unicast client until `stop`, trusting the CA at `ca_path` and remembering the
-/// masters under `state_dir`.
+/// masters under `state_dir`; what it learns also goes into this node's `registry`.
 pub async fn run(
     ctx: AgentContext,
+    registry: Arc<Registry>,
     stop: CancellationToken,
     counters: &Counters,
     ca_path: PathBuf,
@@ -200,7 +204,6 @@ pub async fn run(
     let name = *ctx.cluster.api_vips.first().context(
         "cluster.json apiVips: expected an API VIP (the registries' certificate names it)",
     )?;
-    let registry = ctx.member_registry.clone();
     let mut configured: Vec<IpAddr> = Vec::new();
     for inst in &ctx.cluster.vrrp.instances {
         configured.extend(inst.unicast_peers.iter().copied());
@@ -280,15 +283,16 @@ pub async fn run(
                             status.insert(addr.to_string(), "ok".to_string());
                         }
                         Err(e) => {
-                            if last_errors.get(&addr) != Some(&e) {
-                                tracing::debug!(%addr, error = %e, "members: registration failed");
+                            let text = e.to_string();
+                            if last_errors.get(&addr) != Some(&text) {
+                                tracing::debug!(%addr, error = %text, "members: registration failed");
                             }
-                            if e.starts_with("refused") || e.starts_with("bad list") {
+                            if e.is_refusal() {
                                 counters.refused.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                                tracing::warn!(%addr, "members: registration {e}");
+                                tracing::warn!(%addr, "members: registration {text}");
                             }
-                            status.insert(addr.to_string(), e.clone());
-                            last_errors.insert(addr, e);
+                            status.insert(addr.to_string(), text.clone());
+                            last_errors.insert(addr, text);
                         }
                     }
                 }

@@ -2,11 +2,9 @@
 //! EC2-compatible tree (`/latest/meta-data/...`) as a fallback for clouds that only serve it.
 
 use std::collections::BTreeMap;
-use std::net::{IpAddr, SocketAddr, SocketAddrV6};
 use std::time::Duration;
 
-use http_body_util::{BodyExt, Empty, Limited};
-use hyper_util::rt::TokioIo;
+use crate::net::http_client::{HttpClient, HttpError};
 
 use super::{
     MAX_DOCUMENT_BYTES, MAX_USER_DATA_BYTES, MetaData, Metadata, MetadataError, NetworkData,
@@ -21,61 +19,6 @@ pub fn ipv6_url(interface: &str) -> String {
     format!("http://[fe80::a9fe:a9fe%{interface}]")
 }
 
-/// Where the service is: an IP literal with an optional IPv6 zone. The agent is static and
-/// does no name lookups, so `http://host:port` with a name is refused.
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct Endpoint {
-    addr: SocketAddr,
-    /// The Host header (`169.254.169.254`, `[fe80::a9fe:a9fe]`).
-    host: String,
-}
-
-fn endpoint(base: &str) -> Result<Endpoint, String> {
-    let rest = base
-        .strip_prefix("http://")
-        .ok_or_else(|| format!("{base}: expected an http:// URL"))?;
-    let authority = rest.split('/').next().unwrap_or_default();
-    let (host, port) = if let Some(v6) = authority.strip_prefix('[') {
-        let (inside, after) = v6
-            .split_once(']')
-            .ok_or_else(|| format!("{base}: unclosed [ in the host"))?;
-        let port = after.strip_prefix(':');
-        (inside, port)
-    } else {
-        match authority.rsplit_once(':') {
-            Some((h, p)) => (h, Some(p)),
-            None => (authority, None),
-        }
-    };
-    let port: u16 = match port {
-        Some(p) => p
-            .parse()
-            .map_err(|_| format!("{base}: expected a port number, got {p:?}"))?,
-        None => 80,
-    };
-    let (literal, zone) = match host.split_once('%') {
-        Some((ip, zone)) => (ip, Some(zone.strip_prefix("25").unwrap_or(zone))),
-        None => (host, None),
-    };
-    let ip: IpAddr = literal
-        .parse()
-        .map_err(|_| format!("{base}: expected an IP address as the host, got {literal:?}"))?;
-    let addr = match (ip, zone) {
-        (IpAddr::V6(v6), Some(zone)) => {
-            let index = nix::net::if_::if_nametoindex(zone)
-                .map_err(|e| format!("{base}: interface {zone:?}: {e}"))?;
-            SocketAddr::V6(SocketAddrV6::new(v6, port, 0, index))
-        }
-        (_, Some(zone)) => return Err(format!("{base}: a zone ({zone}) needs an IPv6 address")),
-        (ip, None) => SocketAddr::new(ip, port),
-    };
-    let host = match ip {
-        IpAddr::V6(v6) => format!("[{v6}]"),
-        IpAddr::V4(v4) => v4.to_string(),
-    };
-    Ok(Endpoint { addr, host })
-}
-
 /// Why a GET gave nothing usable.
 #[derive(Debug)]
 enum GetError {
@@ -83,12 +26,6 @@ enum GetError {
     Unavailable(String),
     /// An answer the agent will not take (longer than its limit): retrying gives the same.
     Refused(String),
-}
-
-impl From<String> for GetError {
-    fn from(message: String) -> Self {
-        GetError::Unavailable(message)
-    }
 }
 
 impl From<GetError> for MetadataError {
@@ -103,58 +40,30 @@ impl From<GetError> for MetadataError {
     }
 }
 
-/// One GET: `Ok(None)` on 404, an error on anything else that is not 200 and on a body
-/// longer than `limit`.
+/// One GET of `path` under `base` (`http://` and an IP literal, with an optional IPv6 zone:
+/// the agent is static and does no name lookups): `Ok(None)` on 404, an error on anything
+/// else that is not 200 and on a body longer than `limit`.
 async fn get(base: &str, path: &str, limit: usize) -> Result<Option<Vec<u8>>, GetError> {
+    if !base.starts_with("http://") {
+        return Err(GetError::Unavailable(format!(
+            "{base}: expected an http:// URL"
+        )));
+    }
     let url = format!("{}/{}", base.trim_end_matches('/'), path);
-    let endpoint = endpoint(base)?;
-    let tcp = tokio::time::timeout(
-        Duration::from_secs(5),
-        tokio::net::TcpStream::connect(endpoint.addr),
-    )
-    .await
-    .map_err(|_| format!("{url}: connect timed out"))?
-    .map_err(|e| format!("{url}: connect: {e}"))?;
-    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp))
-        .await
-        .map_err(|e| format!("{url}: {e}"))?;
-    let conn = tokio::spawn(conn);
-    let request = hyper::Request::get(format!("/{path}"))
-        .header(hyper::header::HOST, &endpoint.host)
-        .header(
-            hyper::header::USER_AGENT,
-            concat!("keelson-agent/", env!("CARGO_PKG_VERSION")),
+    let client = HttpClient::new()
+        .timeouts(
+            Duration::from_secs(5),
+            Duration::from_secs(5),
+            Duration::from_secs(10),
         )
-        .body(Empty::<bytes::Bytes>::new())
-        .map_err(|e| format!("{url}: {e}"))?;
-    let response = tokio::time::timeout(Duration::from_secs(5), sender.send_request(request))
-        .await
-        .map_err(|_| format!("{url}: no answer within 5 s"))?
-        .map_err(|e| format!("{url}: {e}"))?;
-    let status = response.status();
-    if status == hyper::StatusCode::NOT_FOUND {
-        conn.abort();
-        return Ok(None);
+        .body_limit(limit);
+    match client.get(&url).await {
+        Ok(r) if r.status == http::StatusCode::NOT_FOUND => Ok(None),
+        Ok(r) if r.status.is_success() => Ok(Some(r.body.to_vec())),
+        Ok(r) => Err(GetError::Unavailable(format!("{url}: HTTP {}", r.status))),
+        Err(e @ HttpError::TooLarge { .. }) => Err(GetError::Refused(e.to_string())),
+        Err(e) => Err(GetError::Unavailable(e.to_string())),
     }
-    if !status.is_success() {
-        conn.abort();
-        return Err(format!("{url}: HTTP {status}").into());
-    }
-    let body = tokio::time::timeout(
-        Duration::from_secs(10),
-        Limited::new(response.into_body(), limit).collect(),
-    )
-    .await
-    .map_err(|_| format!("{url}: body not complete within 10 s"))?
-    .map_err(|e| {
-        if e.is::<http_body_util::LengthLimitError>() {
-            GetError::Refused(format!("{url}: longer than the limit of {limit} bytes"))
-        } else {
-            GetError::Unavailable(format!("{url}: {e}"))
-        }
-    })?;
-    conn.abort();
-    Ok(Some(body.to_bytes().to_vec()))
 }
 
 /// Reads the metadata once from the service at `base`.
@@ -287,30 +196,18 @@ mod tests {
     }
 
     #[test]
-    fn endpoints_are_ip_literals_with_an_optional_zone() {
-        let e = endpoint("http://169.254.169.254").unwrap();
-        assert_eq!(e.addr, "169.254.169.254:80".parse().unwrap());
-        assert_eq!(e.host, "169.254.169.254");
-        let e = endpoint("http://127.0.0.1:8775/").unwrap();
-        assert_eq!(e.addr.port(), 8775);
-        let e = endpoint(&ipv6_url("lo")).unwrap();
-        match e.addr {
-            SocketAddr::V6(v6) => {
-                assert_eq!(v6.ip().to_string(), "fe80::a9fe:a9fe");
-                assert_eq!(v6.scope_id(), nix::net::if_::if_nametoindex("lo").unwrap());
-            }
-            other => panic!("{other}"),
-        }
-        assert_eq!(e.host, "[fe80::a9fe:a9fe]");
-        for bad in [
-            "https://169.254.169.254",
-            "http://metadata.google.internal",
-            "http://[fe80::1",
-            "http://10.0.0.1:http",
-            "http://10.0.0.1%eth0",
-            "http://[fe80::1%nosuchinterface0]",
-        ] {
-            assert!(endpoint(bad).is_err(), "{bad}");
+    fn the_ipv6_url_names_the_link() {
+        let u = crate::net::http_client::Url::parse(&ipv6_url("lo")).unwrap();
+        assert_eq!(u.ip.unwrap().to_string(), "fe80::a9fe:a9fe");
+        assert_eq!(u.scope_id, nix::net::if_::if_nametoindex("lo").unwrap());
+        assert_eq!(u.host_header(), "[fe80::a9fe:a9fe]");
+    }
+
+    #[tokio::test]
+    async fn only_plain_http_to_ip_literals() {
+        for bad in ["https://169.254.169.254", "http://metadata.google.internal"] {
+            let e = get(bad, "x", 10).await.unwrap_err();
+            assert!(matches!(e, GetError::Unavailable(_)), "{bad}: {e:?}");
         }
     }
 

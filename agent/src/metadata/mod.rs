@@ -1,4 +1,4 @@
-//! OpenStack metadata: config drive and the HTTP metadata service, behind one trait (DESIGN §4.2).
+//! OpenStack metadata: config drive and the HTTP metadata service, behind one trait (docs/architecture.md, "Metadata").
 //!
 //! The types here are the contract the rest of the agent (init, net, node identity) uses;
 //! each source (`config_drive`, `http`) lives in its own module and yields a [`Metadata`].
@@ -259,7 +259,7 @@ impl crate::retry::Transient for MetadataError {
     }
 }
 
-/// Reads the node's metadata from the chosen sources (DESIGN §4.2), retrying with the agent's
+/// Reads the node's metadata from the chosen sources (docs/architecture.md, "Metadata"), retrying with the agent's
 /// retry policy (0.5 s doubling to 10 s, with jitter) until one answers or `timeout` passes.
 /// Invalid metadata is returned at once: retrying would not fix it.
 pub async fn discover(opts: &DiscoverOptions) -> Result<Metadata, MetadataError> {

@@ -1,6 +1,6 @@
 //! `network_data.json` (OpenStack's network metadata): links, networks and services.
 //!
-//! Parsed fully (DESIGN §4.2): phy/vlan/bond links, static and DHCP IPv4/IPv6 networks with
+//! Parsed fully (docs/architecture.md, "Metadata"): phy/vlan/bond links, static and DHCP IPv4/IPv6 networks with
 //! routes and DNS servers, and services. Unknown link and network types are kept as
 //! [`LinkKind::Other`] / [`NetworkKind::Other`] so a newer cloud never breaks the parse.
 

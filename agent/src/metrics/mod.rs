@@ -3,27 +3,25 @@
 //! (`ignition.allowedNetworks`, the machine networks by default) and to loopback, like
 //! `:22623`; everyone else gets 403.
 //!
-//! Every scrape renders the status document of that moment ([`crate::status::collect`]),
+//! Every scrape renders the status document of that moment (`AgentContext::status`),
 //! so `/metrics` and `keelson-agent status` always tell the same facts. The text format
 //! 0.0.4 by default, OpenMetrics 1.0 when the `Accept` header asks for it.
 
 pub mod render;
 
-use std::convert::Infallible;
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::Full;
-use hyper::service::service_fn;
-use hyper::{Method, Request, Response, StatusCode, header};
-use hyper_util::rt::{TokioIo, TokioTimer};
-use keelson_ignition::server::{AccessList, default_allowed_networks};
+use hyper::{Method, Response, StatusCode, header};
+use keelson_ignition::server::AccessList;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-use crate::context::AgentContext;
+use crate::net::http_server::Handler;
+use crate::status::model::AgentStatus;
 pub use render::{Format, render};
 
 /// Answers one request (pure but for reading the status): `GET|HEAD /metrics` from an
@@ -34,7 +32,7 @@ pub fn respond(
     accept: Option<&str>,
     peer: IpAddr,
     access: &AccessList,
-    status: impl FnOnce() -> crate::status::model::AgentStatus,
+    status: impl FnOnce() -> AgentStatus,
 ) -> Response<Full<Bytes>> {
     let text = |code: StatusCode, body: String| {
         let mut r = Response::new(Full::new(Bytes::from(body)));
@@ -72,32 +70,26 @@ pub fn respond(
     r
 }
 
-/// Binds `[::]:port` (every address, IPv4 too), or `0.0.0.0:port` where the kernel has no
-/// IPv6.
-fn bind(port: u16) -> std::io::Result<TcpListener> {
-    match crate::proxy::listen(
-        SocketAddr::new(IpAddr::V6(Ipv6Addr::UNSPECIFIED), port),
-        false,
-    ) {
-        Ok(l) => Ok(l),
-        Err(_) => crate::proxy::listen(
-            SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), port),
-            false,
-        ),
-    }
-}
-
-/// Serves `/metrics` on cluster.json's `metrics.port` until `stop` (nothing when it is 0).
-/// A port that cannot be bound (taken) is retried every 5 s with a warning: metrics must
-/// never take the node's real services down with them.
-pub async fn serve(ctx: AgentContext, started: Instant, stop: CancellationToken) {
-    let port = ctx.cluster.metrics.port;
+/// Serves `/metrics` on `port` of every address (`[::]`, IPv4 too, or `0.0.0.0` where the
+/// kernel has no IPv6) until `stop`; nothing when `port` is 0. `access` says who may
+/// scrape, `status` builds the document of the moment. A port that cannot be bound (taken)
+/// is retried every 5 s with a warning: metrics must never take the node's real services
+/// down with them.
+pub async fn serve(
+    port: u16,
+    access: AccessList,
+    status: impl Fn() -> AgentStatus + Send + Sync + 'static,
+    stop: CancellationToken,
+) {
     if port == 0 {
         tracing::info!("metrics: off (metrics.port is 0)");
         return;
     }
     let listener = loop {
-        match bind(port) {
+        match crate::net::listen::tcp(
+            SocketAddr::new(IpAddr::V6(Ipv6Addr::UNSPECIFIED), port),
+            false,
+        ) {
             Ok(l) => break l,
             Err(e) => {
                 tracing::warn!(port, error = %e, "metrics: cannot listen; retrying in 5 s");
@@ -108,17 +100,16 @@ pub async fn serve(ctx: AgentContext, started: Instant, stop: CancellationToken)
             }
         }
     };
-    serve_on(listener, ctx, started, stop).await;
+    serve_on(listener, access, status, stop).await;
 }
 
 /// Serves `/metrics` on `listener` until `stop`.
 pub async fn serve_on(
     listener: TcpListener,
-    ctx: AgentContext,
-    started: Instant,
+    access: AccessList,
+    status: impl Fn() -> AgentStatus + Send + Sync + 'static,
     stop: CancellationToken,
 ) {
-    let access = AccessList::new(default_allowed_networks(&ctx.cluster), true);
     tracing::info!(addr = ?listener.local_addr().ok(), "metrics: serving /metrics");
     let handler: Handler = Arc::new(move |req, peer| {
         let accept = req
@@ -131,54 +122,8 @@ pub async fn serve_on(
             accept,
             peer,
             &access,
-            || crate::status::collect(&ctx, started),
+            &status,
         )
     });
-    serve_http(listener, handler, stop).await;
-}
-
-/// Answers one request from a client (its address, IPv4 unmapped).
-pub type Handler =
-    Arc<dyn Fn(&Request<hyper::body::Incoming>, IpAddr) -> Response<Full<Bytes>> + Send + Sync>;
-
-/// Serves plain HTTP/1.1 on `listener` with `handler` until `stop`. Shared by `/metrics`
-/// and the proxy's monitor: one copy of hyper's connection code for both in the static
-/// agent (each service type instantiates all of it).
-pub async fn serve_http(listener: TcpListener, handler: Handler, stop: CancellationToken) {
-    loop {
-        let (stream, peer) = tokio::select! {
-            () = stop.cancelled() => return,
-            r = listener.accept() => match r {
-                Ok(x) => x,
-                Err(e) => {
-                    tracing::debug!(error = %e, "http accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-            },
-        };
-        // A v4 client on a dual-stack socket shows as ::ffff:a.b.c.d.
-        let peer_ip = match peer.ip() {
-            IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(IpAddr::V6(v6), IpAddr::V4),
-            v4 => v4,
-        };
-        let (handler, stop) = (handler.clone(), stop.clone());
-        tokio::spawn(async move {
-            let svc = service_fn(move |req: Request<hyper::body::Incoming>| {
-                let r = handler(&req, peer_ip);
-                async move { Ok::<_, Infallible>(r) }
-            });
-            // Bounded like every server the agent runs (docs/agent.md, "Limits"): headers
-            // within 16 KiB and 10 s; no bodies are read.
-            let conn = hyper::server::conn::http1::Builder::new()
-                .timer(TokioTimer::new())
-                .header_read_timeout(Duration::from_secs(10))
-                .max_buf_size(16 * 1024)
-                .serve_connection(TokioIo::new(stream), svc);
-            tokio::select! {
-                _ = conn => {}
-                () = stop.cancelled() => {}
-            }
-        });
-    }
+    crate::net::http_server::serve(listener, handler, stop).await;
 }

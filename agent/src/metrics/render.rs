@@ -78,7 +78,7 @@ impl std::fmt::Display for Value {
 ///
 /// Hand-written rather than through an exposition crate: `fastmetrics` (the one crate that
 /// writes both the 0.0.4 text `promtool` reads and OpenMetrics; `prometheus-client` writes
-/// OpenMetrics only) put the static agent over its 12 MiB bar (DESIGN §6,
+/// OpenMetrics only) put the static agent over its 12 MiB bar (docs/architecture.md, "Bars";
 /// `docs/decisions.md`), and what is needed here — counters, gauges and histograms from
 /// a snapshot, label escaping, the two naming rules for counters — is short.
 struct Builder {
@@ -513,7 +513,7 @@ fn proxy(m: &mut Builder, st: &AgentStatus) {
         vec![(none(), px.drain_cut)],
     );
     let be = |a: &std::net::SocketAddr| vec![("backend", a.to_string())];
-    let each = |f: &dyn Fn(&crate::proxy::backend::BackendSnapshot) -> u64| {
+    let each = |f: &dyn Fn(&crate::status::model::BackendSnapshot) -> u64| {
         px.backends
             .iter()
             .map(|bk| (be(&bk.addr), f(bk)))
@@ -790,7 +790,7 @@ mod tests {
 
     /// A status with one of everything.
     pub(crate) fn sample() -> AgentStatus {
-        let backend = crate::proxy::backend::BackendSnapshot {
+        let backend = crate::status::model::BackendSnapshot {
             addr: "10.0.0.11:6443".parse().unwrap(),
             state: "up".into(),
             last_check_unix_ms: Some(1),
@@ -838,7 +838,7 @@ mod tests {
             ready: vec!["dns".into(), "proxy".into()],
             restarts: [(
                 "dns".to_string(),
-                crate::context::Restarts {
+                crate::status::model::Restarts {
                     restarts: 2,
                     last_error: "x".into(),
                 },
@@ -848,7 +848,7 @@ mod tests {
             proxy_healthy: true,
             ignition_running: true,
             dns_upstreams: vec![],
-            members: vec![crate::context::Member {
+            members: vec![crate::members::member::Member {
                 name: "master-0".into(),
                 role: keelson_ignition::Role::Master,
                 addresses: vec!["10.0.0.11".parse().unwrap()],

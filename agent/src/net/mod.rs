@@ -1,9 +1,15 @@
-//! Node networking over netlink (rtnetlink; no shelling out to `ip`): links up, MTU,
-//! addresses and routes from `network_data.json` (DESIGN §4.1).
+//! The node's network: links, addresses and routes over netlink (rtnetlink; no shelling out
+//! to `ip`) from `network_data.json` or DHCP, and the sockets the services listen on.
 //!
-//! [`plan`] is pure (tested on the metadata fixtures); [`Netlink`] applies a plan.
+//! - [`plan`] is pure (tested on the metadata fixtures); [`Netlink`] applies a plan.
+//! - [`dhcp`]: the DHCPv4 client.
+//! - [`listen`]: listening sockets; [`http_server`]: HTTP/1.1 serving for small endpoints;
+//!   [`http_client`]: the agent's one HTTP client.
 
 pub mod dhcp;
+pub mod http_client;
+pub mod http_server;
+pub mod listen;
 pub mod plan;
 
 use std::net::IpAddr;

@@ -8,10 +8,10 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
-use serde::{Deserialize, Serialize};
 use tokio::sync::{Notify, watch};
 
 use crate::status::histogram::Histogram;
+use crate::status::model::BackendSnapshot;
 
 /// How many consecutive results flip a backend (haproxy's `rise`/`fall`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -338,46 +338,6 @@ pub fn ramp_percent(up_for: Option<Duration>, slowstart: Duration) -> u8 {
         }
         _ => 100,
     }
-}
-
-/// What `/stats` and `status` show for one backend.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct BackendSnapshot {
-    /// Backend address.
-    pub addr: SocketAddr,
-    /// `up` or `down`.
-    pub state: String,
-    /// When the last check finished (Unix milliseconds), if ever.
-    pub last_check_unix_ms: Option<u64>,
-    /// Why the last check failed.
-    pub last_error: Option<String>,
-    /// Open connections.
-    pub active: u64,
-    /// Connections since start.
-    pub total: u64,
-    /// Failed connect attempts.
-    pub connect_failures: u64,
-    /// Bytes client → backend.
-    pub bytes_in: u64,
-    /// Bytes backend → client.
-    pub bytes_out: u64,
-    /// Times another backend was tried alongside because this one was silent.
-    pub staggers: u64,
-    /// Client connections closed when it was marked down.
-    pub sessions_shut_down: u64,
-    /// Active checks passed.
-    pub checks_passed: u64,
-    /// Active checks failed.
-    pub checks_failed: u64,
-    /// Times it went up or down.
-    pub transitions: u64,
-    /// How long the last active check took, seconds.
-    pub last_check_seconds: Option<f64>,
-    /// Durations of active checks.
-    pub check_latency: crate::status::histogram::HistogramSnapshot,
-    /// Its share of new connections, percent (below 100 while in slowstart; 0 when down).
-    pub weight_percent: u8,
 }
 
 /// The order in which to try `n` candidates for the `counter`-th connection: round-robin

@@ -75,8 +75,8 @@ impl std::fmt::Debug for Checker {
 impl Checker {
     /// A checker; each check gives up after `timeout`.
     pub fn new(kind: BackendCheck, timeout: Duration) -> Self {
-        let tls =
-            (kind == BackendCheck::TlsReadyz).then(crate::health::http::unverified_tls_connector);
+        let tls = (kind == BackendCheck::TlsReadyz)
+            .then(|| tokio_rustls::TlsConnector::from(crate::net::http_client::any_certificate()));
         Self { kind, timeout, tls }
     }
 

@@ -1,4 +1,4 @@
-//! The L4 API load balancer with backend health checks (DESIGN §4.4).
+//! The L4 API load balancer with backend health checks (docs/proxy.md).
 //!
 //! - [`backend`]: pure bookkeeping — health rise/fall, round-robin order with slowstart,
 //!   counters, the marked-down signal.
@@ -35,7 +35,8 @@ use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::context::{AgentContext, Member};
+use crate::context::AgentContext;
+use crate::members::member::Member;
 use crate::status::model::{FrontendKind, FrontendStatus, ProxyStatus};
 use backend::{Backend, HealthPolicy, Pool, Tuning};
 use forward::Meter;
@@ -121,37 +122,6 @@ impl ProxyConfig {
             max_connections: api.max_connections.max(1) as usize,
             ..Self::default()
         }
-    }
-}
-
-/// Binds a listening TCP socket; `freebind` allows an address this host does not have (yet).
-/// An unspecified IPv6 address is bound dual-stack, falling back to IPv4 where IPv6 is off.
-pub fn listen(addr: SocketAddr, freebind: bool) -> io::Result<TcpListener> {
-    use socket2::{Domain, Protocol, Socket, Type};
-    let bind = |addr: SocketAddr| -> io::Result<TcpListener> {
-        let s = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
-        s.set_reuse_address(true)?;
-        // Accepted sockets inherit TCP_NODELAY on Linux: one setsockopt per client saved.
-        s.set_tcp_nodelay(true)?;
-        if addr.is_ipv6() {
-            s.set_only_v6(false)?;
-            if freebind {
-                s.set_freebind_v6(true)?;
-            }
-        } else if freebind {
-            s.set_freebind_v4(true)?;
-        }
-        s.set_nonblocking(true)?;
-        s.bind(&addr.into())?;
-        s.listen(4096)?;
-        TcpListener::from_std(s.into())
-    };
-    match bind(addr) {
-        Err(e) if addr.ip() == IpAddr::V6(Ipv6Addr::UNSPECIFIED) => {
-            tracing::debug!(error = %e, "no IPv6; binding the IPv4 wildcard");
-            bind(SocketAddr::from(([0, 0, 0, 0], addr.port())))
-        }
-        r => r,
     }
 }
 
@@ -278,13 +248,15 @@ impl Proxy {
         let mut listeners = Vec::new();
         let mut local = Vec::new();
         for &a in &cfg.frontends {
-            let l = listen(a, false).with_context(|| format!("binding frontend {a}"))?;
+            let l = crate::net::listen::tcp(a, false)
+                .with_context(|| format!("binding frontend {a}"))?;
             local.push(l.local_addr()?);
             listeners.push(l);
         }
         let (monitor, monitor_addr) = match cfg.monitor {
             Some(a) => {
-                let l = listen(a, false).with_context(|| format!("binding monitor {a}"))?;
+                let l = crate::net::listen::tcp(a, false)
+                    .with_context(|| format!("binding monitor {a}"))?;
                 let addr = l.local_addr()?;
                 (Some(l), Some(addr))
             }
@@ -372,7 +344,7 @@ impl Proxy {
         if let Some(f) = dynamic.get(&addr) {
             return Ok(f.bound);
         }
-        let l = listen(addr, freebind)?;
+        let l = crate::net::listen::tcp(addr, freebind)?;
         let bound = l.local_addr()?;
         let socket = std::os::fd::AsFd::as_fd(&l).try_clone_to_owned()?;
         let token = self.shared.accept_stop.child_token();
@@ -815,7 +787,7 @@ mod tests {
 
     #[tokio::test]
     async fn accepted_clients_inherit_nodelay_from_the_listener() {
-        let l = listen(SocketAddr::from(([127, 0, 0, 1], 0)), false).unwrap();
+        let l = crate::net::listen::tcp(SocketAddr::from(([127, 0, 0, 1], 0)), false).unwrap();
         let _c = TcpStream::connect(l.local_addr().unwrap()).await.unwrap();
         let (s, _) = l.accept().await.unwrap();
         assert!(s.nodelay().unwrap());

@@ -57,9 +57,9 @@ pub fn respond(pool: &Pool, method: &Method, path: &str) -> Response<Full<Bytes>
 
 /// Serves the monitor on `listener` until `stop`.
 pub async fn serve(listener: TcpListener, pool: Arc<Pool>, stop: CancellationToken) {
-    let handler: crate::metrics::Handler =
+    let handler: crate::net::http_server::Handler =
         Arc::new(move |req, _| respond(&pool, req.method(), req.uri().path()));
-    crate::metrics::serve_http(listener, handler, stop).await;
+    crate::net::http_server::serve(listener, handler, stop).await;
 }
 
 #[cfg(test)]

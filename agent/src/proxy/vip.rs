@@ -1,4 +1,4 @@
-//! The VIP frontend (DESIGN §4.4): while this node holds an API VIP and has a healthy
+//! The VIP frontend (docs/proxy.md): while this node holds an API VIP and has a healthy
 //! backend, clients of `VIP:6443` reach the proxy.
 //!
 //! - Where nothing else listens on the port (the appliance image), the proxy binds

@@ -1,7 +1,7 @@
 //! `keelson-agent status`: what the running agent knows, built on request as one typed
-//! [`model::AgentStatus`], served as JSON on a unix socket (`/run/keelson/agent.sock`) and
-//! read back into the same struct by the client, which prints one screen or the JSON.
-//! `/metrics` ([`crate::metrics`]) exports the same struct.
+//! [`model::AgentStatus`] (by `AgentContext::status`), served as JSON on a unix socket
+//! (`/run/keelson/agent.sock`) and read back into the same struct by the client, which
+//! prints one screen or the JSON. `/metrics` exports the same struct.
 
 pub mod histogram;
 pub mod model;
@@ -9,66 +9,22 @@ pub mod process;
 mod summary;
 
 use std::path::{Path, PathBuf};
-use std::time::Instant;
 
 use anyhow::Context;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_util::sync::CancellationToken;
 
-use crate::context::AgentContext;
-use model::{AgentStatus, BuildInfo, NodeStatus};
-pub use summary::summary;
+use model::AgentStatus;
+pub use summary::{bgp_lines, summary};
 
 /// Where the running agent serves its status.
 pub const SOCKET: &str = "/run/keelson/agent.sock";
 
-/// Sections of the bus's JSON status map that have a typed section (and a view) instead.
-const TYPED: &[&str] = &["vrrp", "proxy", "dns", "members", "ignition"];
-
-/// The status now: the bus's values and every installed view, read at this moment.
-/// `started` is when the agent started serving (uptime).
-pub fn collect(ctx: &AgentContext, started: Instant) -> AgentStatus {
-    let bus = &ctx.bus;
-    let mut process = process::read();
-    process.uptime_seconds = started.elapsed().as_secs_f64();
-    let other = bus
-        .status
-        .borrow()
-        .iter()
-        .filter(|(k, _)| !TYPED.contains(&k.as_str()))
-        .map(|(k, v)| (k.clone(), v.clone()))
-        .collect();
-    AgentStatus {
-        node: NodeStatus {
-            name: ctx.node.name.clone(),
-            role: ctx.node.role,
-            interface: ctx.node.interface.clone(),
-            addresses: ctx.node.addresses.clone(),
-            cluster: ctx.cluster.zone(),
-        },
-        build: BuildInfo::current(),
-        process,
-        ready: bus.ready.borrow().iter().cloned().collect(),
-        restarts: bus.restarts.borrow().clone(),
-        vips_held: bus.vips_held.borrow().iter().copied().collect(),
-        proxy_healthy: *bus.proxy_healthy.borrow(),
-        ignition_running: *bus.ignition_running.borrow(),
-        dns_upstreams: bus.dns_upstreams.borrow().clone(),
-        members: bus.members.borrow().to_vec(),
-        vrrp: bus.views.vrrp.read().unwrap_or_default(),
-        proxy: bus.views.proxy.read(),
-        dns: bus.views.dns.read(),
-        discovery: bus.views.discovery.read(),
-        ignition: bus.views.ignition.read(),
-        other,
-    }
-}
-
-/// Serves the status on `path` until `stop` (one document per connection).
+/// Serves the document `status` builds on `path` until `stop` (one document per
+/// connection, built when the client connects).
 pub async fn serve(
-    ctx: AgentContext,
     path: PathBuf,
-    started: Instant,
+    status: impl Fn() -> AgentStatus,
     stop: CancellationToken,
 ) -> anyhow::Result<()> {
     if let Some(dir) = path.parent() {
@@ -82,7 +38,7 @@ pub async fn serve(
             _ = stop.cancelled() => break,
             accepted = listener.accept() => {
                 let Ok((mut conn, _)) = accepted else { continue };
-                let mut body = serde_json::to_vec_pretty(&collect(&ctx, started)).unwrap_or_default();
+                let mut body = serde_json::to_vec_pretty(&status()).unwrap_or_default();
                 body.push(b'\n');
                 tokio::spawn(async move {
                     let _ = conn.write_all(&body).await;
@@ -149,10 +105,8 @@ mod tests {
             interface: "eth0".into(),
             addresses: vec!["10.0.0.12/24".parse().unwrap()],
         };
-        let ctx = AgentContext::new(cluster, node);
+        let ctx = crate::context::AgentContext::new(cluster, node);
         ctx.bus.mark_ready("dns");
-        ctx.bus
-            .publish_status("bgp", serde_json::json!({"sessions": 2}));
         let view = ctx.bus.views.discovery.install(|| model::DiscoveryStatus {
             transport: "mdns".into(),
             received: 7,
@@ -164,12 +118,15 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("s.sock");
         let stop = CancellationToken::new();
-        let server = tokio::spawn(serve(
-            ctx.clone(),
-            path.clone(),
-            Instant::now(),
-            stop.clone(),
-        ));
+        let started = std::time::Instant::now();
+        let server = {
+            let ctx = ctx.clone();
+            tokio::spawn(serve(
+                path.clone(),
+                move || ctx.status(started),
+                stop.clone(),
+            ))
+        };
         let mut doc = None;
         for _ in 0..50 {
             if let Ok(d) = fetch(&path).await {
@@ -181,7 +138,7 @@ mod tests {
         let doc = doc.unwrap();
         assert_eq!(doc.node.name, "master-1");
         assert_eq!(doc.ready, vec!["dns".to_string()]);
-        assert_eq!(doc.other["bgp"]["sessions"], 2);
+        assert!(doc.other.bgp.is_none());
         assert_eq!(doc.discovery.as_ref().unwrap().received, 7);
         assert_eq!(doc.build.version, crate::VERSION);
         assert!(doc.process.resident_memory_bytes > 0);
@@ -193,7 +150,7 @@ mod tests {
         assert!(text.contains("malformed 1"), "{text}");
         // A subsystem that stopped takes its view with it.
         drop(view);
-        assert!(collect(&ctx, Instant::now()).discovery.is_none());
+        assert!(ctx.status(started).discovery.is_none());
         stop.cancel();
         server.await.unwrap().unwrap();
         assert!(!path.exists(), "socket removed on stop");

@@ -10,7 +10,7 @@ use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
 
 use super::histogram::HistogramSnapshot;
-use crate::context::Member;
+use crate::members::member::Member;
 
 /// Everything the running agent knows about itself.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -26,7 +26,7 @@ pub struct AgentStatus {
     pub ready: Vec<String>,
     /// Services and operator processes restarted by the supervisor, by name.
     #[serde(default)]
-    pub restarts: BTreeMap<String, crate::context::Restarts>,
+    pub restarts: BTreeMap<String, Restarts>,
     /// VIPs this node holds.
     pub vips_held: Vec<IpAddr>,
     /// The local proxy has a healthy backend.
@@ -52,9 +52,18 @@ pub struct AgentStatus {
     /// The Ignition server, when it runs here.
     #[serde(default)]
     pub ignition: Option<IgnitionStatus>,
-    /// Sections published by subsystems that have no typed section here (yet), by name.
+    /// Sections kept under `other`, where the JSON document has always had them.
     #[serde(default)]
-    pub other: BTreeMap<String, serde_json::Value>,
+    pub other: OtherSections,
+}
+
+/// The sections under `other` in the JSON document.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct OtherSections {
+    /// BGP, when VIPs are announced by BGP here.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bgp: Option<BgpStatus>,
 }
 
 /// Who this node is.
@@ -182,7 +191,7 @@ pub struct VrrpInstance {
     pub lone_claims: u64,
     /// Unicast: whether this node may claim the VIP yet, and why (`notGated` for multicast).
     #[serde(default)]
-    pub claim_gate: crate::vrrp::gate::GateState,
+    pub claim_gate: GateState,
     /// Where adverts go: the unicast peers, or the multicast group.
     #[serde(default)]
     pub destinations: Vec<IpAddr>,
@@ -218,7 +227,7 @@ pub struct ProxyStatus {
     /// are counted on the node frontend).
     pub vip_redirects: Vec<SocketAddr>,
     /// Backends and their health and traffic.
-    pub backends: Vec<crate::proxy::backend::BackendSnapshot>,
+    pub backends: Vec<BackendSnapshot>,
     /// Client connections still open when a stop began (let finish).
     pub drained: u64,
     /// Of those, cut at the drain deadline.
@@ -378,4 +387,136 @@ pub struct IgnitionRequests {
     pub status: u16,
     /// How many.
     pub count: u64,
+}
+
+/// How often a service or process was restarted, and why last.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Restarts {
+    /// Restarts so far.
+    pub restarts: u64,
+    /// Why it ended the last time.
+    pub last_error: String,
+}
+
+/// A unicast VRRP instance's claim gate (`vrrp::gate`): why it is open, or that it is not.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum GateState {
+    /// Waiting for a peer until the deadline.
+    Waiting,
+    /// An advert was heard.
+    Heard,
+    /// A participating member is known.
+    PeerKnown,
+    /// The grace period ran out with no peer: claimed alone.
+    GraceOver,
+    /// Multicast instance: no gate.
+    #[default]
+    NotGated,
+}
+
+/// What `/stats` and `status` show for one backend.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct BackendSnapshot {
+    /// Backend address.
+    pub addr: SocketAddr,
+    /// `up` or `down`.
+    pub state: String,
+    /// When the last check finished (Unix milliseconds), if ever.
+    pub last_check_unix_ms: Option<u64>,
+    /// Why the last check failed.
+    pub last_error: Option<String>,
+    /// Open connections.
+    pub active: u64,
+    /// Connections since start.
+    pub total: u64,
+    /// Failed connect attempts.
+    pub connect_failures: u64,
+    /// Bytes client → backend.
+    pub bytes_in: u64,
+    /// Bytes backend → client.
+    pub bytes_out: u64,
+    /// Times another backend was tried alongside because this one was silent.
+    pub staggers: u64,
+    /// Client connections closed when it was marked down.
+    pub sessions_shut_down: u64,
+    /// Active checks passed.
+    pub checks_passed: u64,
+    /// Active checks failed.
+    pub checks_failed: u64,
+    /// Times it went up or down.
+    pub transitions: u64,
+    /// How long the last active check took, seconds.
+    pub last_check_seconds: Option<f64>,
+    /// Durations of active checks.
+    pub check_latency: HistogramSnapshot,
+    /// Its share of new connections, percent (below 100 while in slowstart; 0 when down).
+    pub weight_percent: u8,
+}
+
+/// One BGP session as status shows it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SessionStatus {
+    /// The peer's address.
+    pub peer: IpAddr,
+    /// The peer's ASN.
+    pub asn: u32,
+    /// The daemon's state for it (`Established`, `Active`...), `None` when unknown.
+    pub state: Option<String>,
+    /// Whether it is established.
+    pub established: bool,
+}
+
+/// One VIP as status shows it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct VipStatus {
+    /// The `vrrp.instances[]` name.
+    pub name: String,
+    /// The VIP.
+    pub vip: IpAddr,
+    /// Whether the host route is in the keelson table (the checks pass).
+    pub route_installed: bool,
+    /// Whether this node announces it: route installed and a session of its family up
+    /// (for a daemon the agent cannot ask, the route alone).
+    pub announced: bool,
+    /// Why not, when not announced (empty when it is).
+    pub why_not: Vec<String>,
+    /// Extra copies of the local ASN on the announcement (role order).
+    pub prepend: u8,
+    /// The checks and whether they pass.
+    pub checks: Vec<CheckStateStatus>,
+}
+
+/// A check's state (the serialisable mirror of `health::CheckState`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CheckStateStatus {
+    /// Check name.
+    pub name: String,
+    /// Whether it passes.
+    pub passing: bool,
+}
+
+/// The `bgp` status snapshot.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct BgpStatus {
+    /// The kernel table of the VIP routes.
+    pub table: u32,
+    /// `bird` or `frr`.
+    pub daemon: String,
+    /// Whether the agent runs the daemon (`agent`) or someone else does (`external`).
+    pub daemon_run: String,
+    /// Why the daemon could not be asked about its sessions, if it could not.
+    pub daemon_error: Option<String>,
+    /// BGP router ID.
+    pub router_id: String,
+    /// The sessions this node opens.
+    pub sessions: Vec<SessionStatus>,
+    /// The VIPs this node's role takes part in.
+    pub vips: Vec<VipStatus>,
 }

@@ -3,7 +3,7 @@
 
 use std::fmt::Write as _;
 
-use super::model::{AgentStatus, VrrpState};
+use super::model::{AgentStatus, BgpStatus, VrrpState};
 
 fn join<T: std::fmt::Display>(items: impl IntoIterator<Item = T>) -> String {
     let v: Vec<String> = items.into_iter().map(|x| x.to_string()).collect();
@@ -273,17 +273,39 @@ pub fn summary(st: &AgentStatus) -> String {
             join(requests)
         );
     }
-    for (name, v) in &st.other {
-        // BGP has its own screen (per VIP: announced, or why not).
-        if name == "bgp"
-            && let Ok(bgp) = serde_json::from_value::<crate::bgp::status::BgpStatus>(v.clone())
-        {
-            o.push_str(&crate::bgp::status::summary(&bgp));
-            continue;
-        }
-        let _ = writeln!(o, "{name}: {v}");
+    if let Some(b) = &st.other.bgp {
+        o.push_str(&bgp_lines(b));
     }
     o
+}
+
+/// BGP's own lines: per VIP, announced or why not.
+pub fn bgp_lines(status: &BgpStatus) -> String {
+    let mut out = format!(
+        "bgp: {} ({}), table {}, router id {}\n",
+        status.daemon, status.daemon_run, status.table, status.router_id
+    );
+    for s in &status.sessions {
+        out.push_str(&format!(
+            "  peer {:<24} AS{:<10} {}\n",
+            s.peer,
+            s.asn,
+            s.state.as_deref().unwrap_or("unknown")
+        ));
+    }
+    for v in &status.vips {
+        if v.announced {
+            out.push_str(&format!("  {} {}: announced\n", v.name, v.vip));
+        } else {
+            out.push_str(&format!(
+                "  {} {}: not announced: {}\n",
+                v.name,
+                v.vip,
+                v.why_not.join("; ")
+            ));
+        }
+    }
+    out
 }
 
 #[cfg(test)]

@@ -1,11 +1,11 @@
 //! The supervisor: runs the agent's services and the operator's extra processes, restarts
 //! what fails with exponential backoff (and says why), survives a panic in any service, and
-//! stops everything in order when asked (DESIGN §4.1).
+//! stops everything in order when asked (docs/agent.md, "Supervisor").
 
 use std::collections::BTreeSet;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::FutureExt;
@@ -16,11 +16,12 @@ use tokio_util::sync::CancellationToken;
 
 use crate::context::AgentContext;
 
-/// A service's entry point (the `run(ctx, stop)` convention every module follows).
-pub type ServiceFn = fn(
-    AgentContext,
-    CancellationToken,
-) -> Pin<Box<dyn Future<Output = anyhow::Result<()>> + Send + 'static>>;
+/// What a service's run returns: a future that ends when the service stops or fails.
+pub type ServiceFuture = Pin<Box<dyn Future<Output = anyhow::Result<()>> + Send + 'static>>;
+
+/// A service's entry point (the `run(ctx, stop)` convention every module follows), with
+/// whatever else the run loop hands it captured.
+pub type ServiceFn = Arc<dyn Fn(AgentContext, CancellationToken) -> ServiceFuture + Send + Sync>;
 
 /// Process ids the supervisor owns; PID 1's orphan reaper leaves them to tokio.
 static SUPERVISED: Mutex<BTreeSet<i32>> = Mutex::new(BTreeSet::new());
@@ -107,7 +108,11 @@ impl Supervisor {
     }
 
     /// Starts a built-in service, restarted whenever it returns or panics before `stop`.
-    pub fn service(&mut self, name: &'static str, run: ServiceFn) {
+    pub fn service(
+        &mut self,
+        name: &'static str,
+        run: impl Fn(AgentContext, CancellationToken) -> ServiceFuture + Send + Sync + 'static,
+    ) {
         let ctx = self.ctx.clone();
         let stop = self.stop.clone();
         let mut backoff = self.backoff.clone();
@@ -203,35 +208,15 @@ impl Supervisor {
     }
 }
 
-/// What an operator process learns about its node: as environment variables, and as
-/// `${NAME}` in its arguments (one cluster.json entry serves every node, yet a process can
-/// bind its own node's address: the VIP and the wildcard stay free for the agent).
-pub fn node_vars(node: &crate::node::NodeIdentity) -> Vec<(&'static str, String)> {
-    let addr = |v6| node.address(v6).map(|a| a.to_string()).unwrap_or_default();
-    vec![
-        ("KEELSON_NODE_NAME", node.name.clone()),
-        ("KEELSON_NODE_ROLE", node.role.as_str().to_owned()),
-        ("KEELSON_NODE_ADDRESS", addr(false)),
-        ("KEELSON_NODE_ADDRESS6", addr(true)),
-    ]
-}
-
-/// `arg` with every `${NAME}` of `vars` replaced; other text (and unknown `${...}`) kept.
-pub fn expand(arg: &str, vars: &[(&'static str, String)]) -> String {
-    vars.iter().fold(arg.to_owned(), |a, (k, v)| {
-        a.replace(&format!("${{{k}}}"), v)
-    })
-}
-
 /// Runs the process once. `Ok(None)` when stopped by `stop` (SIGTERM, then SIGKILL after 5 s).
 async fn run_process(
     spec: &ServiceSpec,
     ctx: &AgentContext,
     stop: &CancellationToken,
 ) -> std::io::Result<Option<std::process::ExitStatus>> {
-    let vars = node_vars(&ctx.node);
+    let vars = crate::node::node_vars(&ctx.node);
     let mut child = tokio::process::Command::new(&spec.path)
-        .args(spec.args.iter().map(|a| expand(a, &vars)))
+        .args(spec.args.iter().map(|a| crate::node::expand(a, &vars)))
         .envs(&spec.env)
         .envs(vars.iter().map(|(k, v)| (*k, v)))
         .stdin(std::process::Stdio::null())
@@ -273,7 +258,7 @@ fn panic_message(payload: Box<dyn std::any::Any + Send>) -> String {
 }
 
 /// Wraps an async `run` function as a [`ServiceFn`] body.
-pub fn boxed<F>(future: F) -> Pin<Box<dyn Future<Output = anyhow::Result<()>> + Send + 'static>>
+pub fn boxed<F>(future: F) -> ServiceFuture
 where
     F: Future<Output = anyhow::Result<()>> + Send + 'static,
 {

@@ -163,28 +163,3 @@ async fn processes_restart_by_policy_and_are_killed_on_stop() {
     );
     assert!(!is_supervised(pid));
 }
-
-#[test]
-fn process_arguments_expand_the_node_variables() {
-    let node = NodeIdentity {
-        name: "master-1".into(),
-        role: Role::Master,
-        interface: "eth0".into(),
-        addresses: vec!["10.0.0.12/16".parse().unwrap()],
-    };
-    let vars = node_vars(&node);
-    assert_eq!(
-        expand("--listen=${KEELSON_NODE_ADDRESS}:6443", &vars),
-        "--listen=10.0.0.12:6443"
-    );
-    assert_eq!(
-        expand("${KEELSON_NODE_NAME}/${KEELSON_NODE_ROLE}", &vars),
-        "master-1/master"
-    );
-    // No IPv6 address: empty, not the literal; unknown names stay as written.
-    assert_eq!(expand("[${KEELSON_NODE_ADDRESS6}]", &vars), "[]");
-    assert_eq!(
-        expand("${HOME} $KEELSON_NODE_NAME", &vars),
-        "${HOME} $KEELSON_NODE_NAME"
-    );
-}

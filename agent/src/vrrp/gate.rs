@@ -22,22 +22,7 @@
 
 use std::time::Duration;
 
-/// Why the gate is open, or that it is not.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub enum GateState {
-    /// Waiting for a peer until the deadline.
-    Waiting,
-    /// An advert was heard.
-    Heard,
-    /// A participating member is known.
-    PeerKnown,
-    /// The grace period ran out with no peer: claimed alone.
-    GraceOver,
-    /// Multicast instance: no gate.
-    #[default]
-    NotGated,
-}
+use crate::status::model::GateState;
 
 /// How recent an ARP answer for the VIP from another host must be to hold the gate.
 pub const HOLDER_FRESH: Duration = Duration::from_secs(2);

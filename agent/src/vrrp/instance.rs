@@ -17,11 +17,13 @@ use tokio_util::sync::CancellationToken;
 use super::codec::{self, Advert, Auth, CodecError, GROUP_V4, GROUP_V6, Version};
 use super::conflict::{self, Verdict};
 use super::fsm::{Action, Machine, Params, State, effective_priority};
-use super::gate::{ClaimGate, GateEvent, GateState};
+use super::gate::{ClaimGate, GateEvent};
 use super::socket::{Received, VrrpSocket};
 use super::{announce, vip};
-use crate::context::{AgentContext, MemberList};
+use crate::context::AgentContext;
 use crate::health::{self, CheckState};
+use crate::members::member::MemberList;
+use crate::status::model::GateState;
 
 /// How long a stopping master keeps the VIP after its successor's first advert: that
 /// advert and the successor's gratuitous ARP go out together; hosts need a moment.
@@ -210,8 +212,49 @@ impl InstanceStatus {
     }
 }
 
-/// Shared status of all instances, republished as the `vrrp` snapshot.
-pub type StatusMap = Arc<Mutex<BTreeMap<String, InstanceStatus>>>;
+/// The status of every instance by name, read by the `vrrp` view, with a signal at each
+/// change (`keelson-agent vrrp` prints the map then).
+#[derive(Debug, Clone)]
+pub struct StatusMap {
+    map: Arc<Mutex<BTreeMap<String, InstanceStatus>>>,
+    changed: Arc<watch::Sender<()>>,
+}
+
+impl Default for StatusMap {
+    fn default() -> Self {
+        Self {
+            map: Arc::default(),
+            changed: Arc::new(watch::Sender::new(())),
+        }
+    }
+}
+
+impl StatusMap {
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, InstanceStatus>> {
+        self.map.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Records an instance's status and signals the change.
+    pub fn insert(&self, st: InstanceStatus) {
+        self.lock().insert(st.name.clone(), st);
+        self.changed.send_replace(());
+    }
+
+    /// The typed status sections of every instance (`status`, `/metrics`).
+    pub fn views(&self, now: Instant) -> Vec<crate::status::model::VrrpInstance> {
+        self.lock().values().map(|s| s.view(now)).collect()
+    }
+
+    /// The map as one JSON document (`keelson-agent vrrp`'s lines).
+    pub fn to_json(&self) -> serde_json::Value {
+        serde_json::to_value(&*self.lock()).unwrap_or_default()
+    }
+
+    /// Changes from now on.
+    pub fn subscribe(&self) -> watch::Receiver<()> {
+        self.changed.subscribe()
+    }
+}
 
 struct Runner {
     spec: Spec,
@@ -530,12 +573,7 @@ impl Runner {
             counters: self.counters.clone(),
             state_since: Some(self.state_seen.1),
         };
-        let snapshot = {
-            let mut map = self.status.lock().unwrap_or_else(|p| p.into_inner());
-            map.insert(st.name.clone(), st);
-            serde_json::to_value(&*map).unwrap_or_default()
-        };
-        self.ctx.bus.publish_status("vrrp", snapshot);
+        self.status.insert(st);
     }
 
     /// After our goodbye (priority 0), keeps the VIP until another router has taken over

@@ -1,4 +1,4 @@
-//! VRRP (RFC 5798 v3, RFC 3768 v2) keepalived-compatible virtual IPs (DESIGN §4.3).
+//! VRRP (RFC 5798 v3, RFC 3768 v2) keepalived-compatible virtual IPs (docs/vrrp.md).
 //!
 //! - [`codec`]: advertisement parse/encode (pure).
 //! - [`fsm`]: the RFC state machine with a caller-supplied clock (pure).
@@ -86,15 +86,22 @@ async fn wait_link_local(iface: &str) -> anyhow::Result<std::net::Ipv6Addr> {
 /// Runs every VRRP instance of this node until `stop` is cancelled; then each master sends
 /// priority 0 and every VIP is removed.
 pub async fn run(ctx: AgentContext, stop: CancellationToken) -> anyhow::Result<()> {
+    run_with(ctx, stop, instance::StatusMap::default()).await
+}
+
+/// [`run`] keeping the instances' status in `status`.
+pub async fn run_with(
+    ctx: AgentContext,
+    stop: CancellationToken,
+    status: instance::StatusMap,
+) -> anyhow::Result<()> {
     let specs = specs(&ctx).await?;
-    let status = instance::StatusMap::default();
     let _view = {
         let status = status.clone();
-        ctx.bus.views.vrrp.install(move || {
-            let now = std::time::Instant::now();
-            let map = status.lock().unwrap_or_else(|p| p.into_inner());
-            map.values().map(|s| s.view(now)).collect()
-        })
+        ctx.bus
+            .views
+            .vrrp
+            .install(move || status.views(std::time::Instant::now()))
     };
     let mut tasks = tokio::task::JoinSet::new();
     for spec in specs {
@@ -151,18 +158,16 @@ pub async fn cli(args: VrrpArgs) -> anyhow::Result<()> {
     let node = crate::node::NodeIdentity::load(&args.node)?;
     let ctx = AgentContext::new(cluster, node);
     let stop = CancellationToken::new();
-    let mut status = ctx.bus.status.subscribe();
-    let printer = tokio::spawn(async move {
-        while status.changed().await.is_ok() {
-            let line = status
-                .borrow_and_update()
-                .get("vrrp")
-                .map(|v| v.to_string());
-            if let Some(line) = line {
-                println!("{line}");
+    let status = instance::StatusMap::default();
+    let mut changes = status.subscribe();
+    let printer = {
+        let status = status.clone();
+        tokio::spawn(async move {
+            while changes.changed().await.is_ok() {
+                println!("{}", status.to_json());
             }
-        }
-    });
+        })
+    };
     let signals = {
         let stop = stop.clone();
         tokio::spawn(async move {
@@ -180,7 +185,7 @@ pub async fn cli(args: VrrpArgs) -> anyhow::Result<()> {
             stop.cancel();
         })
     };
-    let res = run(ctx, stop).await;
+    let res = run_with(ctx, stop, status).await;
     signals.abort();
     printer.abort();
     res

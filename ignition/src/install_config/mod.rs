@@ -354,7 +354,7 @@ impl InstallConfig {
         })
     }
 
-    /// The agent's `cluster.json` with OpenShift's defaults (DESIGN §4.3): VRIDs from
+    /// The agent's `cluster.json` with OpenShift's defaults (docs/vrrp.md): VRIDs from
     /// Fletcher-8 of `<name>-api`/`-ingress`, API priorities bootstrap 70 / masters 40 with
     /// the proxy and Ignition checks, ingress on the workers at 20, 1 s adverts, VRRPv3
     /// unicast with unicast members (OpenShift's default since 4.11; docs/decisions.md),

@@ -1,4 +1,4 @@
-//! Ignition configs as data (DESIGN §2): the full configs each role boots from and the
+//! Ignition configs as data (docs/architecture.md, "From install-config to a running node"): the full configs each role boots from and the
 //! pointer configs given as user_data, for spec 2.2 (RHCOS 4.2–4.5, our own types) and
 //! 3.0–3.5 (typed by the `ignition-config` crate).
 //!

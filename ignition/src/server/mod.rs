@@ -1,4 +1,4 @@
-//! The Ignition config server (DESIGN §3.4), shared by `keelson serve` and the agent's
+//! The Ignition config server (docs/ignition-server.md), shared by `keelson serve` and the agent's
 //! `ignition_server`: `GET|HEAD /config/<pool>` (master, worker), `/healthz`,
 //! `/assets/<name>` and `/keelson/...` (agent routes), over TLS (:22623) and plain HTTP
 //! (:22624), like OpenShift's machine-config-server.
@@ -92,7 +92,7 @@ pub struct ServerOptions {
     pub tls_listen: Option<SocketAddr>,
     /// Plain-HTTP listen address (`None`: no plain listener).
     pub plain_listen: Option<SocketAddr>,
-    /// Bootstrap mode: `/config/worker` answers 500 (DESIGN §3.4).
+    /// Bootstrap mode: `/config/worker` answers 500 (docs/ignition-server.md).
     pub bootstrap: bool,
     /// Client networks allowed to fetch configs and assets (`/healthz` is open).
     pub allowed_networks: Vec<IpNet>,

@@ -1,4 +1,4 @@
-//! Request routing and the status-code rules of DESIGN §3.4, without sockets: a request
+//! Request routing and the status-code rules of docs/ignition-server.md, without sockets: a request
 //! line, the `Accept` header and the peer address in, a response out.
 
 use std::net::SocketAddr;

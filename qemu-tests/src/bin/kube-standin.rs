@@ -1,4 +1,4 @@
-//! `kube-standin`: plays kube-apiserver on the QEMU cluster's masters (DESIGN §5), and with
+//! `kube-standin`: plays kube-apiserver on the QEMU cluster's masters (docs/qemu-cluster.md), and with
 //! `--plain` the ingress router's readiness endpoint on the workers.
 //!
 //! A tiny HTTPS server with a self-signed certificate (plain HTTP with `--plain`):

@@ -1,4 +1,4 @@
-//! The RHCOS stand-in (DESIGN §9.2, docs/qemu-cluster.md): what makes a node "RHCOS" for
+//! The RHCOS stand-in (docs/rhcos.md, docs/qemu-cluster.md): what makes a node "RHCOS" for
 //! keelson, built from Debian packages as a test fixture.
 //!
 //! The Debian cloud kernel; a dracut initramfs whose first boot runs the unmodified upstream

@@ -12,7 +12,7 @@ pub const RECIPE_VERSION: u32 = 1;
 /// The Debian release the stand-in is built from (the machine's own).
 pub const SUITE: &str = "bookworm";
 
-/// What makes the node "RHCOS" for keelson (DESIGN §9.2), plus what those need at run time.
+/// What makes the node "RHCOS" for keelson (docs/rhcos.md), plus what those need at run time.
 /// `dracut` replaces `initramfs-tools` (both provide `linux-initramfs-tool`, so asking for
 /// `dracut` in the same transaction keeps the other out).
 pub const PACKAGES: &[&str] = &[

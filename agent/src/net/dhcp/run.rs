@@ -59,7 +59,7 @@ impl DhcpClient {
                 if let Err(e) =
                     run_client(netlink, link, options, dns, lease_tx, stop, release).await
                 {
-                    crate::init::log(&format!("dhcp: {e:#}"));
+                    crate::log::console(&format!("dhcp: {e:#}"));
                 }
             })
         };
@@ -95,7 +95,7 @@ impl DhcpClient {
             tokio::select! {
                 _ = stop.cancelled() => return None,
                 changed = rx.changed() => if changed.is_err() { return None },
-                _ = tick.tick() => crate::init::log(&format!(
+                _ = tick.tick() => crate::log::console(&format!(
                     "network: still waiting for a DHCP lease on {} ({} s)",
                     self.interface,
                     start.elapsed().as_secs()
@@ -188,7 +188,7 @@ async fn run_client(
             Ok(s) => s,
             Err(e) => {
                 let delay = waiting.next_delay();
-                crate::init::log(&format!(
+                crate::log::console(&format!(
                     "dhcp: {}: opening the DHCP socket: {e}; retrying in {:.1} s",
                     link.name,
                     delay.as_secs_f64()
@@ -222,14 +222,14 @@ async fn run_client(
                 return Ok(());
             }
             Ended::LinkGone(why) => {
-                crate::init::log(&format!(
+                crate::log::console(&format!(
                     "dhcp: {} ({}): {why}; looking for the interface again",
                     link.name, link.mac
                 ));
                 lease_tx.send_replace(None);
                 link = find_link(&netlink, &link, &stop).await?;
                 waiting.reset();
-                crate::init::log(&format!(
+                crate::log::console(&format!(
                     "dhcp: {} ({}) is back (index {}); asking for a lease again",
                     link.name, link.mac, link.index
                 ));
@@ -261,20 +261,20 @@ async fn find_link(
                 if let Some(found) = links.into_iter().find(|l| l.mac == old.mac) {
                     match netlink.set_up(found.index, None).await {
                         Ok(()) => return Ok(found),
-                        Err(e) => crate::init::log(&format!(
+                        Err(e) => crate::log::console(&format!(
                             "dhcp: {}: setting the link up: {e}",
                             found.name
                         )),
                     }
                 } else if !said {
-                    crate::init::log(&format!(
+                    crate::log::console(&format!(
                         "dhcp: no interface with MAC {} (was {}); waiting for it",
                         old.mac, old.name
                     ));
                     said = true;
                 }
             }
-            Err(e) => crate::init::log(&format!("dhcp: listing interfaces: {e}")),
+            Err(e) => crate::log::console(&format!("dhcp: listing interfaces: {e}")),
         }
         if sleep_or_stop(backoff.next_delay(), stop).await {
             anyhow::bail!("stopped while waiting for {}", old.name);
@@ -324,7 +324,7 @@ impl Session<'_> {
                             if link_gone(&e) {
                                 return Ended::LinkGone(format!("sending to {to}: {e}"));
                             }
-                            crate::init::log(&format!(
+                            crate::log::console(&format!(
                                 "dhcp: {}: sending to {to}: {e} (the client retransmits)",
                                 self.link.name
                             ));
@@ -336,7 +336,7 @@ impl Session<'_> {
                         apply_at = Some(tokio::time::Instant::now());
                     }
                     Action::Expire(lease) => {
-                        crate::init::log(&format!(
+                        crate::log::console(&format!(
                             "dhcp: {} lease {} expired",
                             self.link.name, lease.address
                         ));
@@ -367,7 +367,7 @@ impl Session<'_> {
                     match self.netlink.link_by_index(self.link.index).await {
                         Ok(Some(l)) if l.mac == self.link.mac => {}
                         Ok(_) => return Ended::LinkGone("the interface is gone".into()),
-                        Err(e) => crate::init::log(&format!("dhcp: {}: checking the link: {e}", self.link.name)),
+                        Err(e) => crate::log::console(&format!("dhcp: {}: checking the link: {e}", self.link.name)),
                     }
                 }
                 received = self.socket.recv_from(&mut buf) => match received {
@@ -377,7 +377,7 @@ impl Session<'_> {
                         }
                     }
                     Err(e) if link_gone(&e) => return Ended::LinkGone(format!("receiving: {e}")),
-                    Err(e) => crate::init::log(&format!("dhcp: {}: receiving: {e}", self.link.name)),
+                    Err(e) => crate::log::console(&format!("dhcp: {}: receiving: {e}", self.link.name)),
                 },
             }
         }
@@ -389,7 +389,7 @@ impl Session<'_> {
         match self.apply(&lease).await {
             Ok(()) => {
                 self.pending = None;
-                crate::init::log(&format!(
+                crate::log::console(&format!(
                     "dhcp: {} lease {} routes [{}] mtu {} dns {:?} for {} s",
                     self.link.name,
                     lease.address,
@@ -413,7 +413,7 @@ impl Session<'_> {
             }
             Err(e) => {
                 let delay = self.retry_apply.next_delay();
-                crate::init::log(&format!(
+                crate::log::console(&format!(
                     "dhcp: {}: configuring lease {}: {e:#}; retrying in {:.1} s",
                     self.link.name,
                     lease.address,
