@@ -282,6 +282,9 @@ fn etcd_bootstraps_through_srv_records() {
         early.contains("status: NOERROR") && early.contains("ANSWER: 0") && early.contains("SOA"),
         "two masters: NODATA with the SOA expected:\n{early}"
     );
+    let etcd_status = cluster.status(0)["dns"]["etcd"].clone();
+    assert_eq!(etcd_status["srvReady"], false, "{etcd_status}");
+    assert_eq!(etcd_status["names"]["etcd-1"], MASTERS[1], "{etcd_status}");
     let root = cluster.dir.path().join("etcd");
     let ca = &cluster.pki.ca_cert_pem;
     let etcds: Vec<Etcd> = (0..4)
@@ -311,6 +314,18 @@ fn etcd_bootstraps_through_srv_records() {
                 .then_some(())
         });
     }
+
+    let text = Command::new(env!("CARGO_BIN_EXE_keelson-agent"))
+        .args(["status", "--socket"])
+        .arg(cluster.socket(1))
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&text.stdout);
+    let want = format!(
+        "etcd names: etcd-0={}, etcd-1={}, etcd-2={}; SRV answered (3 of 3 masters)",
+        MASTERS[0], MASTERS[1], MASTERS[2]
+    );
+    assert!(text.contains(&want), "status lacks {want:?}:\n{text}");
 
     let mut running: Vec<Proc> = etcds[..3].iter().map(|e| e.start(zone)).collect();
     let member_list = || {

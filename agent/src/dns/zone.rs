@@ -89,10 +89,10 @@ impl Zone {
         // hickory's parser decides what a name is, as it does for every other name here.
         hickory_proto::rr::Name::from_ascii(zone).map_err(|e| bad(&e.to_string()))?;
         let origin = wire::name_to_wire(zone).ok_or_else(|| bad("a label or the name too long"))?;
-        // The SOA's own names (`hostmaster.<zone>`) must fit too.
         if origin.len() == 1 {
             return Err(bad("the root is not a cluster zone"));
         }
+        // The SOA's own names (`hostmaster.<zone>`) must fit too.
         if origin.len() + 11 > wire::MAX_NAME {
             return Err(bad("too long for the SOA's hostmaster.<zone>"));
         }
