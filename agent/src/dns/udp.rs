@@ -240,6 +240,33 @@ mod tests {
     }
 
     #[test]
+    fn ipv6_senders() {
+        // Hosts without IPv6 on loopback have nothing to test here.
+        let Ok(server) = UdpSocket::bind("[::1]:0") else {
+            return;
+        };
+        let client = UdpSocket::bind("[::1]:0").unwrap();
+        client.send_to(b"six", server.local_addr().unwrap()).unwrap();
+        let mut batch = Batch::new();
+        assert_eq!(wait_recv(&mut batch, server.as_raw_fd()), 1);
+        let (data, rx, reply) = batch.get(0);
+        assert_eq!(data, b"six");
+        assert_eq!(
+            rx.peer.as_ref().and_then(socket_addr),
+            Some(client.local_addr().unwrap())
+        );
+        reply.clear();
+        reply.extend_from_slice(b"back");
+        batch.send(server.as_raw_fd()).unwrap();
+        client
+            .set_read_timeout(Some(Duration::from_secs(2)))
+            .unwrap();
+        let mut buf = [0u8; 8];
+        let n = client.recv(&mut buf).unwrap();
+        assert_eq!(&buf[..n], b"back");
+    }
+
+    #[test]
     fn long_datagrams_are_flagged_cut() {
         let server = UdpSocket::bind("127.0.0.1:0").unwrap();
         let client = UdpSocket::bind("127.0.0.1:0").unwrap();
