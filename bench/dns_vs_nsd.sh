@@ -10,8 +10,12 @@
 # time per answered query (from /proc: user + system time of the server's processes during
 # the run, divided by the queries dnsperf saw answered). The ratio is of the medians.
 #
+# dnsperf runs with two threads (-T 2): one dnsperf thread spends more CPU per query than
+# either server (about 9 us against 5-7 us, measured on the development machine), so with
+# one thread the client would be the bottleneck and both servers would show its rate.
+#
 # Usage: bench/dns_vs_nsd.sh [seconds per run] [dnsperf clients] [runs per server]
-#        (defaults 10 4 3)
+#        (defaults 10 4 5)
 # Env:   KEELSON_AGENT_BIN  the agent to measure (default: the static release agent
 #                           `make agent` builds, else target/release/keelson-agent)
 #        PROFILE=1          after the runs, one more run per server under perf: system
@@ -19,12 +23,14 @@
 #                           keelson's hottest functions (perf record; needs a binary with
 #                           symbols, e.g. CARGO_PROFILE_RELEASE_STRIP=false make agent)
 #        BAR                the ratio below which the script fails (default 1.0)
+#        CLIENT_THREADS     dnsperf threads (-T, default 2)
 set -euo pipefail
 
 SECS=${1:-10}
 CLIENTS=${2:-4}
-RUNS=${3:-3}
+RUNS=${3:-5}
 BAR=${BAR:-1.0}
+CLIENT_THREADS=${CLIENT_THREADS:-2}
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 BIN=${KEELSON_AGENT_BIN:-$ROOT/target/x86_64-unknown-linux-gnu/release/keelson-agent}
 [[ -x $BIN ]] || BIN=$ROOT/target/release/keelson-agent
@@ -190,7 +196,8 @@ HZ=$(getconf CLK_TCK)
 run() {
     local before after out
     before=$(cpu_ticks "$1")
-    out=$(dnsperf -s 127.0.0.1 -p "$1" -d "$WORK/queries" -l "$SECS" -c "$CLIENTS" -q 500 2>&1)
+    out=$(dnsperf -s 127.0.0.1 -p "$1" -d "$WORK/queries" -l "$SECS" -c "$CLIENTS" \
+        -T "$CLIENT_THREADS" -q 500 2>&1)
     after=$(cpu_ticks "$1")
     local qps completed lost
     qps=$(awk '/Queries per second/ {print $4}' <<< "$out")
@@ -224,14 +231,21 @@ NCPU=$(cut -d' ' -f4 "$WORK/n.runs" | median)
 KLOST=$(awk '{s += $3} END {print s}' "$WORK/k.runs")
 NLOST=$(awk '{s += $3} END {print s}' "$WORK/n.runs")
 RATIO=$(echo "$KQ / $NQ" | bc -l)
+# Round by round (each round runs both back to back, so slow drifts in the machine's load
+# cancel): keelson / NSD.
+paste -d' ' <(cut -d' ' -f1 "$WORK/k.runs") <(cut -d' ' -f1 "$WORK/n.runs") \
+    | awk '{printf "%.3f\n", $1 / $2}' > "$WORK/pairs"
+PAIRS=$(sort -g "$WORK/pairs" | tr '\n' ' ')
+PMED=$(median < "$WORK/pairs")
 NSDV=$( (nsd -v 2>&1 || true) | head -1 | awk '{print $3}')
 
 echo
-echo "dnsperf -l $SECS -c $CLIENTS -q 500 -d <$(wc -l < "$WORK/queries") names: A, AAAA, SRV>, $RUNS runs per server, alternating; one server thread each"
+echo "dnsperf -l $SECS -c $CLIENTS -T $CLIENT_THREADS -q 500 -d <$(wc -l < "$WORK/queries") names: A, AAAA, SRV>, $RUNS runs per server, alternating; one server thread each"
 printf '%-22s %12s %12s %12s %16s %8s\n' "server" "median q/s" "lowest" "highest" "CPU us/query" "lost"
 printf '%-22s %12.0f %12.0f %12.0f %16.2f %8s\n' "keelson-agent dns" "$KQ" "$KMIN" "$KMAX" "$KCPU" "$KLOST"
 printf '%-22s %12.0f %12.0f %12.0f %16.2f %8s\n' "nsd $NSDV" "$NQ" "$NMIN" "$NMAX" "$NCPU" "$NLOST"
 printf '%-22s %12.2f   (bar: >= %s; CPU per query nsd/keelson: %.2f)\n' "ratio keelson/nsd" "$RATIO" "$BAR" "$(echo "$NCPU / $KCPU" | bc -l)"
+printf '%-22s %12.2f   (each round: %s)\n' "round by round, median" "$PMED" "$PAIRS"
 
 if [[ ${PROFILE:-0} == 1 ]]; then
     echo

@@ -246,7 +246,9 @@ mod tests {
             return;
         };
         let client = UdpSocket::bind("[::1]:0").unwrap();
-        client.send_to(b"six", server.local_addr().unwrap()).unwrap();
+        client
+            .send_to(b"six", server.local_addr().unwrap())
+            .unwrap();
         let mut batch = Batch::new();
         assert_eq!(wait_recv(&mut batch, server.as_raw_fd()), 1);
         let (data, rx, reply) = batch.get(0);
