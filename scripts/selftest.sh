@@ -3,7 +3,9 @@
 #  1. `scripts/setup.sh --check` passes on this machine, and fails when commands are hidden,
 #     naming each one and the package that provides it;
 #  2. `cargo machete` (part of `make lint`) passes on the tree and fails on a copy of it with
-#     an unused dependency added.
+#     an unused dependency added;
+#  3. every `proptest!` block uses the test harness's configuration (its seed printed and
+#     settable, nothing written: docs/testing.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 tmp=$(mktemp -d)
@@ -45,3 +47,11 @@ if out=$(cargo machete "$tmp/ws" 2>&1); then
 fi
 grep -q itoa <<<"$out" || fail "cargo machete did not name itoa: $out"
 echo "selftest: cargo machete fails on an unused dependency" >&2
+
+# Every proptest! block starts with the harness's configuration.
+unconfigured=$(git ls-files -z '*.rs' | xargs -0 awk '
+  /proptest! *\{ *$/ && $0 !~ /^ *\/\// { getline next_line;
+    if (next_line !~ /#!\[proptest_config\(keelson_testkit::proptest::/) print FILENAME ":" FNR }')
+[ -z "$unconfigured" ] ||
+  fail "proptest! blocks without #![proptest_config(keelson_testkit::proptest::config())]: $unconfigured"
+echo "selftest: every proptest! block prints and takes its seed" >&2

@@ -48,6 +48,8 @@ REQUIRED=(
   "timeout coreutils"
   "taskset util-linux"
   "bc bc"
+  # The VRRP test's packet injector (agent/tests/vrrp_election.rs).
+  "python3 python3"
   "openssl openssl"
   # Real peers the tests and benchmarks run against.
   "keepalived keepalived"
@@ -66,6 +68,9 @@ REQUIRED=(
   "avahi-daemon avahi-daemon"
   "avahi-browse avahi-utils"
   "avahi-publish avahi-utils"
+  # avahi-daemon in a private mount namespace of its own (its pid file is fixed).
+  "unshare util-linux"
+  "mount mount"
   "dbus-daemon dbus-daemon"
   "nginx nginx-light"
   # `promtool check metrics` checks the agent's /metrics in agent/tests/metrics_roles.rs.

@@ -235,7 +235,7 @@ impl AgentContext {
         process.uptime_seconds = started.elapsed().as_secs_f64();
         AgentStatus {
             node: NodeStatus {
-                name: self.node.name.clone(),
+                name: self.node.name.to_string(),
                 role: self.node.role,
                 interface: self.node.interface.clone(),
                 addresses: self.node.addresses.clone(),

@@ -8,6 +8,7 @@ pub mod apply;
 pub mod bgp;
 pub mod context;
 pub mod dns;
+pub mod dns_label;
 pub mod health;
 pub mod ignition_server;
 pub mod init;
@@ -22,8 +23,6 @@ pub mod retry;
 pub mod run;
 pub mod status;
 pub mod supervisor;
-#[cfg(test)]
-mod test_support;
 pub mod vrrp;
 
 /// The agent's version, as members announce it.

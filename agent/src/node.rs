@@ -7,6 +7,8 @@ use std::path::Path;
 
 use ipnet::IpNet;
 use keelson_ignition::Role;
+
+use crate::dns_label::DnsLabel;
 use serde::{Deserialize, Serialize};
 
 /// This node's identity, as `node.json` writes it.
@@ -14,7 +16,7 @@ use serde::{Deserialize, Serialize};
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct NodeIdentity {
     /// Node name (short host name), e.g. `master-0`.
-    pub name: String,
+    pub name: DnsLabel,
     /// Role in the cluster.
     pub role: Role,
     /// The interface on the machine network (VIPs are added here, adverts sent here).
@@ -105,7 +107,7 @@ impl NodeIdentity {
 pub fn node_vars(node: &NodeIdentity) -> Vec<(&'static str, String)> {
     let addr = |v6| node.address(v6).map(|a| a.to_string()).unwrap_or_default();
     vec![
-        ("KEELSON_NODE_NAME", node.name.clone()),
+        ("KEELSON_NODE_NAME", node.name.to_string()),
         ("KEELSON_NODE_ROLE", node.role.as_str().to_owned()),
         ("KEELSON_NODE_ADDRESS", addr(false)),
         ("KEELSON_NODE_ADDRESS6", addr(true)),
@@ -169,6 +171,9 @@ pub enum IdentityError {
         /// The node.
         name: String,
     },
+    /// The host name is not a DNS label (and the metadata named none).
+    #[error("the host name: {0}")]
+    BadName(#[from] crate::dns_label::DnsLabelError),
     /// No interface has an address in the machine network.
     #[error("node {name}: no interface has an address in the machine networks {networks:?}")]
     NoAddress {
@@ -187,21 +192,26 @@ pub fn from_system(
     root: &Path,
     metadata: Option<&crate::metadata::Metadata>,
 ) -> Result<NodeIdentity, IdentityError> {
-    let name = metadata
-        .and_then(|m| m.node_name())
-        .or_else(|| {
-            nix::unistd::gethostname().ok().map(|h| {
-                h.to_string_lossy()
-                    .split('.')
-                    .next()
-                    .unwrap_or("")
-                    .to_owned()
-            })
+    let host_name = nix::unistd::gethostname()
+        .ok()
+        .map(|h| {
+            h.to_string_lossy()
+                .split('.')
+                .next()
+                .unwrap_or("")
+                .to_owned()
         })
-        .filter(|n| !n.is_empty())
-        .unwrap_or_else(|| "localhost".into());
-    let role = role_hint(root, metadata.map(|m| &m.meta_data.meta), &name)
-        .ok_or_else(|| IdentityError::NoRole { name: name.clone() })?;
+        .filter(|h| !h.is_empty());
+    let name = match (metadata.and_then(|m| m.node_name()), host_name) {
+        (Some(name), _) => name,
+        (None, Some(host)) => DnsLabel::new(host)?,
+        (None, None) => DnsLabel::new("localhost").expect("a DNS label"),
+    };
+    let role = role_hint(root, metadata.map(|m| &m.meta_data.meta), &name).ok_or_else(|| {
+        IdentityError::NoRole {
+            name: name.to_string(),
+        }
+    })?;
     let mut found: Vec<(String, IpNet)> = Vec::new();
     if let Ok(addrs) = nix::ifaddrs::getifaddrs() {
         for ifa in addrs {
@@ -234,7 +244,7 @@ pub fn from_system(
     }
     let Some((interface, _)) = found.first().cloned() else {
         return Err(IdentityError::NoAddress {
-            name,
+            name: name.to_string(),
             networks: cluster.machine_networks.clone(),
         });
     };
@@ -314,7 +324,7 @@ mod tests {
     #[test]
     fn process_arguments_expand_the_node_variables() {
         let node = NodeIdentity {
-            name: "master-1".into(),
+            name: "master-1".parse().unwrap(),
             role: Role::Master,
             interface: "eth0".into(),
             addresses: vec!["10.0.0.12/16".parse().unwrap()],

@@ -183,6 +183,7 @@ mod tests {
     }
 
     proptest::proptest! {
+        #![proptest_config(keelson_testkit::proptest::config())]
         #[test]
         fn never_panics_and_stays_bounded(initial in 0u64..100_000, max in 0u64..1_000_000,
                                           jitter in proptest::num::f64::ANY,

@@ -5,36 +5,13 @@
 use std::io::{BufRead, BufReader};
 use std::net::{SocketAddr, UdpSocket};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use keelson_testkit::dig::{answers, dig, section, status};
+use keelson_testkit::{Proc, free_port, require};
+
 const CLUSTER: &str = include_str!("../src/dns/testdata/cluster.json");
-
-/// Kills the child on drop, so a failing test leaves nothing behind.
-struct Proc(Child);
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn have(tool: &str) -> bool {
-    Command::new("sh")
-        .args(["-c", &format!("command -v {tool}")])
-        .stdout(Stdio::null())
-        .status()
-        .map(|s| s.success())
-        .unwrap_or(false)
-}
-
-fn skip(reason: &str) -> bool {
-    if std::env::var("CI").as_deref() == Ok("true") {
-        panic!("{reason}");
-    }
-    eprintln!("skipped: {reason}");
-    true
-}
 
 /// Starts `keelson-agent dns` on 127.0.0.1 with a free port; returns it and its address.
 fn start_dns(dir: &Path, members: &str, upstreams: &[SocketAddr]) -> (Proc, SocketAddr) {
@@ -60,13 +37,8 @@ fn start_dns_with(
     for u in upstreams {
         cmd.arg("--upstream").arg(u.to_string());
     }
-    let mut child = cmd
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .unwrap();
-    let stdout = child.stdout.take().unwrap();
-    let proc = Proc(child);
+    let mut proc = Proc::spawn(cmd.stdout(Stdio::piped()).stderr(Stdio::inherit()));
+    let stdout = proc.0.stdout.take().unwrap();
     let mut line = String::new();
     BufReader::new(stdout).read_line(&mut line).unwrap();
     let addr = line
@@ -76,15 +48,6 @@ fn start_dns_with(
         .and_then(|a| a.parse().ok())
         .unwrap_or_else(|| panic!("no listen line from agent: {line:?}"));
     (proc, addr)
-}
-
-fn free_port() -> u16 {
-    let s = UdpSocket::bind("127.0.0.1:0").unwrap();
-    let port = s.local_addr().unwrap().port();
-    // TCP on the same port must be free too (dnsmasq binds both).
-    std::net::TcpListener::bind(("127.0.0.1", port))
-        .map(|_| port)
-        .unwrap_or_else(|_| free_port())
 }
 
 /// Starts dnsmasq answering `*.example.test` with 192.0.2.1 and a large TXT at
@@ -109,13 +72,8 @@ fn start_dnsmasq() -> (Proc, SocketAddr) {
         let chunk = format!("{i:02}").repeat(100);
         cmd.arg(format!("--txt-record=big.example.test,{chunk}"));
     }
-    let child = cmd
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+    let proc = Proc::spawn(cmd.stdout(Stdio::null()).stderr(Stdio::null()));
     let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
-    let proc = Proc(child);
     // Wait until it answers.
     let deadline = Instant::now() + Duration::from_secs(5);
     while Instant::now() < deadline {
@@ -126,16 +84,6 @@ fn start_dnsmasq() -> (Proc, SocketAddr) {
         std::thread::sleep(Duration::from_millis(100));
     }
     panic!("dnsmasq did not start on {addr}");
-}
-
-fn dig(server: SocketAddr, args: &[&str]) -> String {
-    let out = Command::new("dig")
-        .arg(format!("@{}", server.ip()))
-        .args(["-p", &server.port().to_string()])
-        .args(args)
-        .output()
-        .unwrap();
-    String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 fn members_json() -> String {
@@ -151,33 +99,6 @@ fn tmpdir() -> tempfile::TempDir {
     tempfile::tempdir().unwrap()
 }
 
-fn status(out: &str) -> &str {
-    out.split("status: ")
-        .nth(1)
-        .and_then(|s| s.split(',').next())
-        .unwrap_or("")
-}
-
-/// The answer records as "name type data" lines.
-fn answers(out: &str) -> Vec<String> {
-    let mut lines = Vec::new();
-    let mut in_answer = false;
-    for l in out.lines() {
-        if l.starts_with(";; ANSWER SECTION") {
-            in_answer = true;
-            continue;
-        }
-        if in_answer {
-            if l.trim().is_empty() {
-                break;
-            }
-            let f: Vec<&str> = l.split_whitespace().collect();
-            lines.push(format!("{} {} {} {}", f[0], f[1], f[3], f[4..].join(" ")));
-        }
-    }
-    lines
-}
-
 fn authority_soa(out: &str) -> bool {
     out.lines().any(|l| l.starts_with(";; AUTHORITY SECTION"))
         && out
@@ -187,7 +108,7 @@ fn authority_soa(out: &str) -> bool {
 
 #[test]
 fn authoritative_rules_udp_and_tcp() {
-    if !have("dig") && skip("dig is not installed") {
+    if !require("dig") {
         return;
     }
     let dir = tmpdir();
@@ -251,20 +172,6 @@ fn authoritative_rules_udp_and_tcp() {
     assert_eq!(status(&out), "SERVFAIL", "{out}");
 }
 
-/// The records of one section of dig's output (`ANSWER`, `ADDITIONAL`) as "name type data".
-fn section(out: &str, name: &str) -> Vec<String> {
-    let head = format!(";; {name} SECTION");
-    out.lines()
-        .skip_while(|l| !l.starts_with(&head))
-        .skip(1)
-        .take_while(|l| !l.trim().is_empty())
-        .map(|l| {
-            let f: Vec<&str> = l.split_whitespace().collect();
-            format!("{} {} {}", f[0], f[3], f[4..].join(" "))
-        })
-        .collect()
-}
-
 /// `n` dual-stack masters `master-<i>` for members.json.
 fn masters_json(n: usize) -> String {
     let list: Vec<serde_json::Value> = (0..n)
@@ -281,7 +188,7 @@ fn masters_json(n: usize) -> String {
 
 #[test]
 fn etcd_srv_with_addresses_and_the_size_rules() {
-    if !have("dig") && skip("dig is not installed") {
+    if !require("dig") {
         return;
     }
     let with_etcd = |masters: usize| {
@@ -309,15 +216,15 @@ fn etcd_srv_with_addresses_and_the_size_rules() {
         assert_eq!(
             section(&out, "ANSWER"),
             (0..3)
-                .map(|i| format!("{srv}. SRV 0 10 2380 etcd-{i}.ocp4.example.com."))
+                .map(|i| format!("{srv}. 60 SRV 0 10 2380 etcd-{i}.ocp4.example.com."))
                 .collect::<Vec<_>>(),
             "{out}"
         );
         let extra = section(&out, "ADDITIONAL");
         for i in 0..3 {
             for want in [
-                format!("etcd-{i}.ocp4.example.com. A 10.0.1.{}", 10 + i),
-                format!("etcd-{i}.ocp4.example.com. AAAA fd00::1:{}", 10 + i),
+                format!("etcd-{i}.ocp4.example.com. 60 A 10.0.1.{}", 10 + i),
+                format!("etcd-{i}.ocp4.example.com. 60 AAAA fd00::1:{}", 10 + i),
             ] {
                 assert!(extra.contains(&want), "{want} in {out}");
             }
@@ -325,7 +232,7 @@ fn etcd_srv_with_addresses_and_the_size_rules() {
         let out = q("etcd-2.ocp4.example.com", "A");
         assert_eq!(
             section(&out, "ANSWER"),
-            ["etcd-2.ocp4.example.com. A 10.0.1.12"]
+            ["etcd-2.ocp4.example.com. 60 A 10.0.1.12"]
         );
         let out = q("_etcd-client-ssl._tcp.ocp4.example.com", "SRV");
         assert_eq!(section(&out, "ANSWER").len(), 3, "{out}");
@@ -378,9 +285,7 @@ fn etcd_srv_with_addresses_and_the_size_rules() {
 
 #[test]
 fn forwards_with_cache_and_truncation() {
-    if (!have("dig") && skip("dig is not installed"))
-        || (!have("dnsmasq") && skip("dnsmasq is not installed"))
-    {
+    if !require("dig") || !require("dnsmasq") {
         return;
     }
     let dir = tmpdir();
@@ -477,9 +382,7 @@ fn bad_upstreams() -> (UdpSocket, SocketAddr, SocketAddr) {
 
 #[test]
 fn dead_and_garbage_upstreams_servfail_then_fallback() {
-    if (!have("dig") && skip("dig is not installed"))
-        || (!have("dnsmasq") && skip("dnsmasq is not installed"))
-    {
+    if !require("dig") || !require("dnsmasq") {
         return;
     }
     let dir = tmpdir();
@@ -517,7 +420,7 @@ fn raw_exchange(sock: &UdpSocket, server: SocketAddr, packet: &[u8]) -> Option<V
 
 #[test]
 fn malformed_packets_then_good_query() {
-    if !have("dig") && skip("dig is not installed") {
+    if !require("dig") {
         return;
     }
     let dir = tmpdir();
@@ -593,7 +496,7 @@ fn malformed_packets_then_good_query() {
 
 #[test]
 fn tcp_connection_limit_protects_the_server() {
-    if !have("dig") && skip("dig is not installed") {
+    if !require("dig") {
         return;
     }
     let dir = tmpdir();

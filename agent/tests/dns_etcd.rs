@@ -23,14 +23,21 @@
 //! Needs root (namespaces) and etcd/etcdctl (scripts/setup.sh installs etcd-server and
 //! etcd-client); without them it fails under CI and is skipped otherwise.
 
-mod vrrp_common;
-
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+use keelson_testkit::agent::{RunCluster, RunNode};
+use keelson_testkit::cmd::Proc;
+use keelson_testkit::dig::dig_in;
+use keelson_testkit::http::curl_in;
+use keelson_testkit::netns::exec_in;
+use keelson_testkit::segment::Segment;
+use keelson_testkit::wait::wait_for;
+use keelson_testkit::{require, require_root};
 use rcgen::{CertificateParams, DnType, ExtendedKeyUsagePurpose, Issuer, KeyPair, KeyUsagePurpose};
-use vrrp_common::{Proc, RunCluster, RunNode, Segment};
+
+const AGENT: &str = env!("CARGO_BIN_EXE_keelson-agent");
 
 /// The installer's names for the masters of `examples/install-config-4.2.yaml`
 /// (`<infraID>-master-<i>`).
@@ -39,28 +46,6 @@ const MASTERS: [&str; 3] = [
     "ocp4-x7k2z-master-1",
     "ocp4-x7k2z-master-2",
 ];
-
-/// What cannot run here: fails when `CI` is set (to anything), skips loudly otherwise.
-// Moves to the shared test harness's `require` once it is on main.
-fn require(what: &str, present: bool) -> bool {
-    if present {
-        return true;
-    }
-    assert!(
-        std::env::var_os("CI").is_none(),
-        "dns_etcd needs {what} (CI is set)"
-    );
-    eprintln!("SKIPPED dns_etcd: needs {what}");
-    false
-}
-
-fn have(tool: &str) -> bool {
-    Command::new("sh")
-        .args(["-c", &format!("command -v {tool}")])
-        .stdout(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success())
-}
 
 /// `keelson build --spec 2.2.0`'s cluster.json for the 4.2 install-config: the etcd names on
 /// for its three masters. Members over mDNS (the bridge carries multicast; unicast members
@@ -129,43 +114,22 @@ impl Drop for Resolver {
 
 /// Runs `args` in namespace `ns` (with its resolver) and returns the output.
 fn in_ns(ns: &str, args: &[&str]) -> Output {
-    Command::new("ip")
-        .args(["netns", "exec", ns])
-        .args(args)
-        .output()
-        .unwrap()
+    exec_in(ns, args[0]).args(&args[1..]).output().unwrap()
 }
 
-/// `dig +noall +comments +answer +authority` for `name`/`qtype` at `server`, from `ns`.
-fn dig(ns: &str, server: &str, name: &str, qtype: &str) -> String {
-    let out = in_ns(
-        ns,
-        &[
-            "dig",
-            &format!("@{server}"),
-            "+time=1",
-            "+tries=2",
-            "+noall",
-            "+comments",
-            "+answer",
-            "+authority",
-            name,
-            qtype,
-        ],
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-/// Polls `f` every 200 ms until it returns `Some`, or panics with `what` after `limit`.
-fn wait_for<T>(what: &str, limit: Duration, mut f: impl FnMut() -> Option<T>) -> T {
-    let start = Instant::now();
-    loop {
-        if let Some(v) = f() {
-            return v;
-        }
-        assert!(start.elapsed() < limit, "{what}: not within {limit:?}");
-        std::thread::sleep(Duration::from_millis(200));
-    }
+/// dig's header, answer and authority for `name`/`qtype` at node `server`, from `ns`.
+fn dig(ns: &str, server: std::net::Ipv4Addr, name: &str, qtype: &str) -> String {
+    let args = [
+        "+time=1",
+        "+tries=2",
+        "+noall",
+        "+comments",
+        "+answer",
+        "+authority",
+    ];
+    let mut args = args.to_vec();
+    args.extend([name, qtype]);
+    dig_in(ns, server.into(), &args)
 }
 
 /// One etcd member's files and command line.
@@ -197,31 +161,29 @@ impl Etcd {
         let _ = std::fs::remove_dir_all(&data);
         let f = |n: &str| self.dir.join(n).display().to_string();
         let log = std::fs::File::create(self.dir.join("etcd.log")).unwrap();
-        let child = Command::new("ip")
-            .args(["netns", "exec", &self.ns, "etcd"])
-            .args(["--name", &self.name])
-            .args(["--data-dir", &data.display().to_string()])
-            .args(["--discovery-srv", zone])
-            .args(["--initial-cluster-token", "keelson-dns-etcd"])
-            .args(["--initial-cluster-state", "new"])
-            .arg(format!(
-                "--initial-advertise-peer-urls=https://{}:2380",
-                self.ip
-            ))
-            .arg(format!("--listen-peer-urls=https://{}:2380", self.ip))
-            .arg(format!("--listen-client-urls=https://{}:2379", self.ip))
-            .arg(format!("--advertise-client-urls=https://{}:2379", self.ip))
-            .args(["--peer-cert-file", &f("peer.crt")])
-            .args(["--peer-key-file", &f("peer.key")])
-            .args(["--peer-trusted-ca-file", &f("ca.crt")])
-            .arg("--peer-client-cert-auth")
-            .args(["--cert-file", &f("peer.crt")])
-            .args(["--key-file", &f("peer.key")])
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .unwrap();
-        Proc(child)
+        Proc::spawn(
+            exec_in(&self.ns, "etcd")
+                .args(["--name", &self.name])
+                .args(["--data-dir", &data.display().to_string()])
+                .args(["--discovery-srv", zone])
+                .args(["--initial-cluster-token", "keelson-dns-etcd"])
+                .args(["--initial-cluster-state", "new"])
+                .arg(format!(
+                    "--initial-advertise-peer-urls=https://{}:2380",
+                    self.ip
+                ))
+                .arg(format!("--listen-peer-urls=https://{}:2380", self.ip))
+                .arg(format!("--listen-client-urls=https://{}:2379", self.ip))
+                .arg(format!("--advertise-client-urls=https://{}:2379", self.ip))
+                .args(["--peer-cert-file", &f("peer.crt")])
+                .args(["--peer-key-file", &f("peer.key")])
+                .args(["--peer-trusted-ca-file", &f("ca.crt")])
+                .arg("--peer-client-cert-auth")
+                .args(["--cert-file", &f("peer.crt")])
+                .args(["--key-file", &f("peer.key")])
+                .stdout(Stdio::null())
+                .stderr(log),
+        )
     }
 
     fn log(&self) -> String {
@@ -241,24 +203,46 @@ impl Etcd {
     }
 }
 
+/// `etcdctl --discovery-srv <zone> member list` from namespace `ns`: stdout and stderr.
+fn member_list(ns: &str, zone: &str, ca: &Path) -> String {
+    let ca = ca.display().to_string();
+    let out = in_ns(
+        ns,
+        &[
+            "etcdctl",
+            "--discovery-srv",
+            zone,
+            "--cacert",
+            &ca,
+            "--dial-timeout=2s",
+            "--command-timeout=3s",
+            "-w",
+            "simple",
+            "member",
+            "list",
+        ],
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr)
+}
+
 #[test]
 fn etcd_bootstraps_through_srv_records() {
-    if !require("root", nix::unistd::Uid::effective().is_root())
-        || !require("etcd (apt package etcd-server)", have("etcd"))
-        || !require("etcdctl (apt package etcd-client)", have("etcdctl"))
-        || !require("dig", have("dig"))
-        || !require("curl", have("curl"))
+    if !require_root()
+        || !require("etcd")
+        || !require("etcdctl")
+        || !require("dig")
+        || !require("curl")
     {
         return;
     }
-    let cluster = RunCluster::new(cluster_json());
+    let cluster = RunCluster::new(AGENT, cluster_json());
     let zone = "ocp4.osd2019.local";
     // Three masters and a fourth host on 10.0.0.0/24, inside the install-config's machine
-    // network.
-    let seg = Segment::new(&format!("ke{}", std::process::id() % 10_000), 4, 0);
-    let ip = |i: usize| seg.v4(i).split('/').next().unwrap().to_string();
-    let resolvers: Vec<Resolver> = (0..4)
-        .map(|i| Resolver::new(&seg.nodes[i], &ip(i.min(2))))
+    // network; each asks the keelson DNS of its own node (the fourth, master 2's).
+    let seg = Segment::ipv4_only("ketcd", 4, 0);
+    let ip = |i: usize| seg.ip4(i);
+    let _resolvers: Vec<Resolver> = (0..4)
+        .map(|i| Resolver::new(&seg.nodes[i], &ip(i.min(2)).to_string()))
         .collect();
     let start = |i: usize| -> RunNode {
         cluster.start(
@@ -273,11 +257,9 @@ fn etcd_bootstraps_through_srv_records() {
     // Two of three masters: the names exist, the SRV set is NODATA with the SOA.
     let srv_name = format!("_etcd-server-ssl._tcp.{zone}");
     wait_for("etcd-1 on node 0", Duration::from_secs(20), || {
-        dig(&seg.nodes[0], &ip(0), &format!("etcd-1.{zone}"), "A")
-            .contains(&ip(1))
-            .then_some(())
+        dig(&seg.nodes[0], ip(0), &format!("etcd-1.{zone}"), "A").contains(&ip(1).to_string())
     });
-    let early = dig(&seg.nodes[0], &ip(0), &srv_name, "SRV");
+    let early = dig(&seg.nodes[0], ip(0), &srv_name, "SRV");
     assert!(
         early.contains("status: NOERROR") && early.contains("ANSWER: 0") && early.contains("SOA"),
         "two masters: NODATA with the SOA expected:\n{early}"
@@ -291,7 +273,7 @@ fn etcd_bootstraps_through_srv_records() {
         .map(|i| {
             let name = MASTERS.get(i).copied().unwrap_or("ocp4-x7k2z-master-3");
             let cert = peer_cert(ca, &cluster.pki.ca_key_pem, &[format!("etcd-{i}.{zone}")]);
-            Etcd::new(&root, &seg.nodes[i], name, &ip(i), cert, ca)
+            Etcd::new(&root, &seg.nodes[i], name, &ip(i).to_string(), cert, ca)
         })
         .collect();
     let mut too_early = etcds[0].start(zone);
@@ -308,14 +290,11 @@ fn etcd_bootstraps_through_srv_records() {
     let _node2 = start(2);
     for i in 0..3 {
         wait_for(&format!("SRV on node {i}"), Duration::from_secs(20), || {
-            let out = dig(&seg.nodes[i], &ip(i), &srv_name, "SRV");
-            (0..3)
-                .all(|k| out.contains(&format!("0 10 2380 etcd-{k}.{zone}.")))
-                .then_some(())
+            let out = dig(&seg.nodes[i], ip(i), &srv_name, "SRV");
+            (0..3).all(|k| out.contains(&format!("0 10 2380 etcd-{k}.{zone}.")))
         });
     }
-
-    let text = Command::new(env!("CARGO_BIN_EXE_keelson-agent"))
+    let text = Command::new(AGENT)
         .args(["status", "--socket"])
         .arg(cluster.socket(1))
         .output()
@@ -327,34 +306,17 @@ fn etcd_bootstraps_through_srv_records() {
     );
     assert!(text.contains(&want), "status lacks {want:?}:\n{text}");
 
+    // The three etcds bootstrap. `ID, started, name, peer URL, client URL, learner`: each
+    // master started, under its own name, with the etcd name of its index.
     let mut running: Vec<Proc> = etcds[..3].iter().map(|e| e.start(zone)).collect();
-    let member_list = || {
-        in_ns(
-            &seg.nodes[0],
-            &[
-                "etcdctl",
-                "--discovery-srv",
-                zone,
-                "--cacert",
-                &etcds[0].dir.join("ca.crt").display().to_string(),
-                "--dial-timeout=2s",
-                "--command-timeout=3s",
-                "-w",
-                "simple",
-                "member",
-                "list",
-            ],
-        )
-    };
-    // `ID, started, name, peer URL, client URL, learner`: each master started, under its
-    // own name, with the etcd name of its index.
     let want: Vec<String> = MASTERS
         .iter()
         .enumerate()
         .map(|(i, master)| format!(", started, {master}, https://etcd-{i}.{zone}:2380, "))
         .collect();
+    let ca_file = etcds[0].dir.join("ca.crt");
     let mut last = String::new();
-    let start = Instant::now();
+    let waited = Instant::now();
     while !want
         .iter()
         .all(|w| last.lines().any(|l| l.contains(w.as_str())))
@@ -365,25 +327,26 @@ fn etcd_bootstraps_through_srv_records() {
             }
         }
         assert!(
-            start.elapsed() < Duration::from_secs(60),
+            waited.elapsed() < Duration::from_secs(60),
             "three started members expected; last `etcdctl member list`:\n{last}"
         );
         std::thread::sleep(Duration::from_millis(300));
-        let out = member_list();
-        last = String::from_utf8_lossy(&out.stdout).into_owned()
-            + &String::from_utf8_lossy(&out.stderr);
+        last = member_list(&seg.nodes[0], zone, &ca_file);
     }
-    assert_eq!(
-        last.lines().filter(|l| l.contains(", started, ")).count(),
-        3,
-        "{last}"
-    );
+    let started = last.lines().filter(|l| l.contains(", started, ")).count();
+    assert_eq!(started, 3, "{last}");
     eprintln!("etcdctl --discovery-srv {zone} member list:\n{last}");
     for e in &etcds[..3] {
         assert!(
             e.log().contains(&format!("etcd-0.{zone}")),
             "{} logged the cluster it found by DNS",
             e.name
+        );
+        assert!(
+            !e.log().contains("does not match any of DNSNames"),
+            "{}: a peer's certificate failed etcd's SAN check:\n{}",
+            e.name,
+            e.log()
         );
     }
 
@@ -393,60 +356,45 @@ fn etcd_bootstraps_through_srv_records() {
         Etcd::exit_within(&mut fourth, Duration::from_secs(30)).expect("the fourth etcd stops");
     assert!(!st.success());
     let log = etcds[3].log();
+    let own_error = format!(
+        "cannot find local etcd member \"{}\" in SRV records",
+        etcds[3].name
+    );
     assert!(
-        log.contains(&format!(
-            "cannot find local etcd member \"{}\" in SRV records",
-            etcds[3].name
-        )),
+        log.contains(&own_error),
         "etcd's own error expected:\n{log}"
     );
-    // No peer connection was refused on the certificates' names.
-    for e in &etcds[..3] {
-        let log = e.log();
-        assert!(
-            !log.contains("does not match any of DNSNames"),
-            "{}: a peer's certificate failed etcd's SAN check:\n{log}",
-            e.name
-        );
-    }
+
     // The SAN check is what the A records feed: master 1's certificate is accepted on
     // master 0's peer port from master 1's address, refused from the fourth host's.
-    let curl_peer = |from: usize| {
-        let out = in_ns(
-            &seg.nodes[from],
-            &[
-                "curl",
-                "-sS",
-                "--http1.1",
-                "--max-time",
-                "5",
-                "--cacert",
-                &etcds[1].dir.join("ca.crt").display().to_string(),
-                "--cert",
-                &etcds[1].dir.join("peer.crt").display().to_string(),
-                "--key",
-                &etcds[1].dir.join("peer.key").display().to_string(),
-                &format!("https://etcd-0.{zone}:2380/members"),
-            ],
-        );
-        let text = String::from_utf8_lossy(&out.stdout).into_owned()
-            + &String::from_utf8_lossy(&out.stderr);
-        (out.status.success(), text)
-    };
-    let (ok, body) = curl_peer(1);
+    let file = |n: &str| etcds[1].dir.join(n).display().to_string();
+    let (ca1, cert1, key1) = (file("ca.crt"), file("peer.crt"), file("peer.key"));
+    let url = format!("https://etcd-0.{zone}:2380/members");
+    let args = [
+        "--http1.1",
+        "--max-time",
+        "5",
+        "--cacert",
+        &ca1,
+        "--cert",
+        &cert1,
+        "--key",
+        &key1,
+        &url,
+    ];
+    let from_1 = curl_in(&seg.nodes[1], &args);
     assert!(
-        ok && body.contains("etcd-1"),
-        "from etcd-1's address: {body}"
+        from_1.status == 200 && from_1.text().contains("etcd-1"),
+        "from etcd-1's address: {from_1:?}"
     );
-    let (ok, _) = curl_peer(3);
-    assert!(!ok, "etcd-1's certificate from another address is refused");
+    let from_3 = curl_in(&seg.nodes[3], &args);
+    assert_eq!(from_3.status, 0, "refused from another address: {from_3:?}");
+    let refused = format!("rejected connection from \"{}:", ip(3));
     wait_for("the refusal in etcd's log", Duration::from_secs(5), || {
-        let log = etcds[0].log();
-        let from = format!("rejected connection from \"{}:", ip(3));
-        log.lines()
-            .any(|l| l.contains(&from) && l.contains("does not match any of DNSNames"))
-            .then_some(())
+        etcds[0]
+            .log()
+            .lines()
+            .any(|l| l.contains(&refused) && l.contains("does not match any of DNSNames"))
     });
     drop(running);
-    drop(resolvers);
 }

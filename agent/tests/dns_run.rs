@@ -2,7 +2,6 @@
 //! upstreams learned later are used, resolv.conf is written local-first, and `stop` ends it.
 
 use std::net::SocketAddr;
-use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -16,31 +15,14 @@ use tokio_util::sync::CancellationToken;
 const CLUSTER: &str = include_str!("../src/dns/testdata/cluster.json");
 
 fn dig(server: SocketAddr, name: &str, t: &str) -> String {
-    let out = Command::new("dig")
-        .arg(format!("@{}", server.ip()))
-        .args([
-            "-p",
-            &server.port().to_string(),
-            "+short",
-            "+time=2",
-            "+tries=1",
-            name,
-            t,
-        ])
-        .output()
-        .unwrap();
-    String::from_utf8_lossy(&out.stdout).trim().to_string()
+    keelson_testkit::dig::dig(server, &["+short", "+time=2", "+tries=1", name, t])
+        .trim()
+        .to_string()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn zone_follows_members_and_resolv_conf_is_local_first() {
-    if Command::new("dig").arg("-v").output().is_err() {
-        assert_ne!(
-            std::env::var("CI").as_deref(),
-            Ok("true"),
-            "dig is not installed"
-        );
-        eprintln!("skipped: dig is not installed");
+    if !keelson_testkit::require("dig") {
         return;
     }
     let mut v: serde_json::Value = serde_json::from_str(CLUSTER).unwrap();
@@ -97,7 +79,7 @@ async fn zone_follows_members_and_resolv_conf_is_local_first() {
     assert_eq!(out, "", "not a member yet");
 
     ctx.bus.members.send_replace(Arc::new(vec![Member {
-        name: "late-node".into(),
+        name: "late-node".parse().unwrap(),
         role: Role::Worker,
         addresses: vec!["10.0.0.99".parse().unwrap()],
         version: "x".into(),

@@ -50,20 +50,6 @@ async fn http_server(status: Arc<AtomicU16>, tls: Option<tokio_rustls::TlsAccept
     port
 }
 
-fn acceptor() -> tokio_rustls::TlsAcceptor {
-    let cert = rcgen::generate_simple_self_signed(vec!["localhost".into()]).unwrap();
-    let key = rustls_pki_types::PrivateKeyDer::Pkcs8(cert.signing_key.serialize_der().into());
-    let config = rustls::ServerConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .unwrap()
-    .with_no_client_auth()
-    .with_single_cert(vec![cert.cert.der().clone()], key)
-    .unwrap();
-    tokio_rustls::TlsAcceptor::from(Arc::new(config))
-}
-
 #[tokio::test]
 async fn tcp_connect_passes_and_fails() {
     let bus = Bus::default();
@@ -78,7 +64,10 @@ async fn tcp_connect_passes_and_fails() {
 async fn http_and_https_expect_the_status() {
     let bus = Bus::default();
     let status = Arc::new(AtomicU16::new(200));
-    for (scheme, tls) in [("http", None), ("https", Some(acceptor()))] {
+    for (scheme, tls) in [
+        ("http", None),
+        ("https", Some(keelson_testkit::tls::self_signed_acceptor())),
+    ] {
         status.store(200, Ordering::SeqCst);
         let port = http_server(status.clone(), tls).await;
         let kind = |expect_status| HealthCheckKind::Http {

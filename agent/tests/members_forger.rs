@@ -27,19 +27,25 @@
 //! registry of its own, with the cluster's server certificate, at the forger's address,
 //! which master-1 remembers as a master: the bytes replayed are those master-1's agent sent.
 //!
-//! Needs root (namespaces, nftables); skipped otherwise unless CI=true.
-
-mod vrrp_common;
+//! Needs root (namespaces), nftables, dig and curl.
 
 use std::io::{Read, Write};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, SocketAddrV4, TcpListener, UdpSocket};
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, mpsc};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use vrrp_common::*;
+use keelson_testkit::agent::{RunNet, status_at};
+use keelson_testkit::{Segment, in_netns, require, require_root};
+
+const AGENT: &str = env!("CARGO_BIN_EXE_keelson-agent");
+
+/// Root for the namespaces; nft, dig and curl for the bridge, the DNS answers, the
+/// registrations.
+fn can_run() -> bool {
+    require_root() && require("nft") && require("dig") && require("curl")
+}
 
 const ZONE: &str = "ocp4.osd2019.local";
 const M0: usize = 0;
@@ -87,12 +93,23 @@ struct View {
     proxy_backends: Vec<String>,
 }
 
+/// Two masters and the forger's namespace on one bridge.
 struct Net {
-    seg: Segment,
-    files: RunCluster,
+    net: RunNet,
     key: Vec<u8>,
-    services: &'static str,
-    nodes: Vec<Option<RunNode>>,
+}
+
+impl std::ops::Deref for Net {
+    type Target = RunNet;
+    fn deref(&self) -> &RunNet {
+        &self.net
+    }
+}
+
+impl std::ops::DerefMut for Net {
+    fn deref_mut(&mut self) -> &mut RunNet {
+        &mut self.net
+    }
 }
 
 impl Net {
@@ -102,83 +119,34 @@ impl Net {
         if transport == Transport::Unicast {
             seg.drop_multicast();
         }
+        let services = match transport {
+            Transport::Unicast => "vrrp,members,ignition,dns,proxy",
+            Transport::Mdns => "vrrp,members,dns,proxy",
+        };
         // As `keelson build`: the membership key cluster.json names.
-        let files = RunCluster::new(cluster_json(transport));
-        let key =
-            keelson_ignition::membership::parse_key(&files.pki.membership_keys["membership.key"])
-                .unwrap();
-        Net {
-            seg,
-            files,
-            key,
-            services: match transport {
-                Transport::Unicast => "vrrp,members,ignition,dns,proxy",
-                Transport::Mdns => "vrrp,members,dns,proxy",
-            },
-            nodes: (0..3).map(|_| None).collect(),
-        }
-    }
-
-    fn name(i: usize) -> String {
-        if i == FORGER {
-            "forger".into()
-        } else {
-            format!("master-{i}")
-        }
+        let nodes = [
+            ("master-0", "master"),
+            ("master-1", "master"),
+            ("forger", "master"),
+        ];
+        let net = RunNet::new(AGENT, seg, cluster_json(transport), &nodes, services);
+        let key = keelson_ignition::membership::parse_key(
+            &net.files.pki.membership_keys["membership.key"],
+        )
+        .unwrap();
+        Net { net, key }
     }
 
     fn ip(&self, i: usize) -> Ipv4Addr {
-        self.seg.v4(i).split('/').next().unwrap().parse().unwrap()
+        self.seg.ip4(i)
     }
 
     fn socket(&self, i: usize) -> PathBuf {
         self.files.socket(i)
     }
 
-    fn start(&mut self, i: usize) {
-        let (name, address) = (Self::name(i), self.seg.v4(i));
-        self.nodes[i] = Some(self.files.start(
-            &self.seg.nodes[i],
-            i,
-            (&name, "master", &address),
-            self.services,
-        ));
-    }
-
-    fn kill(&mut self, i: usize) {
-        if let Some(mut n) = self.nodes[i].take() {
-            n.proc.kill9();
-        }
-    }
-
-    fn stop(&mut self, i: usize) {
-        if let Some(mut n) = self.nodes[i].take() {
-            n.proc.term();
-        }
-    }
-
-    fn wait_ready(&self, nodes: &[usize]) {
-        for &i in nodes {
-            let node = self.nodes[i].as_ref().expect("running");
-            self.wait(
-                &format!("{} ready", Self::name(i)),
-                Duration::from_secs(60),
-                || node.is_ready(),
-            );
-        }
-    }
-
-    /// `keelson-agent status --json` of node `i`.
-    fn status(&self, i: usize) -> serde_json::Value {
-        self.files.status(i)
-    }
-
     fn view(&self, i: usize) -> View {
         view_at(&self.socket(i))
-    }
-
-    fn member_names(&self, i: usize) -> Vec<String> {
-        member_names(&self.status(i))
     }
 
     /// Node `i`'s members auth status: `{"authenticated": .., "drops": {..}}`.
@@ -238,22 +206,10 @@ impl Net {
         }
     }
 
-    fn wait(&self, what: &str, limit: Duration, mut cond: impl FnMut() -> bool) -> Duration {
-        let t = Instant::now();
-        while !cond() {
-            if t.elapsed() > limit {
-                self.dump();
-                panic!("{what}: not within {limit:?}");
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        t.elapsed()
-    }
-
     /// Waits until both masters list both, with both proxy backends and each other as a
     /// VRRP destination.
     fn wait_settled(&self, phase: &str) {
-        let both = vec![Self::name(M0), Self::name(M1)];
+        let both = vec![self.name(M0), self.name(M1)];
         self.wait(phase, Duration::from_secs(30), || {
             [M0, M1].iter().all(|&i| {
                 let v = self.view(i);
@@ -271,23 +227,11 @@ impl Net {
             })
         });
     }
-
-    fn dump(&self) {
-        for (i, n) in self.nodes.iter().enumerate() {
-            let Some(n) = n else { continue };
-            let text = std::fs::read_to_string(&n.log).unwrap_or_default();
-            let lines: Vec<&str> = text.lines().collect();
-            eprintln!("---- {} ({})", Self::name(i), n.log.display());
-            for l in &lines[lines.len().saturating_sub(30)..] {
-                eprintln!("{l}");
-            }
-        }
-    }
 }
 
 /// What the node at status socket `socket` sees: members, VRRP destinations, backends.
 fn view_at(socket: &std::path::Path) -> View {
-    let st = status_at(socket);
+    let st = status_at(AGENT, socket);
     let vrrp_destinations: Vec<serde_json::Value> = st["vrrp"]
         .as_array()
         .map(|a| {
@@ -313,14 +257,18 @@ fn view_at(socket: &std::path::Path) -> View {
 
 /// `dig` from namespace `ns` at `server`: the status and the answers for `name`.
 fn dig_at(ns: &str, server: Ipv4Addr, name: &str) -> String {
-    let out = Command::new("ip")
-        .args(["netns", "exec", ns, "dig"])
-        .args(["+time=2", "+tries=2", "+noall", "+comments", "+answer"])
-        .arg(format!("@{server}"))
-        .arg(format!("{name}.{ZONE}"))
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
+    let text = keelson_testkit::dig::dig_in(
+        ns,
+        server.into(),
+        &[
+            "+time=2",
+            "+tries=2",
+            "+noall",
+            "+comments",
+            "+answer",
+            &format!("{name}.{ZONE}"),
+        ],
+    );
     // The status line and the answers; not the query id or the timing.
     let mut lines: Vec<String> = text
         .lines()
@@ -542,23 +490,31 @@ fn serve_one(config: &Arc<rustls::ServerConfig>, mut tcp: std::net::TcpStream) -
 
 /// `curl` from namespace `ns` to master-0's registry: the HTTP status.
 fn curl(net: &Net, ns: usize, method: &str, path: &str, body: &[u8]) -> String {
-    let mut child = Command::new("ip")
-        .args(["netns", "exec", &net.seg.nodes[ns], "curl", "-sk"])
-        .args(["-o", "/dev/null", "-w", "%{http_code}", "--max-time", "5"])
-        .args(["-X", method, "-H", "Content-Type: application/json"])
-        .args(["--data-binary", "@-"])
-        .arg(format!("https://{}:22623{path}", net.ip(M0)))
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    child.stdin.take().unwrap().write_all(body).unwrap();
-    String::from_utf8_lossy(&child.wait_with_output().unwrap().stdout).into_owned()
+    let file = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(file.path(), body).unwrap();
+    let data = format!("@{}", file.path().display());
+    let url = format!("https://{}:22623{path}", net.ip(M0));
+    let reply = keelson_testkit::http::curl_in(
+        &net.seg.nodes[ns],
+        &[
+            "-k",
+            "--max-time",
+            "5",
+            "-X",
+            method,
+            "-H",
+            "Content-Type: application/json",
+            "--data-binary",
+            &data,
+            &url,
+        ],
+    );
+    reply.status.to_string()
 }
 
 #[test]
 fn unicast_forger_without_the_key_changes_nothing() {
-    if skip() {
+    if !can_run() {
         return;
     }
     let mut net = Net::new("kmf-u", Transport::Unicast);
@@ -830,7 +786,7 @@ fn fake_master(net: &Net, claimed_key_id: Option<&str>) -> Vec<u8> {
     use keelson_agent::members::mdns::Announce;
     let announce = Announce {
         member: keelson_agent::members::member::Member {
-            name: "master-9".into(),
+            name: "master-9".parse().unwrap(),
             role: keelson_ignition::Role::Master,
             addresses: vec![IpAddr::V4(net.ip(FORGER))],
             version: env!("CARGO_PKG_VERSION").into(),
@@ -873,7 +829,7 @@ fn as_goodbye(packet: &[u8]) -> Vec<u8> {
 
 #[test]
 fn mdns_forger_without_the_key_changes_nothing() {
-    if skip() {
+    if !can_run() {
         return;
     }
     let mut net = Net::new("kmf-m", Transport::Mdns);

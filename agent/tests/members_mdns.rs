@@ -1,125 +1,27 @@
 //! Members over mDNS with real packets: agents in network namespaces on a bridge converge,
 //! drop a killed node within the expiry, drop a stopped one at once (goodbye), ignore another
-//! cluster; and interoperate with avahi-daemon both ways.
+//! cluster; interoperate with avahi-daemon both ways; and carry A-label node names through
+//! members and the cluster DNS.
 //!
-//! Needs root (namespaces); skipped otherwise unless CI=true.
+//! Needs root (namespaces); the avahi test needs avahi and dbus.
 
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use keelson_testkit::agent::RunNet;
+use keelson_testkit::cmd::{JsonLines, spawn_json_lines};
+use keelson_testkit::dig::{answers, dig_in, status};
+use keelson_testkit::{Proc, Segment, require, require_root, wait_for};
+
+const AGENT: &str = env!("CARGO_BIN_EXE_keelson-agent");
 const CLUSTER: &str = include_str!("../src/dns/testdata/cluster.json");
 
-fn is_root() -> bool {
-    nix::unistd::Uid::effective().is_root()
-}
-
-fn skip(reason: &str) -> bool {
-    if std::env::var("CI").as_deref() == Ok("true") {
-        panic!("{reason}");
-    }
-    eprintln!("skipped: {reason}");
-    true
-}
-
-fn sh(args: &[&str]) {
-    let st = Command::new(args[0]).args(&args[1..]).status().unwrap();
-    assert!(st.success(), "{args:?} failed");
-}
-
-/// A bridge namespace plus one namespace per node, each with `eth0` on the bridge.
-/// Everything is deleted on drop.
-struct Segment {
-    prefix: String,
-    nodes: Vec<String>,
-}
-
-impl Segment {
-    fn new(prefix: &str, count: usize, subnet: u8) -> Self {
-        Self::with_addr(prefix, count, |i| format!("10.{subnet}.0.{}/24", 10 + i))
-    }
-
-    fn with_addr(prefix: &str, count: usize, addr: impl Fn(usize) -> String) -> Self {
-        let seg = Segment {
-            prefix: prefix.to_string(),
-            nodes: (0..count).map(|i| format!("{prefix}-n{i}")).collect(),
-        };
-        seg.cleanup();
-        let br = format!("{prefix}-br");
-        sh(&["ip", "netns", "add", &br]);
-        sh(&["ip", "-n", &br, "link", "add", "br0", "type", "bridge"]);
-        sh(&["ip", "-n", &br, "link", "set", "br0", "up"]);
-        for (i, ns) in seg.nodes.iter().enumerate() {
-            sh(&["ip", "netns", "add", ns]);
-            let outer = format!("{prefix}v{i}");
-            sh(&[
-                "ip", "-n", &br, "link", "add", &outer, "type", "veth", "peer", "name", "eth0",
-                "netns", ns,
-            ]);
-            sh(&[
-                "ip", "-n", &br, "link", "set", &outer, "master", "br0", "up",
-            ]);
-            let addr = addr(i);
-            if addr.contains(':') {
-                sh(&["ip", "-n", ns, "addr", "add", &addr, "dev", "eth0", "nodad"]);
-            } else {
-                sh(&["ip", "-n", ns, "addr", "add", &addr, "dev", "eth0"]);
-            }
-            sh(&["ip", "-n", ns, "link", "set", "eth0", "up"]);
-            sh(&["ip", "-n", ns, "link", "set", "lo", "up"]);
-        }
-        seg
-    }
-
-    fn cleanup(&self) {
-        for ns in self
-            .nodes
-            .iter()
-            .cloned()
-            .chain([format!("{}-br", self.prefix)])
-        {
-            let _ = Command::new("ip")
-                .args(["netns", "del", &ns])
-                .stderr(Stdio::null())
-                .status();
-        }
-    }
-}
-
-impl Drop for Segment {
-    fn drop(&mut self) {
-        self.cleanup();
-    }
-}
-
-/// A child process killed on drop.
-struct Proc(Child);
-impl Drop for Proc {
-    fn drop(&mut self) {
-        // SIGTERM first so daemons (avahi) remove their pid files; then make sure.
-        let _ = nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(self.0.id() as i32),
-            nix::sys::signal::Signal::SIGTERM,
-        );
-        let t = Instant::now();
-        while t.elapsed() < Duration::from_secs(2) {
-            if let Ok(Some(_)) = self.0.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// An agent running `members` in a namespace; `latest` is the last list it printed.
+/// An agent running `members` in a namespace; its stdout carries the member list.
 struct Agent {
     proc: Proc,
-    latest: Arc<Mutex<Vec<BTreeMap<String, serde_json::Value>>>>,
+    list: JsonLines,
 }
 
 fn write_config(dir: &Path, zone_name: &str, expiry: u32) -> PathBuf {
@@ -153,77 +55,43 @@ fn start_agent_with(
             .to_string(),
     )
     .unwrap();
-    let mut child = Command::new("ip")
-        .args([
-            "netns",
-            "exec",
-            ns,
-            env!("CARGO_BIN_EXE_keelson-agent"),
-            "members",
-            "--cluster",
-        ])
-        .arg(cluster)
-        .arg("--node")
-        .arg(&node)
-        .args(extra)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .unwrap();
-    let stdout = child.stdout.take().unwrap();
-    let latest = Arc::new(Mutex::new(Vec::new()));
-    let l2 = latest.clone();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines() {
-            let Ok(line) = line else { break };
-            if let Ok(list) = serde_json::from_str(&line) {
-                *l2.lock().unwrap() = list;
-            }
-        }
-    });
-    Agent {
-        proc: Proc(child),
-        latest,
-    }
+    let (proc, list) = spawn_json_lines(
+        Command::new("ip")
+            .args(["netns", "exec", ns, AGENT])
+            .args(["members", "--cluster"])
+            .arg(cluster)
+            .arg("--node")
+            .arg(&node)
+            .args(extra)
+            .stderr(Stdio::inherit()),
+    );
+    Agent { proc, list }
 }
 
 impl Agent {
+    /// The latest member list it printed.
+    fn latest(&self) -> Vec<BTreeMap<String, serde_json::Value>> {
+        serde_json::from_value(self.list.latest()).unwrap_or_default()
+    }
+
     fn names(&self) -> Vec<String> {
-        self.latest
-            .lock()
-            .unwrap()
+        self.latest()
             .iter()
             .map(|m| m["name"].as_str().unwrap_or("").to_string())
             .collect()
     }
 
     fn member(&self, name: &str) -> Option<BTreeMap<String, serde_json::Value>> {
-        self.latest
-            .lock()
-            .unwrap()
-            .iter()
-            .find(|m| m["name"] == name)
-            .cloned()
+        self.latest().into_iter().find(|m| m["name"] == name)
     }
-}
-
-fn wait_for(what: &str, timeout: Duration, mut cond: impl FnMut() -> bool) -> Duration {
-    let t = Instant::now();
-    while t.elapsed() < timeout {
-        if cond() {
-            return t.elapsed();
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    panic!("timed out after {timeout:?} waiting for {what}");
 }
 
 #[test]
 fn three_agents_converge_expire_and_ignore_other_cluster() {
-    if !is_root() && skip("needs root for network namespaces") {
+    if !require_root() {
         return;
     }
-    let seg = Segment::new("kdm", 4, 71);
+    let seg = Segment::ipv4_only("kdm", 4, 71);
     let dir = tempfile::tempdir().unwrap();
     let expiry = 4;
     let cluster = write_config(dir.path(), "ocp4", expiry);
@@ -264,9 +132,9 @@ fn three_agents_converge_expire_and_ignore_other_cluster() {
     });
     eprintln!("converged in {took:?}");
     // The same list everywhere: names, roles, addresses, versions.
-    let first = agents[0].latest.lock().unwrap().clone();
+    let first = agents[0].latest();
     for a in &agents[1..] {
-        assert_eq!(*a.latest.lock().unwrap(), first);
+        assert_eq!(a.latest(), first);
     }
     for a in &agents {
         let m = a.member("worker-0").unwrap();
@@ -281,10 +149,7 @@ fn three_agents_converge_expire_and_ignore_other_cluster() {
     }
 
     // SIGKILL worker-0: no goodbye; dropped after the expiry, not before.
-    let mut killed = agents.pop().unwrap();
-    killed.proc.0.kill().unwrap();
-    let _ = killed.proc.0.wait();
-    drop(killed);
+    agents.pop().unwrap().proc.kill9();
     let t = Instant::now();
     let expect: Vec<String> = all[..2].to_vec();
     wait_for(
@@ -300,12 +165,8 @@ fn three_agents_converge_expire_and_ignore_other_cluster() {
     );
 
     // SIGTERM master-1: goodbye, dropped well before the expiry.
-    let stopped = agents.pop().unwrap();
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(stopped.proc.0.id() as i32),
-        nix::sys::signal::Signal::SIGTERM,
-    )
-    .unwrap();
+    let mut stopped = agents.pop().unwrap();
+    stopped.proc.signal_term();
     let t = Instant::now();
     wait_for("goodbye of master-1", Duration::from_secs(3), || {
         agents[0].names() == ["master-0".to_string()]
@@ -317,10 +178,10 @@ fn three_agents_converge_expire_and_ignore_other_cluster() {
 
 #[test]
 fn ipv6_only_agents_converge() {
-    if !is_root() && skip("needs root for network namespaces") {
+    if !require_root() {
         return;
     }
-    let seg = Segment::with_addr("kd6", 3, |i| format!("fd00:73::{}/64", 10 + i));
+    let seg = Segment::ipv6_only("kd6", 3, 0x73);
     let dir = tempfile::tempdir().unwrap();
     let cluster = write_config(dir.path(), "ocp4", 4);
     let names = ["master-0", "master-1", "master-2"];
@@ -334,7 +195,7 @@ fn ipv6_only_agents_converge() {
                 &cluster,
                 n,
                 "master",
-                &format!("fd00:73::{}/64", 10 + i),
+                &format!("{}/64", seg.v6(i)),
             )
         })
         .collect();
@@ -347,25 +208,16 @@ fn ipv6_only_agents_converge() {
     for a in &agents {
         assert_eq!(
             a.member("master-2").unwrap()["addresses"],
-            serde_json::json!(["fd00:73::12"])
+            serde_json::json!(["fd73::12"])
         );
     }
     drop(agents);
     drop(seg);
 }
 
-fn have(tool: &str) -> bool {
-    Command::new("sh")
-        .args(["-c", &format!("command -v {tool}")])
-        .stdout(Stdio::null())
-        .status()
-        .map(|s| s.success())
-        .unwrap_or(false)
-}
-
 #[test]
 fn avahi_interop_both_ways() {
-    if !is_root() && skip("needs root for network namespaces") {
+    if !require_root() {
         return;
     }
     for tool in [
@@ -373,21 +225,14 @@ fn avahi_interop_both_ways() {
         "avahi-browse",
         "avahi-publish",
         "dbus-daemon",
+        "unshare",
+        "mount",
     ] {
-        if !have(tool) && skip(&format!("{tool} is not installed")) {
+        if !require(tool) {
             return;
         }
     }
-    // avahi's pid file is fixed (/run/avahi-daemon/pid): only one may run on the machine.
-    let running = Command::new("avahi-daemon")
-        .arg("-c")
-        .status()
-        .map(|s| s.success())
-        .unwrap_or(false);
-    if running && skip("an avahi-daemon already runs on this machine (its pid file is fixed)") {
-        return;
-    }
-    let seg = Segment::new("kda", 3, 72);
+    let seg = Segment::ipv4_only("kda", 3, 72);
     let dir = tempfile::tempdir().unwrap();
     // A private system bus for avahi and its clients.
     let bus_sock = dir.path().join("bus");
@@ -413,13 +258,11 @@ fn avahi_interop_both_ways() {
         ),
     )
     .unwrap();
-    let _bus = Proc(
+    let _bus = Proc::spawn(
         Command::new("dbus-daemon")
             .arg(format!("--config-file={}", bus_conf.display()))
             .arg("--nofork")
-            .stdout(Stdio::null())
-            .spawn()
-            .unwrap(),
+            .stdout(Stdio::null()),
     );
     wait_for("dbus socket", Duration::from_secs(5), || bus_sock.exists());
     let bus_env = format!("unix:path={}", bus_sock.display());
@@ -433,22 +276,20 @@ fn avahi_interop_both_ways() {
     )
     .unwrap();
     let avahi_ns = &seg.nodes[1];
-    let _avahi = Proc(
+    // avahi-daemon's pid file is fixed (/run/avahi-daemon/pid) and it refuses to start
+    // while another one's is there: this one gets a /run of its own (a private mount
+    // namespace), so an avahi-daemon the machine runs is no concern of this test.
+    let _avahi = Proc::spawn(
         Command::new("ip")
-            .args(["netns", "exec", avahi_ns, "env"])
-            .arg(format!("DBUS_SYSTEM_BUS_ADDRESS={bus_env}"))
-            .args([
-                "avahi-daemon",
-                "--no-drop-root",
-                "--no-chroot",
-                "--no-rlimits",
-                "-f",
-            ])
+            .args(["netns", "exec", avahi_ns, "unshare", "--mount", "sh", "-c"])
+            .arg(
+                "mount -t tmpfs keelson-test /run && mkdir /run/avahi-daemon && \
+                 exec avahi-daemon --no-drop-root --no-chroot --no-rlimits -f \"$0\"",
+            )
             .arg(&avahi_conf)
+            .env("DBUS_SYSTEM_BUS_ADDRESS", &bus_env)
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
+            .stderr(Stdio::null()),
     );
     let avahi_cmd = |tool: &str| {
         let mut c = Command::new("ip");
@@ -467,15 +308,13 @@ fn avahi_interop_both_ways() {
             .map(|s| s.success())
             .unwrap_or(false)
     });
-    let _published = Proc(
+    let _published = Proc::spawn(
         avahi_cmd("avahi-publish")
             .args(["-s", "avahi-node", "_keelson._tcp", "22623", "role=worker"])
             .arg("cluster=ocp4.example.com")
             .arg("version=9.9.9")
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
+            .stderr(Stdio::null()),
     );
 
     let cluster = write_config(dir.path(), "ocp4", 10);
@@ -575,4 +414,48 @@ fn avahi_interop_both_ways() {
     drop(authenticated);
     drop(agent);
     drop(seg);
+}
+
+/// Issue 31: a node named with an A-label (`xn--...`: RFC 5890's ASCII form of an
+/// internationalised name, which OpenShift node names may be) is a member like any other:
+/// two `keelson-agent run` nodes (members over mDNS with signed records, and the cluster
+/// DNS) list each other, and each one's DNS answers the other's name. `xn--cwl6ngym1` is
+/// the name a property test once drew, which hickory's IDNA refused on the way out.
+#[test]
+fn a_label_node_names_go_through_mdns_members_and_dns() {
+    if !require_root() || !require("dig") {
+        return;
+    }
+    const A_LABEL: &str = "xn--cwl6ngym1";
+    // Subnet 0: cluster.json's machine network 10.0.0.0/24.
+    let seg = Segment::ipv4_only("kdx", 2, 0);
+    let mut cluster: serde_json::Value = serde_json::from_str(CLUSTER).unwrap();
+    cluster["members"]["renewIntervalSecs"] = 1.into();
+    cluster["members"]["expirySecs"] = 4.into();
+    let nodes = [(A_LABEL, "master"), ("master-0", "master")];
+    let mut net = RunNet::new(AGENT, seg, cluster, &nodes, "members,dns");
+    net.start(0);
+    net.start(1);
+    net.wait_ready(&[0, 1]);
+    let both = ["master-0", A_LABEL];
+    let took = net.wait("both nodes list both", Duration::from_secs(20), || {
+        (0..2).all(|i| net.member_names(i) == both)
+    });
+    eprintln!("members agree after {took:?}");
+    let auth = &net.status(1)["discovery"]["auth"];
+    assert_eq!(auth["authenticated"], true, "signed records: {auth}");
+    for (asker, named) in [(1, 0), (0, 1)] {
+        let name = format!("{}.ocp4.example.com", net.name(named).to_ascii_uppercase());
+        let out = dig_in(
+            &net.seg.nodes[asker],
+            net.seg.ip4(asker).into(),
+            &["+noidnin", "+noidnout", "+time=2", "+tries=2", &name, "A"],
+        );
+        assert_eq!(status(&out), "NOERROR", "{out}");
+        assert_eq!(
+            answers(&out),
+            [format!("{name}. 60 A {}", net.seg.ip4(named))],
+            "{out}"
+        );
+    }
 }

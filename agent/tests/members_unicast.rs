@@ -4,11 +4,10 @@
 //! one on the same address) the list is rebuilt within one renewal interval; a killed node
 //! expires; a stopped one says goodbye.
 
-use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex};
+use std::process::{Command, Stdio};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -17,43 +16,14 @@ use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
 use keelson_agent::members::unicast::Registry;
 use keelson_ignition::routes::ExtraRoutes;
-use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair};
-use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
+use keelson_testkit::cmd::{JsonLines, spawn_json_lines};
+use keelson_testkit::tls::ca_signed;
+use keelson_testkit::{Proc, wait_for_async as wait_for};
 use tokio::net::TcpListener;
 
 const CLUSTER: &str = include_str!("../src/dns/testdata/cluster.json");
 const RENEW: u64 = 1;
 const EXPIRY: u64 = 4;
-
-struct Tls {
-    server: Arc<rustls::ServerConfig>,
-    ca_pem: String,
-}
-
-/// A cluster CA and a server certificate for 127.0.0.1 signed by it.
-fn tls() -> Tls {
-    let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
-    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    let ca = CertifiedIssuer::self_signed(ca_params, KeyPair::generate().unwrap()).unwrap();
-    let leaf_key = KeyPair::generate().unwrap();
-    let leaf = CertificateParams::new(vec!["127.0.0.1".to_string()])
-        .unwrap()
-        .signed_by(&leaf_key, &ca)
-        .unwrap();
-    let key = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(leaf_key.serialize_der()));
-    let server = rustls::ServerConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .unwrap()
-    .with_no_client_auth()
-    .with_single_cert(vec![CertificateDer::from(leaf.der().to_vec())], key)
-    .unwrap();
-    Tls {
-        server: Arc::new(server),
-        ca_pem: ca.pem(),
-    }
-}
 
 /// Serves `registry` as the Ignition server's `/keelson/` routes over TLS; dropping the
 /// returned handle (abort) closes the listener and every connection.
@@ -95,21 +65,23 @@ async fn serve(listener: TcpListener, tls: Arc<rustls::ServerConfig>, registry: 
     }
 }
 
+/// A `keelson-agent members` process; its stdout carries the member list.
 struct Agent {
-    child: Child,
-    latest: Arc<Mutex<Vec<String>>>,
-}
-
-impl Drop for Agent {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+    proc: Proc,
+    list: JsonLines,
 }
 
 impl Agent {
     fn names(&self) -> Vec<String> {
-        self.latest.lock().unwrap().clone()
+        self.list
+            .latest()
+            .as_array()
+            .map(|list| {
+                list.iter()
+                    .map(|m| m["name"].as_str().unwrap_or("").to_string())
+                    .collect()
+            })
+            .unwrap_or_default()
     }
 }
 
@@ -121,53 +93,31 @@ fn start_agent(dir: &Path, cluster: &Path, ca: &Path, name: &str, addr: &str) ->
             .to_string(),
     )
     .unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_keelson-agent"))
-        .arg("members")
-        .arg("--cluster")
-        .arg(cluster)
-        .arg("--node")
-        .arg(&node)
-        .arg("--ca")
-        .arg(ca)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .unwrap();
-    let stdout = child.stdout.take().unwrap();
-    let latest = Arc::new(Mutex::new(Vec::new()));
-    let l2 = latest.clone();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines() {
-            let Ok(line) = line else { break };
-            if let Ok(list) = serde_json::from_str::<Vec<serde_json::Value>>(&line) {
-                *l2.lock().unwrap() = list
-                    .iter()
-                    .map(|m| m["name"].as_str().unwrap_or("").to_string())
-                    .collect();
-            }
-        }
-    });
-    Agent { child, latest }
-}
-
-async fn wait_for(what: &str, timeout: Duration, mut cond: impl FnMut() -> bool) -> Duration {
-    let t = Instant::now();
-    while t.elapsed() < timeout {
-        if cond() {
-            return t.elapsed();
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!("timed out after {timeout:?} waiting for {what}");
+    let (proc, list) = spawn_json_lines(
+        Command::new(env!("CARGO_BIN_EXE_keelson-agent"))
+            .arg("members")
+            .arg("--cluster")
+            .arg(cluster)
+            .arg("--node")
+            .arg(&node)
+            .arg("--ca")
+            .arg(ca)
+            .stderr(Stdio::inherit()),
+    );
+    Agent { proc, list }
 }
 
 fn names(registry: &Registry) -> Vec<String> {
-    registry.list().into_iter().map(|m| m.name).collect()
+    registry
+        .list()
+        .into_iter()
+        .map(|m| m.name.to_string())
+        .collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_agents_converge_survive_vip_move_and_expire() {
-    let tls = tls();
+    let tls = ca_signed(&["127.0.0.1"]);
     let dir = tempfile::tempdir().unwrap();
     let ca = dir.path().join("ca.crt");
     std::fs::write(&ca, &tls.ca_pem).unwrap();
@@ -227,7 +177,7 @@ async fn three_agents_converge_survive_vip_move_and_expire() {
     }
 
     // SIGKILL master-2: no goodbye; it expires from the registry and from the others.
-    drop(agents.pop());
+    agents.pop().unwrap().proc.kill9();
     let t = Instant::now();
     let two = all[..2].to_vec();
     wait_for(
@@ -244,12 +194,8 @@ async fn three_agents_converge_survive_vip_move_and_expire() {
     );
 
     // SIGTERM master-1: it deregisters at once.
-    let stopped = agents.pop().unwrap();
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(stopped.child.id() as i32),
-        nix::sys::signal::Signal::SIGTERM,
-    )
-    .unwrap();
+    let mut stopped = agents.pop().unwrap();
+    stopped.proc.signal_term();
     let t = Instant::now();
     wait_for("goodbye of master-1", Duration::from_secs(2), || {
         names(&reg_b) == ["master-0"]
@@ -263,8 +209,8 @@ async fn three_agents_converge_survive_vip_move_and_expire() {
 #[tokio::test]
 async fn untrusted_server_is_refused() {
     // The agent's client refuses a server whose certificate the cluster CA did not sign.
-    let good = tls();
-    let other = tls();
+    let good = ca_signed(&["127.0.0.1"]);
+    let other = ca_signed(&["127.0.0.1"]);
     let dir = tempfile::tempdir().unwrap();
     let ca = dir.path().join("ca.crt");
     std::fs::write(&ca, &good.ca_pem).unwrap();

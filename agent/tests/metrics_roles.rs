@@ -6,15 +6,16 @@
 //! client outside `ignition.allowedNetworks` must get 403, and `keelson-agent status` must
 //! tell the same facts.
 //!
-//! Root only (namespaces). Namespaces `kmt-*`, addresses 10.84.0.0/24.
-
-mod vrrp_common;
+//! Needs root (namespaces), curl, dig and promtool. Namespaces `kmt-*`, addresses
+//! 10.84.0.0/24.
 
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use vrrp_common::{Proc, Segment, sh, skip};
+use keelson_testkit::http::{HttpServer, curl_in};
+use keelson_testkit::netns::{bind_tcp_in, exec_in};
+use keelson_testkit::{Proc, Segment, require, require_root, sh};
 
 const BIN: &str = env!("CARGO_BIN_EXE_keelson-agent");
 const ZONE: &str = "kmt.example.com";
@@ -48,31 +49,17 @@ fn cluster() -> serde_json::Value {
 }
 
 fn in_ns(ns: &str, args: &[&str]) -> std::process::Output {
-    Command::new("ip")
-        .args(["netns", "exec", ns])
-        .args(args)
-        .output()
-        .unwrap()
+    exec_in(ns, args[0]).args(&args[1..]).output().unwrap()
 }
 
-fn scrape(client: &str, node_ip: &str, extra: &[&str]) -> (String, String) {
+/// GET the metrics of the node at `node_ip` from namespace `client`: (status, body).
+fn scrape(client: &str, node_ip: &str, extra: &[&str]) -> (u16, String) {
     let url = format!("http://{node_ip}:22625/metrics");
-    let mut args = vec![
-        "curl",
-        "-sS",
-        "--max-time",
-        "5",
-        "-o",
-        "-",
-        "-w",
-        "\n%{http_code}",
-    ];
+    let mut args = vec!["--max-time", "5"];
     args.extend_from_slice(extra);
     args.push(&url);
-    let out = in_ns(client, &args);
-    let text = String::from_utf8_lossy(&out.stdout).to_string();
-    let (body, code) = text.rsplit_once('\n').unwrap_or((&text, ""));
-    (code.to_string(), body.to_string())
+    let reply = curl_in(client, &args);
+    (reply.status, reply.text())
 }
 
 /// The value of the sample `name{labels}` (exact match of the part before the value).
@@ -111,22 +98,21 @@ fn start(seg: &Segment, dir: &Path, i: usize, name: &str, role: &str) -> Proc {
     let node_path = dir.join(format!("node-{name}.json"));
     std::fs::write(&node_path, node.to_string()).unwrap();
     let log = std::fs::File::create(dir.join(format!("{name}.log"))).unwrap();
-    let child = Command::new("ip")
-        .args(["netns", "exec", &seg.nodes[i], BIN, "run", "--cluster"])
-        .arg(dir.join("cluster.json"))
-        .arg("--node")
-        .arg(&node_path)
-        .arg("--status-socket")
-        .arg(dir.join(format!("{name}.sock")))
-        .arg("--tls-dir")
-        .arg(dir.join("tls"))
-        .arg("--state-dir")
-        .arg(dir.join(format!("state-{name}")))
-        .env("RUST_LOG", "info")
-        .stderr(log)
-        .spawn()
-        .unwrap();
-    Proc(child)
+    Proc::spawn(
+        Command::new("ip")
+            .args(["netns", "exec", &seg.nodes[i], BIN, "run", "--cluster"])
+            .arg(dir.join("cluster.json"))
+            .arg("--node")
+            .arg(&node_path)
+            .arg("--status-socket")
+            .arg(dir.join(format!("{name}.sock")))
+            .arg("--tls-dir")
+            .arg(dir.join("tls"))
+            .arg("--state-dir")
+            .arg(dir.join(format!("state-{name}")))
+            .env("RUST_LOG", "info")
+            .stderr(log),
+    )
 }
 
 fn wait_ready(dir: &Path, name: &str, limit: Duration) {
@@ -147,7 +133,7 @@ fn wait_ready(dir: &Path, name: &str, limit: Duration) {
 
 #[test]
 fn every_role_serves_metrics_that_promtool_accepts_and_that_move_with_traffic() {
-    if skip() {
+    if !require_root() || !require("curl") || !require("dig") || !require("promtool") {
         return;
     }
     let seg = Segment::new("kmt", 4, 84);
@@ -160,26 +146,13 @@ fn every_role_serves_metrics_that_promtool_accepts_and_that_move_with_traffic() 
         .unwrap()
         .write(&dir.path().join("tls"))
         .unwrap();
-    let ip = |i: usize| seg.v4(i).trim_end_matches("/24").to_string();
+    let ip = |i: usize| seg.ip4(i).to_string();
     let (bootstrap_ip, master_ip, worker_ip) = (ip(0), ip(1), ip(2));
     let client = seg.nodes[3].clone();
     // The master's "kube-apiserver": a plain HTTP server on :6443 (the proxy checks TCP).
-    let _apiserver = Proc(
-        Command::new("ip")
-            .args([
-                "netns",
-                "exec",
-                &seg.nodes[1],
-                "python3",
-                "-m",
-                "http.server",
-            ])
-            .args(["--bind", "0.0.0.0", "6443", "--directory"])
-            .arg(dir.path())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
+    let _apiserver = HttpServer::start(
+        bind_tcp_in(&seg.nodes[1], ([0, 0, 0, 0], 6443).into()),
+        [("/cluster.json", cluster.to_string())],
     );
     let _agents = [
         start(&seg, dir.path(), 0, "bootstrap", "bootstrap"),
@@ -207,7 +180,7 @@ fn every_role_serves_metrics_that_promtool_accepts_and_that_move_with_traffic() 
     loop {
         let (code, text) = scrape(&client, &bootstrap_ip, &[]);
         let up = format!("keelson_proxy_backend_up{{backend=\"{master_ip}:6443\"}}");
-        if code == "200"
+        if code == 200
             && value(&text, &up) == Some(1.0)
             && value(
                 &text,
@@ -275,7 +248,7 @@ fn every_role_serves_metrics_that_promtool_accepts_and_that_move_with_traffic() 
         .iter()
         .map(|ip| {
             let (code, text) = scrape(&client, ip, &[]);
-            assert_eq!(code, "200", "{ip}: {text}");
+            assert_eq!(code, 200, "{ip}: {text}");
             promtool(&text);
             text
         })
@@ -373,14 +346,14 @@ fn every_role_serves_metrics_that_promtool_accepts_and_that_move_with_traffic() 
         &worker_ip,
         &["-H", "Accept: application/openmetrics-text;version=1.0.0"],
     );
-    assert_eq!(code, "200");
+    assert_eq!(code, 200);
     assert!(
         om.ends_with("# EOF\n") && om.contains("# TYPE keelson_dns_queries counter"),
         "{om}"
     );
     // Outside the allowed networks: refused, as :22623 refuses it.
     let (code, body) = scrape(&client, &worker_ip, &["--interface", "10.84.0.200"]);
-    assert_eq!(code, "403", "{body}");
+    assert_eq!(code, 403, "{body}");
 
     // `keelson-agent status` tells the same facts (a later moment: at least as many).
     let out = Command::new(BIN)

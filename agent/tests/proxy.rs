@@ -92,13 +92,9 @@ impl Running {
     }
 }
 
-/// Polls `f` every 5 ms until it holds; panics with `what` after [`SOON`].
-async fn wait_until(what: &str, mut f: impl FnMut() -> bool) {
-    let deadline = Instant::now() + SOON;
-    while !f() {
-        assert!(Instant::now() < deadline, "timed out waiting for: {what}");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+/// Waits until `f` holds; panics with `what` after [`SOON`].
+async fn wait_until(what: &str, f: impl FnMut() -> bool) {
+    keelson_testkit::wait_for_async(what, SOON, f).await;
 }
 
 /// A port nobody listens on.
@@ -569,20 +565,6 @@ impl Script {
     }
 }
 
-fn acceptor() -> tokio_rustls::TlsAcceptor {
-    let cert = rcgen::generate_simple_self_signed(vec!["localhost".into()]).unwrap();
-    let key = rustls_pki_types::PrivateKeyDer::Pkcs8(cert.signing_key.serialize_der().into());
-    let config = rustls::ServerConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .unwrap()
-    .with_no_client_auth()
-    .with_single_cert(vec![cert.cert.der().clone()], key)
-    .unwrap();
-    tokio_rustls::TlsAcceptor::from(Arc::new(config))
-}
-
 /// A TLS server answering `GET /readyz` as its script says.
 async fn readyz_backend(first: Answer) -> (SocketAddr, Arc<Script>) {
     let l = TcpListener::bind(lo0()).await.unwrap();
@@ -593,7 +575,7 @@ async fn readyz_backend(first: Answer) -> (SocketAddr, Arc<Script>) {
         backend: Mutex::new(None),
         stalled: Mutex::new(Vec::new()),
     });
-    let acc = acceptor();
+    let acc = keelson_testkit::tls::self_signed_acceptor();
     let sc = script.clone();
     tokio::spawn(async move {
         loop {

@@ -5,41 +5,16 @@
 
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
-use std::process::Command;
 use std::sync::{Arc, Barrier, mpsc};
 use std::time::Duration;
 
 use keelson_agent::proxy::vip::{NFT_TABLE, VipFrontends, VipMode};
 use keelson_agent::proxy::{Proxy, ProxyConfig};
 use keelson_ignition::cluster::BackendCheck;
+use keelson_testkit::netns::block_on_in;
+use keelson_testkit::{Netns, require, require_root, sh};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-
-mod netns_common;
-use netns_common::{Namespaces, in_netns, root_or_skip, runtime, sh};
-
-fn root_with_nft_or_skip() -> bool {
-    if !root_or_skip() {
-        return false;
-    }
-    let ok = Command::new("nft").arg("--version").output().is_ok();
-    if !ok {
-        assert!(
-            std::env::var("CI").is_err(),
-            "CI installs nftables (scripts/setup.sh)"
-        );
-        eprintln!("skipping: needs nft");
-    }
-    ok
-}
-
-/// Runs the future `f` makes on a thread inside network namespace `ns`, with its own runtime.
-fn in_netns_async<T: Send + 'static, F: std::future::Future<Output = T>>(
-    ns: &str,
-    f: impl FnOnce() -> F + Send + 'static,
-) -> std::thread::JoinHandle<T> {
-    in_netns(ns, move || runtime().block_on(f()))
-}
 
 /// A server that sends `tag` to every client and closes.
 async fn tagger(addr: SocketAddr, tag: &'static [u8]) {
@@ -79,7 +54,7 @@ fn node_side(
     ready: Arc<Barrier>,
     go: mpsc::Receiver<()>,
 ) -> std::thread::JoinHandle<Vec<(SocketAddr, VipMode)>> {
-    in_netns_async(node, move || async move {
+    block_on_in(node, move || async move {
         if apiserver {
             tagger("0.0.0.0:6443".parse().unwrap(), b"kube-apiserver").await;
         }
@@ -131,43 +106,34 @@ fn node_side(
 }
 
 fn vip_frontend(apiserver: bool) {
-    if !root_with_nft_or_skip() {
+    if !require_root() || !require("nft") {
         return;
     }
-    let id = std::process::id() % 10_000;
-    let (node, client) = (
-        format!("kvip{id}{}n", u8::from(apiserver)),
-        format!("kvip{id}{}c", u8::from(apiserver)),
-    );
-    let _ns = Namespaces::new(&[&node, &client]);
-    sh(&[
-        "ip", "-n", &node, "link", "add", "eth0", "type", "veth", "peer", "name", "eth0", "netns",
-        &client,
-    ]);
+    let (node_ns, client_ns) = (Netns::new("kvipn"), Netns::new("kvipc"));
+    node_ns.veth("eth0", &client_ns, "eth0");
     for (ns, addrs) in [
-        (&node, &["10.78.0.1/24", "10.78.0.5/32"][..]),
-        (&client, &["10.78.0.2/24"][..]),
+        (&node_ns, &["10.78.0.1/24", "10.78.0.5/32"][..]),
+        (&client_ns, &["10.78.0.2/24"][..]),
     ] {
         for a in addrs {
-            sh(&["ip", "-n", ns, "addr", "add", a, "dev", "eth0"]);
+            ns.ip(&["addr", "add", a, "dev", "eth0"]);
         }
-        sh(&["ip", "-n", ns, "link", "set", "lo", "up"]);
-        sh(&["ip", "-n", ns, "link", "set", "eth0", "up"]);
     }
+    let (node, client) = (node_ns.name(), client_ns.name());
 
     let ready = Arc::new(Barrier::new(2));
     let (tx, go) = mpsc::channel();
-    let node_thread = node_side(&node, apiserver, ready.clone(), go);
+    let node_thread = node_side(node, apiserver, ready.clone(), go);
     ready.wait();
     let from_outside = |c: &str| {
-        in_netns_async(c, || async { who_answers(VIP.parse().unwrap()).await })
+        block_on_in(c, || async { who_answers(VIP.parse().unwrap()).await })
             .join()
             .unwrap()
     };
-    assert_eq!(from_outside(&client), "through the proxy");
+    assert_eq!(from_outside(client), "through the proxy");
     if apiserver {
         let table = sh(&[
-            "ip", "netns", "exec", &node, "nft", "list", "table", "inet", NFT_TABLE,
+            "ip", "netns", "exec", node, "nft", "list", "table", "inet", NFT_TABLE,
         ]);
         assert!(table.contains("redirect to :19445"), "{table}");
     }
@@ -175,11 +141,11 @@ fn vip_frontend(apiserver: bool) {
     ready.wait();
     // The VIP is no longer served by the proxy: the apiserver answers it directly, or nobody.
     if apiserver {
-        assert_eq!(from_outside(&client), "kube-apiserver");
-        let tables = sh(&["ip", "netns", "exec", &node, "nft", "list", "tables"]);
+        assert_eq!(from_outside(client), "kube-apiserver");
+        let tables = sh(&["ip", "netns", "exec", node, "nft", "list", "tables"]);
         assert!(!tables.contains(NFT_TABLE), "table removed: {tables}");
     } else {
-        let refused = in_netns_async(&client, || async {
+        let refused = block_on_in(client, || async {
             TcpStream::connect(VIP.parse::<SocketAddr>().unwrap()).await
         })
         .join()

@@ -5,15 +5,10 @@ use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-const BIN: &str = env!("CARGO_BIN_EXE_keelson-agent");
+use keelson_testkit::cmd::output_ok;
+use keelson_testkit::{Proc, free_port};
 
-fn free_port() -> u16 {
-    std::net::UdpSocket::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
+const BIN: &str = env!("CARGO_BIN_EXE_keelson-agent");
 
 #[test]
 fn run_prints_ready_serves_status_runs_operator_processes_and_stops_on_sigterm() {
@@ -38,19 +33,19 @@ fn run_prints_ready_serves_status_runs_operator_processes_and_stops_on_sigterm()
     )
     .unwrap();
     let socket = dir.path().join("status.sock");
-    let mut child = Command::new(BIN)
-        .arg("run")
-        .arg("--cluster")
-        .arg(dir.path().join("cluster.json"))
-        .arg("--node")
-        .arg(dir.path().join("node.json"))
-        .args(["--only", "dns"])
-        .arg("--status-socket")
-        .arg(&socket)
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let stderr = BufReader::new(child.stderr.take().unwrap());
+    let mut agent = Proc::spawn(
+        Command::new(BIN)
+            .arg("run")
+            .arg("--cluster")
+            .arg(dir.path().join("cluster.json"))
+            .arg("--node")
+            .arg(dir.path().join("node.json"))
+            .args(["--only", "dns"])
+            .arg("--status-socket")
+            .arg(&socket)
+            .stderr(Stdio::piped()),
+    );
+    let stderr = BufReader::new(agent.0.stderr.take().unwrap());
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         for line in stderr.lines().map_while(Result::ok) {
@@ -78,15 +73,10 @@ fn run_prints_ready_serves_status_runs_operator_processes_and_stops_on_sigterm()
     }
     assert_eq!(std::fs::read_to_string(&marker).unwrap().trim(), "master");
 
-    let status = Command::new(BIN)
-        .args(["status", "--json", "--socket"])
-        .arg(&socket)
-        .output()
-        .unwrap();
-    assert!(
-        status.status.success(),
-        "{}",
-        String::from_utf8_lossy(&status.stderr)
+    let status = output_ok(
+        Command::new(BIN)
+            .args(["status", "--json", "--socket"])
+            .arg(&socket),
     );
     let doc: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
     assert_eq!(doc["node"]["name"], "master-0");
@@ -99,14 +89,10 @@ fn run_prints_ready_serves_status_runs_operator_processes_and_stops_on_sigterm()
         .unwrap();
     assert!(String::from_utf8_lossy(&human.stdout).contains("node master-0 (master)"));
 
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(child.id() as i32),
-        nix::sys::signal::Signal::SIGTERM,
-    )
-    .unwrap();
+    agent.signal_term();
     let deadline = Instant::now() + Duration::from_secs(15);
     let exit = loop {
-        if let Some(status) = child.try_wait().unwrap() {
+        if let Some(status) = agent.0.try_wait().unwrap() {
             break status;
         }
         assert!(

@@ -2,14 +2,30 @@
 //! a bridge: election, failover within the Master_Down bound, preemption, priority 0 on
 //! stop, stale VIP removal, IPv6, health-weighted priorities, malformed packets.
 //!
-//! Needs root (namespaces); skipped otherwise unless CI=true.
+//! Needs root (namespaces) and python3 (the malformed-packet injector).
 
-mod vrrp_common;
-
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
-use vrrp_common::*;
+use keelson_testkit::agent::{
+    VrrpAgent, master_down, start_vrrp_agent, vrrp_cluster_json, vrrp_instance,
+};
+use keelson_testkit::cmd::output_ok;
+use keelson_testkit::http::HttpServer;
+use keelson_testkit::netns::bind_tcp_in;
+use keelson_testkit::{Segment, require, require_root, sh};
+
+const AGENT: &str = env!("CARGO_BIN_EXE_keelson-agent");
+
+fn start_agent(
+    seg: &Segment,
+    dir: &std::path::Path,
+    cluster: &serde_json::Value,
+    i: usize,
+    role: &str,
+) -> VrrpAgent {
+    start_vrrp_agent(AGENT, seg, dir, cluster, i, role)
+}
 
 /// Waits until, among `alive` nodes, exactly `i` holds `vip`; returns the time taken.
 fn wait_holder_among(
@@ -39,19 +55,19 @@ fn wait_holder_among(
 
 #[test]
 fn three_nodes_elect_fail_over_and_preempt_v4_and_v6() {
-    if skip() {
+    if !require_root() {
         return;
     }
     let seg = Segment::new("kvr-e", 3, 61);
     let dir = tempfile::tempdir().unwrap();
     let vip4 = seg.vip4(100);
     let vip6 = "fd3d::100".to_string();
-    let cluster = cluster_json(serde_json::json!([
-        instance("api", &vip4, 10),
-        instance("api-v6", &vip6, 11),
+    let cluster = vrrp_cluster_json(serde_json::json!([
+        vrrp_instance("api", &vip4, 10),
+        vrrp_instance("api-v6", &vip6, 11),
     ]));
     let roles = ["bootstrap", "master", "worker"];
-    let mut agents: Vec<Option<Agent>> = (0..3)
+    let mut agents: Vec<Option<VrrpAgent>> = (0..3)
         .map(|i| Some(start_agent(&seg, dir.path(), &cluster, i, roles[i])))
         .collect();
 
@@ -112,43 +128,32 @@ fn three_nodes_elect_fail_over_and_preempt_v4_and_v6() {
     );
 }
 
-fn http_server(seg: &Segment, i: usize, port: u16) -> Proc {
-    let child = Command::new("ip")
-        .args([
-            "netns",
-            "exec",
-            &seg.nodes[i],
-            "python3",
-            "-m",
-            "http.server",
-        ])
-        .args([&port.to_string(), "--bind", "127.0.0.1"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    Proc(child)
+/// A server answering `GET /` with 200 on node `i`'s loopback (what its check probes);
+/// dropped, the port refuses.
+fn http_server(seg: &Segment, i: usize, port: u16) -> HttpServer {
+    let listener = bind_tcp_in(&seg.nodes[i], ([127, 0, 0, 1], port).into());
+    HttpServer::start(listener, [("/", "ok")])
 }
 
 #[test]
 fn failing_health_check_moves_the_vip_and_restoring_moves_it_back() {
-    if skip() {
+    if !require_root() {
         return;
     }
     let seg = Segment::new("kvr-h", 3, 62);
     let dir = tempfile::tempdir().unwrap();
     let vip = seg.vip4(100);
-    let mut inst = instance("api", &vip, 20);
+    let mut inst = vrrp_instance("api", &vip, 20);
     inst["checks"] = serde_json::json!([{
         "name": "api", "check": {"type": "http", "url": "http://127.0.0.1:18080/", "expectStatus": 200},
         "intervalMs": 100, "rise": 2, "fall": 2, "weight": 50
     }]);
-    let cluster = cluster_json(serde_json::json!([inst]));
+    let cluster = vrrp_cluster_json(serde_json::json!([inst]));
     // Node 0: 70 + 50 = 120, node 1: 40 + 50 = 90, node 2: 20 (no server).
     let mut server0 = Some(http_server(&seg, 0, 18080));
     let _server1 = http_server(&seg, 1, 18080);
     let roles = ["bootstrap", "master", "worker"];
-    let agents: Vec<Agent> = (0..3)
+    let agents: Vec<VrrpAgent> = (0..3)
         .map(|i| start_agent(&seg, dir.path(), &cluster, i, roles[i]))
         .collect();
     seg.wait_sole_holder(0, &vip, Duration::from_secs(6));
@@ -227,33 +232,25 @@ for _ in range(300):
 
 #[test]
 fn malformed_packets_are_dropped_counted_and_harmless() {
-    if skip() {
+    if !require_root() || !require("python3") {
         return;
     }
     let seg = Segment::new("kvr-m", 2, 63);
     let dir = tempfile::tempdir().unwrap();
     let vip = seg.vip4(100);
-    let cluster = cluster_json(serde_json::json!([instance("api", &vip, 30)]));
+    let cluster = vrrp_cluster_json(serde_json::json!([vrrp_instance("api", &vip, 30)]));
     let agent = start_agent(&seg, dir.path(), &cluster, 0, "master");
     seg.wait_sole_holder(0, &vip, Duration::from_secs(5));
-    let out = Command::new("ip")
-        .args([
-            "netns",
-            "exec",
-            &seg.nodes[1],
-            "python3",
-            "-c",
-            INJECTOR,
-            "10.63.0.11",
-            &vip,
-        ])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    output_ok(Command::new("ip").args([
+        "netns",
+        "exec",
+        &seg.nodes[1],
+        "python3",
+        "-c",
+        INJECTOR,
+        "10.63.0.11",
+        &vip,
+    ]));
     std::thread::sleep(Duration::from_millis(300));
     let before = agent.instance("api");
     // Every bad packet above claims priority 200 > 40: had one been accepted, node 0
@@ -318,7 +315,7 @@ fn wait_neighbour(seg: &Segment, i: usize, addr: &str, mac: &str, limit: Duratio
 
 #[test]
 fn gratuitous_arp_and_unsolicited_na_reach_the_segment_and_repeat() {
-    if skip() {
+    if !require_root() {
         return;
     }
     let seg = Segment::new("kvr-g", 2, 67);
@@ -335,11 +332,11 @@ fn gratuitous_arp_and_unsolicited_na_reach_the_segment_and_repeat() {
     let dir = tempfile::tempdir().unwrap();
     let vip4 = seg.vip4(100);
     let vip6 = "fd43::100".to_string();
-    let mut i4 = instance("api", &vip4, 50);
-    let mut i6 = instance("api-v6", &vip6, 51);
+    let mut i4 = vrrp_instance("api", &vip4, 50);
+    let mut i6 = vrrp_instance("api-v6", &vip6, 51);
     i4["garpRefreshSecs"] = 1.into();
     i6["garpRefreshSecs"] = 1.into();
-    let cluster = cluster_json(serde_json::json!([i4, i6]));
+    let cluster = vrrp_cluster_json(serde_json::json!([i4, i6]));
     let out = Command::new("ip")
         .args(["-n", &seg.nodes[0], "-o", "link", "show", "eth0"])
         .output()

@@ -2,14 +2,17 @@
 //! in one virtual router elect the master the priorities name, and fail over both ways,
 //! with VRRPv3 multicast, VRRPv2 + PASS multicast, and VRRPv3 unicast.
 //!
-//! Needs root (namespaces) and keepalived; skipped otherwise unless CI=true.
-
-mod vrrp_common;
+//! Needs root (namespaces) and keepalived.
 
 use std::path::Path;
 use std::time::Duration;
 
-use vrrp_common::*;
+use keelson_testkit::agent::{
+    master_down, start_keepalived, start_vrrp_agent, vrrp_cluster_json, vrrp_instance,
+};
+use keelson_testkit::{Segment, require, require_root};
+
+const AGENT: &str = env!("CARGO_BIN_EXE_keelson-agent");
 
 #[derive(Clone, Copy)]
 enum Mode {
@@ -54,7 +57,7 @@ fn ip(cidr: &str) -> &str {
 }
 
 fn keelson_instance(seg: &Segment, mode: Mode, vip: &str, vrid: u8) -> serde_json::Value {
-    let mut inst = instance("api", vip, vrid);
+    let mut inst = vrrp_instance("api", vip, vrid);
     match mode {
         Mode::V3Multicast | Mode::V6Multicast => {}
         Mode::V2Pass => {
@@ -85,15 +88,15 @@ fn scenario(prefix: &str, subnet: u8, mode: Mode) {
         _ => 100,
     };
     let slack = Duration::from_secs(2);
-    let cluster = cluster_json(serde_json::json!([keelson_instance(
+    let cluster = vrrp_cluster_json(serde_json::json!([keelson_instance(
         &seg, mode, &vip, vrid
     )]));
     let dirp: &Path = dir.path();
 
     // 1. keepalived at 100 beats both keelson nodes.
     let mut ka = start_keepalived(&seg, dirp, 2, &keepalived_conf(&seg, mode, &vip, vrid, 100));
-    let a0 = start_agent(&seg, dirp, &cluster, 0, "bootstrap");
-    let _a1 = start_agent(&seg, dirp, &cluster, 1, "master");
+    let a0 = start_vrrp_agent(AGENT, &seg, dirp, &cluster, 0, "bootstrap");
+    let _a1 = start_vrrp_agent(AGENT, &seg, dirp, &cluster, 1, "master");
     seg.wait_sole_holder(2, &vip, master_down(interval_ms, 100) * 2 + slack);
     seg.assert_stable(2, &vip, Duration::from_millis(3 * interval_ms));
     let st = a0.instance("api");
@@ -135,24 +138,14 @@ fn scenario(prefix: &str, subnet: u8, mode: Mode) {
     }
 }
 
-fn have_keepalived() -> bool {
-    let ok = std::process::Command::new("keepalived")
-        .arg("-v")
-        .output()
-        .is_ok();
-    if !ok {
-        assert!(
-            std::env::var("CI").as_deref() != Ok("true"),
-            "keepalived is not installed"
-        );
-        eprintln!("skipped: keepalived is not installed");
-    }
-    ok
+/// Root for the namespaces, keepalived for the peer.
+fn can_run() -> bool {
+    require_root() && require("keepalived")
 }
 
 #[test]
 fn keepalived_interop_v3_multicast() {
-    if skip() || !have_keepalived() {
+    if !can_run() {
         return;
     }
     scenario("kvr-k3", 64, Mode::V3Multicast);
@@ -160,7 +153,7 @@ fn keepalived_interop_v3_multicast() {
 
 #[test]
 fn keepalived_interop_v2_pass() {
-    if skip() || !have_keepalived() {
+    if !can_run() {
         return;
     }
     scenario("kvr-k2", 65, Mode::V2Pass);
@@ -168,7 +161,7 @@ fn keepalived_interop_v2_pass() {
 
 #[test]
 fn keepalived_interop_v3_unicast() {
-    if skip() || !have_keepalived() {
+    if !can_run() {
         return;
     }
     scenario("kvr-ku", 66, Mode::V3Unicast);
@@ -176,7 +169,7 @@ fn keepalived_interop_v3_unicast() {
 
 #[test]
 fn keepalived_interop_v6_multicast() {
-    if skip() || !have_keepalived() {
+    if !can_run() {
         return;
     }
     scenario("kvr-k6", 68, Mode::V6Multicast);

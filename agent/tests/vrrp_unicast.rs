@@ -15,15 +15,15 @@
 //! listed as a peer in `cluster.json`, with two keelson masters that find each other
 //! through members.
 //!
-//! Needs root (namespaces, nftables); skipped otherwise unless CI=true.
-
-mod vrrp_common;
+//! Needs root (namespaces), nftables, and keepalived for the second test.
 
 use std::net::{Ipv4Addr, SocketAddrV4, UdpSocket};
-use std::process::Command;
 use std::time::{Duration, Instant};
 
-use vrrp_common::*;
+use keelson_testkit::agent::{RunNet, master_down, start_keepalived};
+use keelson_testkit::{Segment, in_netns, require, require_root, wait_for};
+
+const AGENT: &str = env!("CARGO_BIN_EXE_keelson-agent");
 
 const VIP: &str = "10.0.0.5";
 /// Advert interval of the test (ms).
@@ -59,118 +59,60 @@ fn cluster_json() -> serde_json::Value {
     c
 }
 
-/// What [`Cluster::converge`] saw.
+/// What [`Phases::converge`] saw.
 struct Converged {
     holder: usize,
     after_event: Duration,
     after_ready: Option<Duration>,
+    /// When the sole holder was first seen.
+    seen: Instant,
 }
 
-/// The cluster's files and running agents.
-struct Cluster {
-    seg: Segment,
-    files: RunCluster,
-    nodes: Vec<Option<RunNode>>,
-    roles: Vec<&'static str>,
-}
-
-impl Cluster {
-    fn new(prefix: &str, roles: &[&'static str], cluster: serde_json::Value) -> Self {
-        // Subnet 0: the example's machine network 10.0.0.0/16, inside our own namespaces.
-        let seg = Segment::new(prefix, roles.len(), 0);
-        seg.drop_multicast();
-        // As `keelson build`: member records are authenticated.
-        let files = RunCluster::new(cluster);
-        Cluster {
-            seg,
-            files,
-            nodes: roles.iter().map(|_| None).collect(),
-            roles: roles.to_vec(),
-        }
-    }
-
-    fn name(&self, i: usize) -> String {
-        match self.roles[i] {
+/// The cluster: nodes with `roles` (named `bootstrap` or `<role>-<index>`) on a bridge that
+/// drops multicast, running vrrp, members and the Ignition server.
+fn new_cluster(prefix: &str, roles: &[&str], cluster: serde_json::Value) -> RunNet {
+    // Subnet 0: the example's machine network 10.0.0.0/16, inside our own namespaces.
+    let seg = Segment::new(prefix, roles.len(), 0);
+    seg.drop_multicast();
+    let names: Vec<String> = roles
+        .iter()
+        .enumerate()
+        .map(|(i, role)| match *role {
             "bootstrap" => "bootstrap".into(),
             role => format!("{role}-{i}"),
-        }
-    }
+        })
+        .collect();
+    let nodes: Vec<(&str, &str)> = names
+        .iter()
+        .map(String::as_str)
+        .zip(roles.iter().copied())
+        .collect();
+    // As `keelson build`: member records are authenticated.
+    RunNet::new(AGENT, seg, cluster, &nodes, "vrrp,members,ignition")
+}
 
-    /// Starts `keelson-agent run` (vrrp, members, ignition) in node `i`'s namespace.
-    fn start(&mut self, i: usize) {
-        let (name, address) = (self.name(i), self.seg.v4(i));
-        self.nodes[i] = Some(self.files.start(
-            &self.seg.nodes[i],
-            i,
-            (&name, self.roles[i], &address),
-            "vrrp,members,ignition",
-        ));
-    }
+/// What this test watches on the cluster: who holds the VIP, and the member lists.
+trait Phases {
+    fn holders(&self) -> Vec<usize>;
+    fn converge(
+        &self,
+        phase: &str,
+        expect: &[usize],
+        limit: Duration,
+        settle: Duration,
+        started: &[usize],
+    ) -> Converged;
+    fn assert_holders(&self, phase: &str, holders: &[usize], dur: Duration);
+    fn members_converge(&self, phase: &str, limit: Duration) -> Duration;
+}
 
-    /// SIGTERM: priority 0, VIP removed, goodbye to the registries.
-    fn stop(&mut self, i: usize) {
-        if let Some(mut n) = self.nodes[i].take() {
-            n.proc.term();
-        }
-    }
-
-    /// SIGKILL: the node just dies (its VIP, if any, stays on its interface).
-    fn kill(&mut self, i: usize) {
-        if let Some(mut n) = self.nodes[i].take() {
-            n.proc.kill9();
-        }
-    }
-
-    /// Waits until each of `nodes` printed its ready line; returns the time it took.
-    fn wait_ready(&self, nodes: &[usize]) -> Duration {
-        let t = Instant::now();
-        for &i in nodes {
-            let node = self.nodes[i].as_ref().expect("node running");
-            loop {
-                if node.is_ready() {
-                    break;
-                }
-                if t.elapsed() > Duration::from_secs(60) {
-                    self.dump();
-                    panic!("{} not ready within 60 s", self.name(i));
-                }
-                std::thread::sleep(Duration::from_millis(20));
-            }
-        }
-        t.elapsed()
-    }
-
-    fn forget(&self, i: usize) {
-        let _ = std::fs::remove_dir_all(self.files.state_dir(i));
-    }
-
-    fn running(&self) -> Vec<usize> {
-        (0..self.nodes.len())
-            .filter(|&i| self.nodes[i].is_some())
-            .collect()
-    }
-
+impl Phases for RunNet {
     /// The running nodes holding the VIP.
     fn holders(&self) -> Vec<usize> {
         self.running()
             .into_iter()
             .filter(|&i| self.seg.holds(i, VIP))
             .collect()
-    }
-
-    /// `keelson-agent status --json` of node `i`.
-    fn status(&self, i: usize) -> serde_json::Value {
-        self.files.status(i)
-    }
-
-    fn member_names(&self, i: usize) -> Vec<String> {
-        member_names(&self.status(i))
-    }
-
-    /// Whether node `i` printed its ready line (every service up, the Ignition server and
-    /// so the registry included).
-    fn is_ready(&self, i: usize) -> bool {
-        self.nodes[i].as_ref().is_some_and(RunNode::is_ready)
     }
 
     /// Waits until exactly one running node holds the VIP, one of `expect` (any when
@@ -229,6 +171,7 @@ impl Cluster {
                     holder: who,
                     after_event: at,
                     after_ready: (!started.is_empty()).then_some(after_ready),
+                    seen: t + at,
                 };
             }
             let deadline = match ready {
@@ -264,7 +207,11 @@ impl Cluster {
     /// Waits until every running node lists exactly the running nodes as members.
     fn members_converge(&self, phase: &str, limit: Duration) -> Duration {
         let t = Instant::now();
-        let mut want: Vec<String> = self.running().iter().map(|&i| self.name(i)).collect();
+        let mut want: Vec<String> = self
+            .running()
+            .iter()
+            .map(|&i| self.name(i).to_string())
+            .collect();
         want.sort();
         loop {
             let lists: Vec<Vec<String>> = self
@@ -287,19 +234,6 @@ impl Cluster {
             std::thread::sleep(Duration::from_millis(100));
         }
     }
-
-    /// Prints every node's log tail (on failure).
-    fn dump(&self) {
-        for (i, n) in self.nodes.iter().enumerate() {
-            let Some(n) = n else { continue };
-            let text = std::fs::read_to_string(&n.log).unwrap_or_default();
-            let lines: Vec<&str> = text.lines().collect();
-            eprintln!("---- {} ({})", self.name(i), n.log.display());
-            for l in &lines[lines.len().saturating_sub(25)..] {
-                eprintln!("{l}");
-            }
-        }
-    }
 }
 
 /// A UDP datagram to a multicast group from node `from` never reaches a member of the
@@ -307,8 +241,7 @@ impl Cluster {
 fn assert_multicast_blocked(seg: &Segment, from: usize, to: usize) {
     let before = seg.multicast_dropped();
     let group = Ipv4Addr::new(239, 1, 2, 3);
-    let to_addr: Ipv4Addr = seg.v4(to).split('/').next().unwrap().parse().unwrap();
-    let from_addr: Ipv4Addr = seg.v4(from).split('/').next().unwrap().parse().unwrap();
+    let (to_addr, from_addr) = (seg.ip4(to), seg.ip4(from));
     let listen_ns = seg.nodes[to].clone();
     let receiver = in_netns(&listen_ns, move || {
         let sock = UdpSocket::bind(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 5999)).unwrap();
@@ -347,12 +280,12 @@ fn assert_multicast_blocked(seg: &Segment, from: usize, to: usize) {
 
 #[test]
 fn unicast_cluster_converges_in_every_phase_without_multicast() {
-    if skip() {
+    if !require_root() || !require("nft") {
         return;
     }
     let (b, m0, m1, m2) = (0, 1, 2, 3);
     let masters = [m0, m1, m2];
-    let mut c = Cluster::new(
+    let mut c = new_cluster(
         "kvu-c",
         &["bootstrap", "master", "master", "master"],
         cluster_json(),
@@ -362,7 +295,9 @@ fn unicast_cluster_converges_in_every_phase_without_multicast() {
     let settle = Duration::from_secs(1);
     let mut times: Vec<(&str, Converged)> = Vec::new();
 
-    // 1. Formation, bootstrap first: alone, it waits out the grace and takes the VIP.
+    // 1. Formation, bootstrap first: alone, it waits out the grace and takes the VIP
+    // (counted from before the start: the agent's own clock starts after it).
+    let starting = Instant::now();
     c.start(b);
     let r = c.converge(
         "formation: bootstrap alone",
@@ -371,10 +306,10 @@ fn unicast_cluster_converges_in_every_phase_without_multicast() {
         settle,
         &[],
     );
+    let claimed = r.seen - starting;
     assert!(
-        r.after_event >= grace(),
-        "claimed before the grace period: {:?}",
-        r.after_event
+        claimed >= grace(),
+        "claimed before the grace period: {claimed:?}"
     );
     times.push(("formation: bootstrap alone (the grace)", r));
     // The masters join: they register through the VIP with the bootstrap, hear it, and
@@ -583,15 +518,7 @@ fn unicast_cluster_converges_in_every_phase_without_multicast() {
 /// one of them holds the VIP (before, keepalived holds it and serves no registry).
 #[test]
 fn keepalived_unicast_peer_and_keelson_elect_one_holder() {
-    if skip() {
-        return;
-    }
-    if Command::new("keepalived").arg("-v").output().is_err() {
-        assert!(
-            std::env::var("CI").as_deref() != Ok("true"),
-            "keepalived is not installed"
-        );
-        eprintln!("skipped: keepalived is not installed");
+    if !require_root() || !require("nft") || !require("keepalived") {
         return;
     }
     let (m0, m1, ka) = (0, 1, 2);
@@ -600,7 +527,7 @@ fn keepalived_unicast_peer_and_keelson_elect_one_holder() {
     for inst in cluster["vrrp"]["instances"].as_array_mut().unwrap() {
         inst["unicastPeers"] = serde_json::json!([ka_ip]);
     }
-    let mut c = Cluster::new(
+    let mut c = new_cluster(
         "kvu-k",
         &["master", "master", "keepalived"],
         cluster.clone(),
@@ -619,15 +546,15 @@ fn keepalived_unicast_peer_and_keelson_elect_one_holder() {
     let dir = c.files.dir.path().to_path_buf();
     let slack = Duration::from_secs(2);
     // keelson masters: 40 + 10 (Ignition server running) = 50.
-    let ka_holds = |c: &Cluster| c.seg.holds(ka, VIP);
-    let keelson_holders = |c: &Cluster| c.holders();
+    let ka_holds = |c: &RunNet| c.seg.holds(ka, VIP);
+    let keelson_holders = |c: &RunNet| c.holders();
 
     // keepalived at 100 first, then the keelson masters: they hear it and stay backups.
     let mut kap = start_keepalived(&c.seg, &dir, ka, &conf(100));
-    wait(
-        || ka_holds(&c),
-        master_down(ADVERT_MS, 100) + slack,
+    wait_for(
         "keepalived holds",
+        master_down(ADVERT_MS, 100) + slack,
+        || ka_holds(&c),
     );
     c.start(m0);
     c.start(m1);
@@ -688,20 +615,12 @@ fn keepalived_unicast_peer_and_keelson_elect_one_holder() {
     c.kill(other);
     c.seg.heal();
     c.seg.partition(&[holder, other]);
-    wait(
-        || ka_holds(&c),
-        master_down(ADVERT_MS, 45) + slack,
+    wait_for(
         "keepalived takes over",
+        master_down(ADVERT_MS, 45) + slack,
+        || ka_holds(&c),
     );
     kap.term();
-}
-
-fn wait(mut cond: impl FnMut() -> bool, limit: Duration, what: &str) {
-    let t = Instant::now();
-    while !cond() {
-        assert!(t.elapsed() < limit, "{what}: not within {limit:?}");
-        std::thread::sleep(Duration::from_millis(10));
-    }
 }
 
 /// The `api` instance's section of a status document (`vrrp` lists the instances).

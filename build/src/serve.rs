@@ -117,7 +117,6 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::process::Command;
 
     const CLUSTER_JSON: &str = r#"{
       "version": 1, "name": "ocp4", "baseDomain": "osd2019.local",
@@ -131,30 +130,10 @@ mod tests {
       "members": {"transport": "mdns", "renewIntervalSecs": 10, "expirySecs": 30}
     }"#;
 
+    /// curl on the host: the status and the body.
     fn curl(args: &[&str]) -> (String, Vec<u8>) {
-        let out = Command::new("curl")
-            .args([
-                "-sS",
-                "--noproxy",
-                "*",
-                "--max-time",
-                "10",
-                "-w",
-                "\n%{http_code}",
-            ])
-            .args(args)
-            .output()
-            .expect("curl runs");
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let pos = out.stdout.iter().rposition(|&b| b == b'\n').unwrap();
-        (
-            String::from_utf8_lossy(&out.stdout[pos + 1..]).into_owned(),
-            out.stdout[..pos].to_vec(),
-        )
+        let reply = keelson_testkit::http::curl(args);
+        (reply.status.to_string(), reply.body)
     }
 
     #[test]

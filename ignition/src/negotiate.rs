@@ -334,6 +334,7 @@ mod tests {
     }
 
     proptest! {
+        #![proptest_config(keelson_testkit::proptest::config())]
         #[test]
         fn never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..200)) {
             let _ = negotiate(Some(&bytes));

@@ -15,6 +15,7 @@ use keelson_ignition::server::{
     Assets, BoundServer, ConfigSource, IgnitionServer, ServerOptions, SourceError, tls_config,
 };
 use keelson_ignition::{Role, SpecVersion};
+use keelson_testkit::http::Reply;
 use tokio_util::sync::CancellationToken;
 
 /// Renders a small deterministic JSON per (pool, spec), counts renderings and records the
@@ -140,49 +141,13 @@ impl ExtraRoutes for Echo {
     }
 }
 
-#[derive(Debug)]
-struct Reply {
-    status: u16,
-    headers: String,
-    body: Vec<u8>,
-}
-
-impl Reply {
-    fn header(&self, name: &str) -> Option<String> {
-        self.headers.lines().find_map(|l| {
-            let (k, v) = l.split_once(':')?;
-            k.trim()
-                .eq_ignore_ascii_case(name)
-                .then(|| v.trim().to_string())
-        })
-    }
-}
-
-/// Runs curl (blocking, in a blocking thread) and returns status, headers and body.
+/// curl on the host (in a blocking thread), which must get an HTTP answer.
 async fn curl(args: Vec<String>) -> Reply {
     tokio::task::spawn_blocking(move || {
-        let d = tempfile::tempdir().unwrap();
-        let (h, b) = (d.path().join("h"), d.path().join("b"));
-        let out = Command::new("curl")
-            .args(["-sS", "--noproxy", "*", "--path-as-is", "--max-time", "10"])
-            .arg("-D")
-            .arg(&h)
-            .arg("-o")
-            .arg(&b)
-            .args(["-w", "%{http_code}"])
-            .args(&args)
-            .output()
-            .expect("curl runs");
-        assert!(
-            out.status.success(),
-            "curl {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        Reply {
-            status: String::from_utf8_lossy(&out.stdout).trim().parse().unwrap(),
-            headers: std::fs::read_to_string(&h).unwrap_or_default(),
-            body: std::fs::read(&b).unwrap_or_default(),
-        }
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let reply = keelson_testkit::http::curl(&args);
+        assert_eq!(reply.exit, Some(0), "curl {args:?}: {}", reply.error);
+        reply
     })
     .await
     .unwrap()
@@ -507,34 +472,34 @@ async fn tls_is_real() {
     let s = start(|_, _| {}).await;
     let port = s.tls.port();
     // A client that does not trust the test CA refuses the server (curl exit 60).
-    let out = tokio::task::spawn_blocking(move || {
-        Command::new("curl")
-            .args(["-sS", "--noproxy", "*", "--max-time", "10"])
-            .args(["--cacert", "/dev/null", "--capath", "/nonexistent"])
-            .args(["--resolve", &format!("localhost:{port}:127.0.0.1")])
-            .arg(format!("https://localhost:{port}/healthz"))
-            .output()
-            .unwrap()
+    let untrusted = tokio::task::spawn_blocking(move || {
+        keelson_testkit::http::curl(&[
+            "--cacert",
+            "/dev/null",
+            "--capath",
+            "/nonexistent",
+            "--resolve",
+            &format!("localhost:{port}:127.0.0.1"),
+            &format!("https://localhost:{port}/healthz"),
+        ])
     })
     .await
     .unwrap();
     assert!(
-        matches!(out.status.code(), Some(60) | Some(77)),
-        "{:?} {}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
+        matches!(untrusted.exit, Some(60) | Some(77)),
+        "{untrusted:?}"
     );
     // Plain HTTP to the TLS port is not answered as HTTP.
-    let r = tokio::task::spawn_blocking(move || {
-        Command::new("curl")
-            .args(["-sS", "--noproxy", "*", "--max-time", "5"])
-            .arg(format!("http://127.0.0.1:{port}/healthz"))
-            .output()
-            .unwrap()
+    let plain = tokio::task::spawn_blocking(move || {
+        keelson_testkit::http::curl(&[
+            "--max-time",
+            "5",
+            &format!("http://127.0.0.1:{port}/healthz"),
+        ])
     })
     .await
     .unwrap();
-    assert!(!r.status.success());
+    assert_ne!(plain.exit, Some(0), "{plain:?}");
     s.stop().await;
 }
 
@@ -612,8 +577,8 @@ const IGNITION_2_14_ACCEPT: &str = "application/vnd.coreos.ignition+json;version
 /// the wire, is the one the negotiation tests name.
 #[tokio::test]
 async fn ignition_binary_fetches_a_pointer_merge_and_gets_3_3() {
-    if !Path::new(IGNITION_BIN).exists() {
-        panic!("{IGNITION_BIN} missing: run scripts/setup.sh (apt package ignition)");
+    if !keelson_testkit::require_file(IGNITION_BIN, "Ignition 2.14") {
+        return;
     }
     let r = start(|_, _| {}).await;
     let work = tempfile::tempdir().unwrap();

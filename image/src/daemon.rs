@@ -174,12 +174,8 @@ mod tests {
     /// The closure is everything BIRD needs: copied alone into an empty root, it runs.
     #[test]
     fn bird_runs_from_its_closure_alone() {
-        if !Path::new("/usr/sbin/bird").exists() || !nix_is_root() {
-            assert!(
-                std::env::var("CI").is_err(),
-                "CI runs this as root with BIRD installed (scripts/setup.sh)"
-            );
-            eprintln!("skipping: needs root and /usr/sbin/bird");
+        // chroot needs root.
+        if !keelson_testkit::require_root() || !keelson_testkit::require("bird") {
             return;
         }
         let files = closure(Path::new("/"), "/usr/sbin/bird").unwrap();
@@ -200,16 +196,5 @@ mod tests {
             out.status.success() && text.contains("BIRD version 2"),
             "{text}"
         );
-    }
-
-    fn nix_is_root() -> bool {
-        std::fs::read_to_string("/proc/self/status")
-            .map(|s| {
-                s.lines()
-                    .find_map(|l| l.strip_prefix("Uid:"))
-                    .and_then(|u| u.split_whitespace().nth(1).map(|e| e == "0"))
-                    .unwrap_or(false)
-            })
-            .unwrap_or(false)
     }
 }

@@ -288,6 +288,7 @@ kernel/drivers/acpi/button.ko:
     }
 
     proptest::proptest! {
+        #![proptest_config(keelson_testkit::proptest::config())]
         #[test]
         fn parse_never_panics(text in "\\PC*") {
             let _ = DepTable::parse(&text).map(|t| t.closure(&["a", "b"], &text));

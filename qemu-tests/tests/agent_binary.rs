@@ -6,21 +6,22 @@ const MAX_BYTES: u64 = 12 * 1024 * 1024;
 
 #[test]
 fn the_agent_is_static_stripped_and_small() {
-    let Some(agent) = std::env::var_os("KEELSON_AGENT_BIN").map(std::path::PathBuf::from) else {
-        assert!(
-            std::env::var("CI").is_err(),
-            "CI runs this through `make test`, which sets KEELSON_AGENT_BIN"
-        );
-        eprintln!("skipping: run through `make test` (needs KEELSON_AGENT_BIN)");
+    let Some(agent) = keelson_testkit::require_env(
+        "KEELSON_AGENT_BIN",
+        "`make test` sets it to the static agent",
+    ) else {
         return;
     };
+    if !keelson_testkit::require("file") {
+        return;
+    }
     let size = std::fs::metadata(&agent)
-        .unwrap_or_else(|e| panic!("{}: {e}", agent.display()))
+        .unwrap_or_else(|e| panic!("{}: {e}", agent))
         .len();
     assert!(
         size <= MAX_BYTES,
         "{} is {size} bytes, over the {MAX_BYTES}-byte bar",
-        agent.display()
+        agent
     );
     let out = std::process::Command::new("file")
         .arg(&agent)

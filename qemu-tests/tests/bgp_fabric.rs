@@ -11,6 +11,8 @@
 
 use std::time::{Duration, Instant};
 
+use keelson_testkit::wait_for;
+
 use keelson_qemu_tests::fabric::{
     self, Daemon, Fabric, Prober, SPINE, VIP4, VIP6, count_by_node, vip_addr,
 };
@@ -19,21 +21,9 @@ const PERIOD: Duration = Duration::from_millis(50);
 const TIMEOUT: Duration = Duration::from_secs(1);
 const CONVERGE: Duration = Duration::from_secs(30);
 
-fn skip() -> bool {
-    if nix::unistd::geteuid().is_root()
-        && std::process::Command::new("bird")
-            .arg("--version")
-            .output()
-            .is_ok()
-    {
-        return false;
-    }
-    assert!(
-        std::env::var("CI").is_err(),
-        "CI runs this as root with BIRD installed (scripts/setup.sh)"
-    );
-    eprintln!("skipping: needs root and BIRD 2");
-    true
+/// Root for the namespaces, BIRD for the routers and the agents' daemon.
+fn can_run() -> bool {
+    keelson_testkit::require_root() && keelson_testkit::require("bird")
 }
 
 fn table(ns: &str) -> String {
@@ -56,14 +46,6 @@ fn vip_status(f: &Fabric, i: usize, name: &str) -> serde_json::Value {
         .as_array()
         .and_then(|v| v.iter().find(|v| v["name"] == name).cloned())
         .unwrap_or_else(|| panic!("no bgp status for {name} on m{i}: {doc}"))
-}
-
-fn wait_for(what: &str, limit: Duration, mut ok: impl FnMut() -> bool) {
-    let deadline = Instant::now() + limit;
-    while !ok() {
-        assert!(Instant::now() < deadline, "{what}: not within {limit:?}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
 }
 
 /// Both VIPs routed through every master: ToR A through m0 and m1, ToR B through m2, the
@@ -91,7 +73,7 @@ fn wait_all_three(f: &Fabric) {
 
 #[test]
 fn bgp_anycast_vips_through_bird() {
-    if skip() {
+    if !can_run() {
         return;
     }
     let agent = fabric::find_agent().expect("keelson-agent built (make agent, or cargo build)");

@@ -12,17 +12,12 @@ use keelson_qemu_tests::vm::{Boot, Vm, VmSpec};
 
 /// The static agent `make agent` built (the Makefile exports its path).
 fn agent_or_skip() -> Option<PathBuf> {
-    let found = std::env::var_os("KEELSON_AGENT_BIN")
-        .map(PathBuf::from)
-        .filter(|p| p.is_file());
-    if found.is_none() {
-        assert!(
-            std::env::var("CI").is_err(),
-            "CI runs this through `make test`, which builds the static agent"
-        );
-        eprintln!("skipping: run through `make test` (needs KEELSON_AGENT_BIN, the static agent)");
-    }
-    found
+    let agent = keelson_testkit::require_env(
+        "KEELSON_AGENT_BIN",
+        "`make test` builds the static agent and sets it",
+    )?;
+    keelson_testkit::require_file(&agent, "the static agent `make agent` builds")
+        .then(|| agent.into())
 }
 
 /// A cluster.json for a one-node test segment 10.99.0.0/24.

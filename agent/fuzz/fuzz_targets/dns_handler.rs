@@ -13,7 +13,6 @@
 use std::sync::OnceLock;
 
 use hickory_proto::op::{Message, MessageType};
-use keelson_agent::members::member::Member;
 use keelson_agent::dns::build_zone;
 use keelson_agent::dns::handler::{
     DropReason, OUR_UDP_PAYLOAD, Outcome, TCP_LIMIT, Transport, handle,
@@ -21,6 +20,7 @@ use keelson_agent::dns::handler::{
 use hickory_proto::serialize::binary::BinEncodable;
 use keelson_agent::dns::wire;
 use keelson_agent::dns::zone::Zone;
+use keelson_agent::members::member::Member;
 use keelson_ignition::Role;
 use libfuzzer_sys::fuzz_target;
 
@@ -31,7 +31,7 @@ fn zone() -> &'static Zone {
             .iter()
             .enumerate()
             .map(|(i, name)| Member {
-                name: (*name).into(),
+                name: name.parse().expect("a DNS label"),
                 role: if i < 2 { Role::Master } else { Role::Worker },
                 addresses: vec![
                     format!("10.0.0.{}", 10 + i).parse().unwrap(),

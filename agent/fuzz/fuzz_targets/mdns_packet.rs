@@ -12,9 +12,10 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
-use keelson_agent::members::member::Member;
+use keelson_agent::dns_label::DnsLabel;
 use keelson_agent::members::auth::{Keys, Verifier};
-use keelson_agent::members::mdns::{Announce, Cache, MDNS_PORT, Received, valid_label};
+use keelson_agent::members::mdns::{Announce, Cache, MDNS_PORT, Received};
+use keelson_agent::members::member::Member;
 use keelson_ignition::Role;
 use libfuzzer_sys::fuzz_target;
 
@@ -23,7 +24,7 @@ const ZONE: &str = "ocp4.example.com";
 fn own() -> Announce {
     Announce {
         member: Member {
-            name: "me".into(),
+            name: "me".parse().expect("a DNS label"),
             role: Role::Master,
             addresses: vec!["10.0.0.10".parse().unwrap()],
             version: "0.1.0".into(),
@@ -66,7 +67,7 @@ fuzz_target!(|data: &[u8]| {
         );
         cache.expire(now);
         for m in cache.members() {
-            assert!(valid_label(&m.name), "member name {:?}", m.name);
+            assert!(DnsLabel::is_valid(&m.name), "member name {:?}", m.name);
             assert_ne!(m.name, "me", "our own node is never a heard member");
             assert!(!m.addresses.is_empty());
             for a in &m.addresses {
@@ -80,7 +81,7 @@ fuzz_target!(|data: &[u8]| {
     }
     // Whatever the cache went through, a genuine announcement is still understood.
     let mut other = own();
-    other.member.name = "peer".into();
+    other.member.name = "peer".parse().expect("a DNS label");
     let later = start + Duration::from_secs(100_000);
     let _ = cache.receive(&other.packet(35).expect("valid announce"), MDNS_PORT, later);
     assert!(cache.members().iter().any(|m| m.name == "peer"));

@@ -18,9 +18,9 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::{Method, StatusCode};
-use keelson_agent::members::member::Member;
+use keelson_agent::dns_label::DnsLabel;
 use keelson_agent::members::auth::{Keys, Verifier};
-use keelson_agent::members::mdns::valid_label;
+use keelson_agent::members::member::Member;
 use keelson_agent::members::registry::{Entry, MEMBERS_PATH, Registry};
 use keelson_ignition::Role;
 use keelson_ignition::routes::ExtraRoutes;
@@ -48,7 +48,7 @@ fuzz_target!(|data: &[u8]| {
         Err(_) => return,
     };
     let own = Member {
-        name: "master-0".into(),
+        name: "master-0".parse().expect("a DNS label"),
         role: Role::Master,
         addresses: vec!["10.0.0.10".parse().unwrap()],
         version: "0.1.0".into(),
@@ -75,11 +75,15 @@ fuzz_target!(|data: &[u8]| {
         );
         if status == StatusCode::OK {
             let list: Vec<Entry> = serde_json::from_slice(&answer).expect("200 is an entry list");
-            assert!(list.iter().all(|e| valid_label(&e.member.name)));
+            assert!(list.iter().all(|e| DnsLabel::is_valid(&e.member.name)));
         }
     }
     if authenticated {
-        let names: Vec<String> = registry.list().into_iter().map(|m| m.name).collect();
+        let names: Vec<String> = registry
+            .list()
+            .into_iter()
+            .map(|m| m.name.to_string())
+            .collect();
         assert_eq!(
             names,
             ["master-0"],
@@ -100,7 +104,7 @@ fuzz_target!(|data: &[u8]| {
         "own node once"
     );
     for member in members {
-        assert!(valid_label(&member.name), "listed {:?}", member.name);
+        assert!(DnsLabel::is_valid(&member.name), "listed {:?}", member.name);
         assert!(
             (1..=16).contains(&member.addresses.len()),
             "{} listed with {} addresses",

@@ -181,6 +181,7 @@ mod tests {
     }
 
     proptest::proptest! {
+        #![proptest_config(keelson_testkit::proptest::config())]
         #[test]
         fn base64_round_trip(bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..512)) {
             let url = format!("data:;base64,{}", base64::engine::general_purpose::STANDARD.encode(&bytes));

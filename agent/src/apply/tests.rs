@@ -299,7 +299,7 @@ async fn remote_files_are_fetched_once_and_reused_when_the_hash_matches() {
 async fn endless_server() -> String {
     format!(
         "http://{}/big",
-        crate::test_support::endless_http_server().await
+        keelson_testkit::http::endless_http_server().await
     )
 }
 

@@ -193,6 +193,7 @@ peer_10_2_0_1 BGP        ---        up     15:45:53.017  Established   \n\
     }
 
     proptest! {
+        #![proptest_config(keelson_testkit::proptest::config())]
         #[test]
         fn never_panics(text in "\\PC*") {
             let _ = parse_protocols(&text);

@@ -209,7 +209,7 @@ mod tests {
 
     fn node(role: Role, addrs: &[&str]) -> NodeIdentity {
         NodeIdentity {
-            name: "master-0".into(),
+            name: "master-0".parse().unwrap(),
             role,
             interface: "eth0".into(),
             addresses: addrs.iter().map(|a| a.parse().unwrap()).collect(),

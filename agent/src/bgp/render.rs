@@ -330,7 +330,7 @@ mod tests {
         let mut c = ClusterConfig::from_json(include_bytes!("testdata/cluster.json")).unwrap();
         c.bgp.as_mut().unwrap().vips = vec!["api".into(), "api-v6".into()];
         let node = NodeIdentity {
-            name: "master-0".into(),
+            name: "master-0".parse().unwrap(),
             role,
             interface: "eth0".into(),
             addresses: vec![
@@ -389,18 +389,7 @@ mod tests {
     /// peer, a password) and a bootstrap.
     #[test]
     fn the_daemons_accept() {
-        let have = |c: &str| {
-            std::process::Command::new(c)
-                .arg("--version")
-                .output()
-                .is_ok()
-        };
-        if !(have("bird") && have("vtysh")) {
-            assert!(
-                std::env::var("CI").is_err(),
-                "CI has BIRD and FRR (scripts/setup.sh)"
-            );
-            eprintln!("skipping: needs bird and vtysh");
+        if !keelson_testkit::require("bird") || !keelson_testkit::require("vtysh") {
             return;
         }
         let dir = tempfile::tempdir().unwrap();

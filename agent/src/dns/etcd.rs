@@ -10,6 +10,7 @@ use std::net::IpAddr;
 
 use keelson_ignition::Role;
 
+use crate::dns_label::DnsLabel;
 use crate::members::member::Member;
 
 /// Peer port in `_etcd-server-ssl._tcp` SRV records.
@@ -54,7 +55,7 @@ pub struct Target {
     /// The DNS label, `etcd-<i>`.
     pub label: String,
     /// The member it names.
-    pub member: String,
+    pub member: DnsLabel,
     /// The member's addresses.
     pub addresses: Vec<IpAddr>,
 }
@@ -69,9 +70,9 @@ pub struct EtcdNames {
     /// Masters needed before the SRV sets are answered.
     pub expected: u32,
     /// Masters whose name has no index (they get no etcd name).
-    pub unindexed: Vec<String>,
+    pub unindexed: Vec<DnsLabel>,
     /// Masters whose index another master (first by name) already has.
-    pub duplicates: Vec<String>,
+    pub duplicates: Vec<DnsLabel>,
 }
 
 impl EtcdNames {
@@ -112,12 +113,12 @@ impl EtcdNames {
             names: self
                 .targets
                 .iter()
-                .map(|t| (t.label.clone(), t.member.clone()))
+                .map(|t| (t.label.clone(), t.member.to_string()))
                 .collect(),
             srv_ready: self.ready,
             masters: self.expected,
-            unindexed: self.unindexed.clone(),
-            duplicates: self.duplicates.clone(),
+            unindexed: self.unindexed.iter().map(DnsLabel::to_string).collect(),
+            duplicates: self.duplicates.iter().map(DnsLabel::to_string).collect(),
         }
     }
 
@@ -134,7 +135,7 @@ mod tests {
 
     fn master(name: &str, ip: &str) -> Member {
         Member {
-            name: name.into(),
+            name: name.parse().unwrap(),
             role: Role::Master,
             addresses: vec![ip.parse().unwrap()],
             version: "1".into(),

@@ -257,7 +257,7 @@ mod tests {
     fn zone(n: usize) -> Zone {
         let members: Vec<Member> = (0..n)
             .map(|i| Member {
-                name: format!("node-{i}"),
+                name: format!("node-{i}").parse().unwrap(),
                 role: Role::Worker,
                 addresses: vec![format!("10.0.{}.{}", i / 250, i % 250 + 1).parse().unwrap()],
                 version: "1".into(),
@@ -685,6 +685,7 @@ mod tests {
     }
 
     proptest! {
+        #![proptest_config(keelson_testkit::proptest::config())]
         #[test]
         fn never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..600)) {
             let z = etcd_zone(3);

@@ -502,6 +502,7 @@ mod tests {
     }
 
     proptest! {
+        #![proptest_config(keelson_testkit::proptest::config())]
         #[test]
         fn question_type_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..300)) {
             let _ = question_type(&bytes);

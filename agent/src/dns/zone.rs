@@ -103,12 +103,11 @@ impl Zone {
             .unwrap_or(1);
         let mut nodes = HashMap::new();
         for m in members {
-            // A member name that is not a single DNS label cannot be served; skip it.
-            let key = m.name.to_ascii_lowercase().into_bytes();
-            if key.is_empty() || key.len() > 63 || key.contains(&b'.') {
-                continue;
-            }
-            nodes.insert(key, m.addresses.clone());
+            // A member's name is one DNS label (`DnsLabel`): served as it is, any case.
+            nodes.insert(
+                m.name.to_ascii_lowercase().into_bytes(),
+                m.addresses.clone(),
+            );
         }
         Ok(Self {
             origin,
@@ -316,7 +315,7 @@ pub(crate) mod tests {
 
     pub(crate) fn member(name: &str, role: Role, addrs: &[&str]) -> Member {
         Member {
-            name: name.into(),
+            name: name.parse().unwrap(),
             role,
             addresses: addrs.iter().map(|a| a.parse().unwrap()).collect(),
             version: "1".into(),
@@ -327,6 +326,7 @@ pub(crate) mod tests {
         vec![
             member("master-0", Role::Master, &["10.0.0.10", "fd00::10"]),
             member("Worker-1", Role::Worker, &["10.0.0.21"]),
+            member("xn--bcher-kva", Role::Worker, &["10.0.0.22"]),
         ]
     }
 
@@ -359,6 +359,19 @@ pub(crate) mod tests {
     const A: u16 = rtype::A;
     const AAAA: u16 = rtype::AAAA;
     const IN: u16 = CLASS_IN;
+
+    /// A-labels are served as any node name (issue 31), whatever the case asked.
+    #[test]
+    fn a_label_node_names_are_answered() {
+        let z = zone();
+        for n in [
+            "xn--bcher-kva.ocp4.example.com.",
+            "XN--BCHER-KVA.ocp4.example.com.",
+            "xn--bcher-kva.",
+        ] {
+            assert_eq!(ips(z.lookup(&q(n), A, IN)), ["10.0.0.22"], "{n}");
+        }
+    }
 
     #[test]
     fn api_and_api_int() {

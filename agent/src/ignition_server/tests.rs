@@ -2,7 +2,6 @@
 //! bootstrap mode from the node's role, and the bus.
 
 use std::path::Path;
-use std::process::Command;
 use std::time::Duration;
 
 use super::*;
@@ -72,30 +71,10 @@ fn paths(dir: &Path) -> Paths {
     }
 }
 
+/// curl on the host: the status and the body.
 fn curl(args: &[&str]) -> (String, Vec<u8>) {
-    let out = Command::new("curl")
-        .args([
-            "-sS",
-            "--noproxy",
-            "*",
-            "--max-time",
-            "10",
-            "-w",
-            "\n%{http_code}",
-        ])
-        .args(args)
-        .output()
-        .expect("curl runs");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let pos = out.stdout.iter().rposition(|&b| b == b'\n').unwrap();
-    (
-        String::from_utf8_lossy(&out.stdout[pos + 1..]).into_owned(),
-        out.stdout[..pos].to_vec(),
-    )
+    let reply = keelson_testkit::http::curl(args);
+    (reply.status.to_string(), reply.body)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -225,12 +204,9 @@ async fn master_serves_worker_and_its_own_binary() {
     let (worker, exe_len) = tokio::task::spawn_blocking(move || {
         let w = curl(&[&format!("http://{plain}/config/worker")]);
         // The asset is this very test binary: compare sizes via HEAD, not 100 MB of bytes.
-        let out = Command::new("curl")
-            .args(["-sSI", "--noproxy", "*"])
-            .arg(format!("http://{plain}/assets/{AGENT_ASSET}"))
-            .output()
-            .unwrap();
-        (w, String::from_utf8_lossy(&out.stdout).to_ascii_lowercase())
+        let head =
+            keelson_testkit::http::curl(&["-I", &format!("http://{plain}/assets/{AGENT_ASSET}")]);
+        (w, head.headers.to_ascii_lowercase())
     })
     .await
     .unwrap();

@@ -238,7 +238,7 @@ async fn apply_plan(
                     netlink.clone(),
                     iface.link.clone(),
                     DhcpOptions {
-                        hostname: metadata.node_name(),
+                        hostname: metadata.node_name().map(String::from),
                         ..DhcpOptions::default()
                     },
                     dns_tx.clone(),

@@ -133,7 +133,10 @@ async fn boot() -> anyhow::Result<()> {
     let Some((metadata, network)) = cloud::metadata_and_network(&netlink, &stop).await? else {
         return Ok(());
     };
-    let name = metadata.node_name().unwrap_or_else(|| "keelson".into());
+    let name = metadata
+        .node_name()
+        .map(String::from)
+        .unwrap_or_else(|| "keelson".into());
     if let Err(e) = nix::unistd::sethostname(&name) {
         log(&format!("sethostname {name}: {e}"));
     }

@@ -26,11 +26,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use hickory_proto::op::{Message, MessageType, OpCode, Query, ResponseCode};
+use hickory_proto::rr::domain::Label;
 use hickory_proto::rr::rdata::{A, AAAA, PTR, SRV, TXT};
 use hickory_proto::rr::{DNSClass, Name, RData, Record, RecordType};
 use keelson_ignition::Role;
 
 use super::auth::{Fields, Fresh, Op, Proof, Reject, Signer, Verifier, source_matches};
+use crate::dns_label::DnsLabel;
 use crate::members::member::Member;
 
 /// The DNS-SD service type members use.
@@ -60,37 +62,34 @@ pub struct Announce {
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum MdnsError {
-    /// The node name is not a valid DNS label.
-    #[error("node name {0:?}: expected a DNS label (letters, digits, '-', at most 63 bytes)")]
+    /// The node name does not make a DNS name with the service (hickory refused it).
+    #[error("node name {0:?}: no mDNS name can be made of it")]
     BadNodeName(String),
-}
-
-/// True when `s` is a plain host label (what Kubernetes accepts as a node name part).
-pub fn valid_label(s: &str) -> bool {
-    !s.is_empty()
-        && s.len() <= 63
-        && s.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
-        && !s.starts_with('-')
 }
 
 fn service_name() -> Name {
     Name::from_ascii(SERVICE).expect("constant name")
 }
 
-fn instance_name(node: &str) -> Result<Name, MdnsError> {
-    if !valid_label(node) {
-        return Err(MdnsError::BadNodeName(node.to_string()));
-    }
+/// `node` as one DNS label, its bytes as they are: hickory's `&str` conversions would run
+/// IDNA over an A-label (`xn--...`) and refuse one it cannot decode, which is not ours to
+/// judge (and the agent has no Unicode tables to judge it with).
+fn label(node: &DnsLabel) -> Result<Label, MdnsError> {
+    Label::from_raw_bytes(node.as_bytes()).map_err(|_| MdnsError::BadNodeName(node.to_string()))
+}
+
+fn instance_name(node: &DnsLabel) -> Result<Name, MdnsError> {
     service_name()
-        .prepend_label(node)
+        .prepend_label(label(node)?)
         .map_err(|_| MdnsError::BadNodeName(node.to_string()))
 }
 
-fn host_name(node: &str) -> Result<Name, MdnsError> {
-    Name::from_ascii(format!("{node}.local."))
-        .ok()
-        .filter(|_| valid_label(node))
-        .ok_or_else(|| MdnsError::BadNodeName(node.to_string()))
+fn host_name(node: &DnsLabel) -> Result<Name, MdnsError> {
+    Name::from_labels([
+        label(node)?,
+        Label::from_ascii("local").expect("constant label"),
+    ])
+    .map_err(|_| MdnsError::BadNodeName(node.to_string()))
 }
 
 fn flush(mut r: Record) -> Record {
@@ -288,7 +287,7 @@ pub enum Received {
 
 #[derive(Debug, Clone)]
 struct Service {
-    name: String,
+    name: DnsLabel,
     target: Option<Name>,
     txt: Option<(Role, String)>,
     /// A TXT record was heard (believed or not): nothing more to ask for it.
@@ -309,13 +308,13 @@ pub struct Cache {
     own: String,
     expiry: Duration,
     /// Instance label (lower case) -> service.
-    services: HashMap<String, Service>,
+    services: HashMap<DnsLabel, Service>,
     /// Host name (lower case, fqdn text) -> addresses.
     hosts: HashMap<String, Host>,
     /// Set: only signed TXT records make members.
     verifier: Option<Arc<Verifier>>,
     /// Instance label (lower case) -> the member its last accepted signed record names.
-    signed: HashMap<String, (Member, Instant)>,
+    signed: HashMap<DnsLabel, (Member, Instant)>,
 }
 
 fn key(name: &Name) -> String {
@@ -531,14 +530,12 @@ impl Cache {
         }
     }
 
-    /// The cache key of instance `name`; `None` for our own node.
-    fn instance(&self, name: &Name) -> Result<Option<String>, Rejected> {
+    /// The cache key of instance `name` (its node name, lower case); `None` for our own
+    /// node.
+    fn instance(&self, name: &Name) -> Result<Option<DnsLabel>, Rejected> {
         let label = instance_label(name).ok_or(Rejected::Bogus)?;
         let label = String::from_utf8(label).map_err(|_| Rejected::Bogus)?;
-        if !valid_label(&label) {
-            return Err(Rejected::Bogus);
-        }
-        let k = label.to_ascii_lowercase();
+        let k = DnsLabel::new(label.to_ascii_lowercase()).map_err(|_| Rejected::Bogus)?;
         Ok((k != self.own).then_some(k))
     }
 
@@ -550,7 +547,7 @@ impl Cache {
     fn take_signed(
         &mut self,
         v: &Verifier,
-        k: &str,
+        k: &DnsLabel,
         info: Txt,
         ttl: u32,
         src: SocketAddr,
@@ -590,10 +587,10 @@ impl Cache {
             .collect();
         addresses.sort();
         self.signed.insert(
-            k.to_string(),
+            k.clone(),
             (
                 Member {
-                    name: k.to_string(),
+                    name: k.clone(),
                     role: info.role,
                     addresses,
                     version: info.version,
@@ -603,17 +600,14 @@ impl Cache {
         );
     }
 
-    fn touch(&mut self, k: &str, now: Instant) -> &mut Service {
-        let s = self
-            .services
-            .entry(k.to_string())
-            .or_insert_with(|| Service {
-                name: k.to_string(),
-                target: None,
-                txt: None,
-                txt_heard: false,
-                seen: now,
-            });
+    fn touch(&mut self, k: &DnsLabel, now: Instant) -> &mut Service {
+        let s = self.services.entry(k.clone()).or_insert_with(|| Service {
+            name: k.clone(),
+            target: None,
+            txt: None,
+            txt_heard: false,
+            seen: now,
+        });
         s.seen = now;
         s
     }
@@ -790,7 +784,7 @@ mod tests {
     fn announce(name: &str, zone: &str, ip: &str) -> Announce {
         Announce {
             member: Member {
-                name: name.into(),
+                name: name.parse().unwrap(),
                 role: Role::Master,
                 addresses: vec![ip.parse().unwrap()],
                 version: "0.1.0".into(),
@@ -879,7 +873,7 @@ mod tests {
     fn bogus_records_rejected() {
         let now = Instant::now();
         let mut cache = Cache::new("c.example", "me", Duration::from_secs(6));
-        let inst = instance_name("n1").unwrap();
+        let inst = instance_name(&"n1".parse().unwrap()).unwrap();
         let mut m = Message::new(0, MessageType::Response, OpCode::Query);
         m.answers.push(Record::from_rdata(
             inst.clone(),
@@ -948,15 +942,45 @@ mod tests {
         let a = announce("n3", "c.example", "10.0.0.13");
         let q = Message::from_vec(&browse_query()).unwrap();
         assert!(a.is_asked(&q));
-        let q = Message::from_vec(&resolve_query(&instance_name("n3").unwrap(), None)).unwrap();
+        let q = Message::from_vec(&resolve_query(
+            &instance_name(&"n3".parse().unwrap()).unwrap(),
+            None,
+        ))
+        .unwrap();
         assert!(a.is_asked(&q));
-        let q = Message::from_vec(&resolve_query(&instance_name("other").unwrap(), None)).unwrap();
+        let q = Message::from_vec(&resolve_query(
+            &instance_name(&"other".parse().unwrap()).unwrap(),
+            None,
+        ))
+        .unwrap();
         assert!(!a.is_asked(&q));
     }
 
+    /// A-labels are node names like any other (issue 31: `xn--cwl6ngym1` was refused on
+    /// the way out, as hickory ran IDNA over it).
     #[test]
-    fn bad_node_name() {
-        assert!(announce("bad name", "c", "10.0.0.1").packet(1).is_err());
+    fn a_labels_are_announced_and_heard() {
+        for name in ["xn--cwl6ngym1", "xn--bcher-kva", "XN--Bcher-KVA"] {
+            let ann = announce(name, "c.example", "10.0.0.9");
+            let packet = ann.packet(6).unwrap();
+            let mut cache = Cache::new("c.example", "me", Duration::from_secs(6));
+            cache.receive(&packet, MDNS_PORT, Instant::now());
+            let ms = cache.members();
+            assert_eq!(ms.len(), 1, "{name}");
+            assert_eq!(ms[0].name, name.to_ascii_lowercase());
+            // The instance and host names carry the label's bytes as they are.
+            let msg = Message::from_vec(&packet).unwrap();
+            assert!(
+                msg.answers
+                    .iter()
+                    .any(|r| r.name.to_ascii() == format!("{name}._keelson._tcp.local."))
+            );
+            assert!(
+                msg.answers
+                    .iter()
+                    .any(|r| r.name.to_ascii() == format!("{name}.local."))
+            );
+        }
     }
 
     mod signed {
@@ -989,7 +1013,10 @@ mod tests {
         }
 
         fn names(c: &Cache) -> Vec<String> {
-            c.members().into_iter().map(|m| m.name).collect()
+            c.members()
+                .into_iter()
+                .map(|m| m.name.to_string())
+                .collect()
         }
 
         #[test]
@@ -1154,6 +1181,7 @@ mod tests {
         }
 
         proptest::proptest! {
+            #![proptest_config(keelson_testkit::proptest::config())]
             #[test]
             fn mutated_signed_announcements_are_never_believed_changed(
                 pos in 0usize..500,
@@ -1173,6 +1201,7 @@ mod tests {
     }
 
     proptest::proptest! {
+        #![proptest_config(keelson_testkit::proptest::config())]
         #[test]
         fn receive_never_panics(bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..700)) {
             let mut cache = Cache::new("c.example", "me", Duration::from_secs(6));
@@ -1187,20 +1216,25 @@ mod tests {
             let mut cache = Cache::new("c.example", "me", Duration::from_secs(6));
             let _ = cache.receive(&p, MDNS_PORT, Instant::now());
             for m in cache.members() {
-                proptest::prop_assert!(valid_label(&m.name));
+                proptest::prop_assert!(DnsLabel::is_valid(&m.name));
             }
         }
 
         #[test]
-        fn announce_roundtrip(name in "[a-z][a-z0-9-]{0,20}", a in 1u8..255, b in 1u8..255) {
+        fn announce_roundtrip(
+            name in crate::dns_label::strategy::dns_label(),
+            a in 1u8..255,
+            b in 1u8..255,
+        ) {
             let ip = format!("10.{a}.{b}.1");
             let ann = announce(&name, "c.example", &ip);
             let mut cache = Cache::new("c.example", "me", Duration::from_secs(6));
             cache.receive(&ann.packet(6).unwrap(), MDNS_PORT, Instant::now());
             let ms = cache.members();
-            proptest::prop_assert_eq!(ms.len(), usize::from(name != "me"));
-            if name != "me" {
-                proptest::prop_assert_eq!(&ms[0].name, &name);
+            let lower = name.to_ascii_lowercase();
+            proptest::prop_assert_eq!(ms.len(), usize::from(lower != "me"));
+            if lower != "me" {
+                proptest::prop_assert_eq!(&ms[0].name, &lower);
                 proptest::prop_assert_eq!(ms[0].addresses[0].to_string(), ip);
             }
         }

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use keelson_ignition::Role;
 use serde::{Deserialize, Serialize};
 
+use crate::dns_label::DnsLabel;
 use crate::node::NodeIdentity;
 
 /// One node of the cluster as members discovery sees it.
@@ -14,7 +15,7 @@ use crate::node::NodeIdentity;
 #[serde(rename_all = "camelCase")]
 pub struct Member {
     /// Node name.
-    pub name: String,
+    pub name: DnsLabel,
     /// Role.
     pub role: Role,
     /// Addresses on the machine network.

@@ -19,8 +19,8 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
 use super::auth::{Fields, Fresh, Op, Proof, Reject, Verifier, source_matches};
-use super::mdns::valid_label;
 use super::table::Table;
+use crate::dns_label::DnsLabel;
 use crate::members::member::Member;
 use crate::node::NodeIdentity;
 use keelson_ignition::ClusterConfig;
@@ -355,7 +355,7 @@ impl ExtraRoutes for Registry {
         let name = path.strip_prefix(MEMBERS_PATH)?.strip_prefix('/')?;
         Some(match *method {
             // A node that stops says goodbye rather than waiting for the expiry.
-            Method::DELETE if valid_label(name) => self.goodbye(name, &body, peer),
+            Method::DELETE if DnsLabel::is_valid(name) => self.goodbye(name, &body, peer),
             Method::DELETE => (
                 StatusCode::BAD_REQUEST,
                 Bytes::from("member name: expected a DNS label\n"),
@@ -365,16 +365,10 @@ impl ExtraRoutes for Registry {
     }
 }
 
-/// What every member this registry lists must look like, however it was heard: a DNS
-/// label for a name, 1 to 16 addresses, a version of at most 64 bytes without control
-/// characters. The error names the field.
+/// What every member this registry lists must look like, however it was heard: 1 to 16
+/// addresses, a version of at most 64 bytes without control characters (its name is a
+/// [`DnsLabel`], checked when it was read). The error names the field.
 fn check_member(m: &Member) -> Result<(), String> {
-    if !valid_label(&m.name) {
-        return Err(format!(
-            "member.name: expected a DNS label, got {:?}",
-            m.name
-        ));
-    }
     if m.addresses.is_empty() || m.addresses.len() > 16 {
         return Err("member.addresses: expected 1 to 16 addresses".into());
     }
@@ -391,7 +385,7 @@ mod tests {
 
     fn member(name: &str, addr: &str) -> Member {
         Member {
-            name: name.into(),
+            name: name.parse().unwrap(),
             role: Role::Master,
             addresses: vec![addr.parse().unwrap()],
             version: "1".into(),
@@ -489,7 +483,7 @@ mod tests {
             age_ms: 0,
         });
         assert_eq!(r.merge(all, Instant::now()), 1);
-        let names: Vec<String> = r.list().into_iter().map(|m| m.name).collect();
+        let names: Vec<String> = r.list().into_iter().map(|m| m.name.to_string()).collect();
         assert_eq!(names, ["m1", "m2"]);
     }
 
@@ -502,11 +496,9 @@ mod tests {
             member: member(name, "10.0.0.12"),
             age_ms,
         };
-        // Our own name and a bogus one are skipped.
-        let taken = r.merge(
-            vec![heard("m2", 4000), heard("m1", 0), heard("not a label", 0)],
-            t0,
-        );
+        // Our own name is skipped (a name that is no DNS label is no `Entry`: the answer's
+        // reader drops it, `unicast::parse_answer`).
+        let taken = r.merge(vec![heard("m2", 4000), heard("m1", 0)], t0);
         assert_eq!(taken, 1);
         // Gossip about an older sighting does not make it younger.
         r.merge(vec![heard("m2", 9000)], t0);
@@ -521,6 +513,20 @@ mod tests {
             r.list().iter().map(|m| m.name.as_str()).collect::<Vec<_>>(),
             ["m1"]
         );
+    }
+
+    /// A-labels register and are listed like any node name (issue 31).
+    #[test]
+    fn a_label_names_register() {
+        let r = Registry::new("c.example", Duration::from_secs(10));
+        for name in ["xn--cwl6ngym1", "xn--bcher-kva"] {
+            let (st, body) = r
+                .handle(&Method::POST, MEMBERS_PATH, peer(), reg("c.example", name))
+                .unwrap();
+            assert_eq!(st, StatusCode::OK, "{}", String::from_utf8_lossy(&body));
+        }
+        let names: Vec<String> = r.list().into_iter().map(|m| m.name.to_string()).collect();
+        assert_eq!(names, ["xn--bcher-kva", "xn--cwl6ngym1"]);
     }
 
     #[test]
@@ -541,11 +547,18 @@ mod tests {
                 &Method::POST,
                 MEMBERS_PATH,
                 peer(),
-                reg("c.example", "bad name"),
+                Bytes::from_static(
+                    br#"{"cluster":"c.example","member":{"name":"bad name","role":"master",
+                        "addresses":["10.0.0.1"],"version":"1"}}"#,
+                ),
             )
             .unwrap();
         assert_eq!(st, StatusCode::BAD_REQUEST);
-        assert!(String::from_utf8_lossy(&body).contains("member.name"));
+        let text = String::from_utf8_lossy(&body);
+        assert!(
+            text.contains("node name \"bad name\": expected a DNS label"),
+            "{text}"
+        );
         let (st, body) = r
             .handle(
                 &Method::POST,
@@ -720,6 +733,7 @@ mod tests {
     }
 
     proptest::proptest! {
+        #![proptest_config(keelson_testkit::proptest::config())]
         #[test]
         fn any_body_is_answered(body in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..300)) {
             let r = Registry::new("c.example", Duration::from_secs(10));

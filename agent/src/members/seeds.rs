@@ -18,6 +18,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use keelson_ignition::Role;
 use serde::{Deserialize, Serialize};
 
+use crate::dns_label::DnsLabel;
 use crate::members::member::Member;
 
 /// The file under the state directory.
@@ -44,7 +45,7 @@ pub struct Remembered {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct RememberedMember {
     /// Node name.
-    pub name: String,
+    pub name: DnsLabel,
     /// Its addresses.
     pub addresses: Vec<IpAddr>,
     /// When it was last heard (seconds since the Unix epoch).
@@ -63,8 +64,8 @@ struct Learned {
 pub struct Seeds {
     configured: Vec<IpAddr>,
     vips: Vec<IpAddr>,
-    learned: BTreeMap<String, Learned>,
-    written: Option<(BTreeMap<String, Vec<IpAddr>>, SystemTime)>,
+    learned: BTreeMap<DnsLabel, Learned>,
+    written: Option<(BTreeMap<DnsLabel, Vec<IpAddr>>, SystemTime)>,
 }
 
 fn unix(t: SystemTime) -> u64 {
@@ -131,7 +132,7 @@ impl Seeds {
         out
     }
 
-    fn masters(&self) -> BTreeMap<String, Vec<IpAddr>> {
+    fn masters(&self) -> BTreeMap<DnsLabel, Vec<IpAddr>> {
         self.learned
             .iter()
             .filter(|(_, l)| l.role == Role::Master)
@@ -284,7 +285,7 @@ mod tests {
 
     fn m(name: &str, role: Role, addrs: &[&str]) -> Member {
         Member {
-            name: name.into(),
+            name: name.parse().unwrap(),
             role,
             addresses: addrs.iter().map(|a| ip(a)).collect(),
             version: "1".into(),
@@ -404,7 +405,7 @@ mod tests {
         let doc = Remembered {
             cluster: "c.example".into(),
             members: vec![RememberedMember {
-                name: "master-1".into(),
+                name: "master-1".parse().unwrap(),
                 addresses: vec![ip("10.0.0.12")],
                 last_seen_unix: 5,
             }],

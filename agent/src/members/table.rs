@@ -3,12 +3,13 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
+use crate::dns_label::DnsLabel;
 use crate::members::member::Member;
 
 /// Members keyed by name with the time of their last registration.
 #[derive(Debug)]
 pub struct Table {
-    entries: HashMap<String, (Member, Instant)>,
+    entries: HashMap<DnsLabel, (Member, Instant)>,
     expiry: Duration,
 }
 
@@ -93,7 +94,7 @@ mod tests {
 
     fn m(name: &str) -> Member {
         Member {
-            name: name.into(),
+            name: name.parse().unwrap(),
             role: Role::Worker,
             addresses: vec!["10.0.0.1".parse().unwrap()],
             version: "1".into(),

@@ -170,15 +170,20 @@ mod tests {
         dir.join("tree")
     }
 
+    /// Runs `cmd` (xorriso, mkfs.vfat, mcopy), which must succeed; false when its program
+    /// is not installed (a skip, or a failure under CI).
     fn tool(cmd: &mut Command) -> bool {
-        match cmd.status() {
-            Ok(s) if s.success() => true,
-            _ if std::env::var("CI").is_err() => {
-                eprintln!("skipping: {cmd:?} unavailable");
-                false
-            }
-            _ => panic!("{cmd:?} failed"),
+        let program = cmd.get_program().to_string_lossy().into_owned();
+        if !keelson_testkit::require(&program) {
+            return false;
         }
+        let out = cmd.output().unwrap();
+        assert!(
+            out.status.success(),
+            "{cmd:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        true
     }
 
     fn check(md: &Metadata) {

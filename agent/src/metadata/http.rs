@@ -215,7 +215,7 @@ mod tests {
     async fn an_endless_body_is_refused_naming_the_limit() {
         let base = format!(
             "http://{}",
-            crate::test_support::endless_http_server().await
+            keelson_testkit::http::endless_http_server().await
         );
         let err = read(&base).await.unwrap_err();
         assert!(

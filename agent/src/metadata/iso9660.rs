@@ -268,9 +268,9 @@ fn rock_ridge_name(mut su: &[u8]) -> Option<String> {
 mod tests {
     use super::*;
     use std::io::Cursor;
-    use std::process::Command;
 
-    /// Writes a config-drive tree and packs it with `xorriso -as mkisofs` and the given flags.
+    /// Writes a config-drive tree and packs it with `xorriso -as mkisofs` and the given
+    /// flags; `None` when xorriso is missing (a skip, or a failure under CI).
     fn make_iso(flags: &[&str]) -> Option<Vec<u8>> {
         let dir = tempfile::tempdir().unwrap();
         let latest = dir.path().join("tree/openstack/latest");
@@ -279,21 +279,12 @@ mod tests {
         std::fs::write(latest.join("meta_data.json"), br#"{"name":"master-0"}"#).unwrap();
         std::fs::write(latest.join("network_data.json"), vec![b'x'; 5000]).unwrap();
         std::fs::write(latest.join("user_data"), b"{\"ignition\":{}}").unwrap();
-        let iso = dir.path().join("cd.iso");
-        let status = Command::new("xorriso")
-            .args(["-as", "mkisofs", "-quiet", "-V", "config-2", "-o"])
-            .arg(&iso)
-            .args(flags)
-            .arg(dir.path().join("tree"))
-            .status();
-        match status {
-            Ok(s) if s.success() => Some(std::fs::read(iso).unwrap()),
-            _ if std::env::var("CI").is_err() => {
-                eprintln!("skipping: xorriso not installed");
-                None
-            }
-            _ => panic!("xorriso failed"),
+        if !keelson_testkit::require("xorriso") {
+            return None;
         }
+        let iso = dir.path().join("cd.iso");
+        keelson_testkit::config_drive::iso(&dir.path().join("tree"), &iso, flags);
+        Some(std::fs::read(iso).unwrap())
     }
 
     #[test]
@@ -337,7 +328,7 @@ mod tests {
     }
 
     proptest::proptest! {
-        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(64))]
+        #![proptest_config(keelson_testkit::proptest::with_cases(64))]
         /// Corrupting a valid image anywhere gives errors or data, never a panic.
         #[test]
         fn corrupted_images_never_panic(flips in proptest::collection::vec((0usize..60_000, proptest::prelude::any::<u8>()), 1..40)) {

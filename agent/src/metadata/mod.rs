@@ -13,6 +13,8 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+use crate::dns_label::DnsLabel;
+
 pub use network::NetworkData;
 
 /// The largest metadata document (`meta_data.json`, `network_data.json`, the EC2 fields) the
@@ -274,15 +276,21 @@ pub async fn discover(opts: &DiscoverOptions) -> Result<Metadata, MetadataError>
 }
 
 impl Metadata {
-    /// The node name: `meta_data.name`, else the first label of `hostname`.
-    pub fn node_name(&self) -> Option<String> {
-        self.meta_data.name.clone().or_else(|| {
-            self.meta_data
-                .hostname
-                .as_deref()
-                .and_then(|h| h.split('.').next())
-                .map(str::to_owned)
-        })
+    /// The node name: `meta_data.name` when it is a DNS label, else the first label of
+    /// `hostname` when that is one (Nova derives the host name from the display name, which
+    /// may hold spaces or capitals, and makes it a label).
+    pub fn node_name(&self) -> Option<DnsLabel> {
+        let from_hostname = self
+            .meta_data
+            .hostname
+            .as_deref()
+            .and_then(|h| h.split('.').next());
+        self.meta_data
+            .name
+            .as_deref()
+            .into_iter()
+            .chain(from_hostname)
+            .find_map(|n| DnsLabel::new(n).ok())
     }
 }
 
@@ -371,5 +379,30 @@ mod tests {
         };
         assert_eq!(md.node_name().as_deref(), Some("mule"));
         assert!(!md.meta_data.public_keys.is_empty());
+    }
+
+    /// The node name is a DNS label: a display name that is not one gives way to the host
+    /// name Nova made of it; neither being one, there is none.
+    #[test]
+    fn node_name_is_the_first_dns_label_offered() {
+        let md = |name: Option<&str>, hostname: Option<&str>| Metadata {
+            meta_data: MetaData {
+                name: name.map(str::to_owned),
+                hostname: hostname.map(str::to_owned),
+                ..MetaData::default()
+            },
+            ..Metadata::default()
+        };
+        let name = |m: Metadata| m.node_name().map(String::from);
+        assert_eq!(
+            name(md(Some("xn--bcher-kva"), Some("x.novalocal"))).as_deref(),
+            Some("xn--bcher-kva")
+        );
+        assert_eq!(
+            name(md(Some("Master 0"), Some("master-0.novalocal"))).as_deref(),
+            Some("master-0")
+        );
+        assert_eq!(name(md(Some("Master 0"), Some("_bad.example"))), None);
+        assert_eq!(name(md(None, None)), None);
     }
 }

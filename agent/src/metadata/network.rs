@@ -150,6 +150,7 @@ mod tests {
     use super::*;
 
     proptest::proptest! {
+        #![proptest_config(keelson_testkit::proptest::config())]
         /// Any JSON-ish text gives a value or an error, never a panic; valid documents
         /// round-trip through serialisation.
         #[test]

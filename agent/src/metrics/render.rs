@@ -849,7 +849,7 @@ mod tests {
             ignition_running: true,
             dns_upstreams: vec![],
             members: vec![crate::members::member::Member {
-                name: "master-0".into(),
+                name: "master-0".parse().unwrap(),
                 role: keelson_ignition::Role::Master,
                 addresses: vec!["10.0.0.11".parse().unwrap()],
                 version: "0.1.0".into(),

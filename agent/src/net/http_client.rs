@@ -703,7 +703,7 @@ mod tests {
     async fn bodies_over_the_limit_are_refused_for_good() {
         let url = format!(
             "http://{}/",
-            crate::test_support::endless_http_server().await
+            keelson_testkit::http::endless_http_server().await
         );
         let e = HttpClient::new()
             .body_limit(1000)

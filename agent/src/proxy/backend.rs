@@ -706,6 +706,7 @@ mod tests {
     }
 
     proptest! {
+        #![proptest_config(keelson_testkit::proptest::config())]
         #[test]
         fn rotation_is_a_permutation(n in 0usize..50, c in any::<usize>()) {
             let mut v: Vec<usize> = rotation(n, c).collect();

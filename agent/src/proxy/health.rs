@@ -152,6 +152,7 @@ mod tests {
     }
 
     proptest! {
+        #![proptest_config(keelson_testkit::proptest::config())]
         #[test]
         fn status_round_trip(code in 100u16..1000, reason in "[ -~]{0,20}") {
             let line = format!("HTTP/1.1 {code} {reason}\r\n");

@@ -100,7 +100,7 @@ mod tests {
         ))
         .unwrap();
         let node = crate::node::NodeIdentity {
-            name: "master-1".into(),
+            name: "master-1".parse().unwrap(),
             role: keelson_ignition::Role::Master,
             interface: "eth0".into(),
             addresses: vec!["10.0.0.12/24".parse().unwrap()],

@@ -10,7 +10,7 @@ fn context() -> AgentContext {
         keelson_ignition::ClusterConfig::from_json(include_bytes!("../dns/testdata/cluster.json"))
             .unwrap();
     let node = NodeIdentity {
-        name: "worker-0".into(),
+        name: "worker-0".parse().unwrap(),
         role: Role::Worker,
         interface: "lo".into(),
         addresses: vec![],

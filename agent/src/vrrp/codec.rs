@@ -550,6 +550,7 @@ mod tests {
     }
 
     proptest! {
+        #![proptest_config(keelson_testkit::proptest::config())]
         #[test]
         fn round_trip((advert, src, dst) in arb_advert()) {
             let bytes = encode(&advert, src, dst).unwrap();

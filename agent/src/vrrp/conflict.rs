@@ -183,6 +183,7 @@ mod tests {
     }
 
     proptest::proptest! {
+        #![proptest_config(keelson_testkit::proptest::config())]
         #[test]
         fn parser_never_panics(bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..80)) {
             let _ = parse_arp(&bytes);

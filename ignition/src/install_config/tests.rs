@@ -96,6 +96,7 @@ fn bad_input_names_field_and_expectation() {
 }
 
 proptest::proptest! {
+    #![proptest_config(keelson_testkit::proptest::config())]
     #[test]
     fn never_panics(text in "[a-zA-Z0-9:\\-\\[\\]{}., \\n]{0,300}") {
         let _ = InstallConfig::parse(&text);

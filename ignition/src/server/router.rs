@@ -364,6 +364,7 @@ mod tests {
     }
 
     proptest! {
+        #![proptest_config(keelson_testkit::proptest::config())]
         #[test]
         fn routing_never_panics_and_only_clean_paths_route(p in "[/a-z.%2F\\\\-]{0,40}") {
             let route = parse_route(&p);

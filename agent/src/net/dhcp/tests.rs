@@ -179,6 +179,7 @@ fn nak_restarts_and_retransmits_back_off() {
 }
 
 proptest::proptest! {
+    #![proptest_config(keelson_testkit::proptest::config())]
     #[test]
     fn random_packets_never_panic(bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..600)) {
         let mut c = Client::new(MAC, None, 1);

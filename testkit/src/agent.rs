@@ -1,0 +1,402 @@
+//! `keelson-agent` processes as the tests start them, in the namespaces of a [`Segment`]:
+//! VRRP-only agents (`keelson-agent vrrp`), whole nodes (`keelson-agent run`) with the
+//! files `keelson build` writes, and keepalived beside them. The agent's path is the
+//! caller's `env!("CARGO_BIN_EXE_keelson-agent")` (only the agent's own tests have it).
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use crate::cmd::{JsonLines, Proc, spawn_json_lines};
+use crate::segment::Segment;
+
+/// A `keelson-agent vrrp` in a namespace; `status` holds the last status line it printed.
+#[derive(Debug)]
+pub struct VrrpAgent {
+    /// The process.
+    pub proc: Proc,
+    /// Its status lines.
+    pub status: JsonLines,
+}
+
+impl VrrpAgent {
+    /// The status of instance `name`.
+    pub fn instance(&self, name: &str) -> serde_json::Value {
+        self.status.latest()[name].clone()
+    }
+}
+
+/// A test cluster.json around `instances` (cluster `kvr`, machine network 10.0.0.0/8, no
+/// VIPs, mDNS members with 2 s renewals).
+pub fn vrrp_cluster_json(instances: serde_json::Value) -> serde_json::Value {
+    serde_json::json!({
+        "version": 1,
+        "name": "kvr",
+        "baseDomain": "example.com",
+        "machineNetworks": ["10.0.0.0/8"],
+        "apiVips": [],
+        "ingressVips": [],
+        "vrrp": {"instances": instances},
+        "api": {
+            "frontendPort": 9445, "vipPort": 6443, "backendPort": 6443, "monitorPort": 50936,
+            "check": "tcp", "checkIntervalMs": 1000, "fall": 3, "rise": 2,
+            "connectTimeoutMs": 1000, "idleTimeoutSecs": 60, "maxConnections": 1000
+        },
+        "dns": {"port": 53, "ttl": 60, "manageResolvConf": false},
+        "ignition": {"tlsPort": 22623, "plainPort": 22624, "allowedNetworks": [], "spec": "3.2.0"},
+        "members": {"transport": "mdns", "renewIntervalSecs": 2, "expirySecs": 6}
+    })
+}
+
+/// One VRRP instance with the tests' defaults: v3 multicast, 100 ms adverts, preemption,
+/// priorities bootstrap 70 / master 40 / worker 20.
+pub fn vrrp_instance(name: &str, vip: &str, vrid: u8) -> serde_json::Value {
+    serde_json::json!({
+        "name": name, "vip": vip, "vrid": vrid, "version": "3", "advertIntervalMs": 100,
+        "transport": "multicast", "preempt": true, "garpRefreshSecs": 60,
+        "priorities": {"bootstrap": 70, "master": 40, "worker": 20}
+    })
+}
+
+/// Starts `agent vrrp` as node `i` of `seg` (`node<i>`, `role`, both of its addresses on
+/// `eth0`), its files in `dir`.
+pub fn start_vrrp_agent(
+    agent: &str,
+    seg: &Segment,
+    dir: &Path,
+    cluster: &serde_json::Value,
+    i: usize,
+    role: &str,
+) -> VrrpAgent {
+    let cpath = dir.join(format!("cluster-{i}.json"));
+    std::fs::write(&cpath, cluster.to_string()).unwrap();
+    let npath = dir.join(format!("node-{i}.json"));
+    let node = serde_json::json!({
+        "name": format!("node{i}"), "role": role, "interface": "eth0",
+        "addresses": [seg.v4(i), format!("{}/64", seg.v6(i))]
+    });
+    std::fs::write(&npath, node.to_string()).unwrap();
+    let (proc, status) = spawn_json_lines(
+        Command::new("ip")
+            .args(["netns", "exec", &seg.nodes[i], agent, "vrrp", "--cluster"])
+            .arg(&cpath)
+            .arg("--node")
+            .arg(&npath)
+            .env("RUST_LOG", "info")
+            .stderr(Stdio::inherit()),
+    );
+    VrrpAgent { proc, status }
+}
+
+/// Starts keepalived (VRRP only, in the foreground) as node `i` of `seg` with config
+/// `conf`; its files in `dir`.
+pub fn start_keepalived(seg: &Segment, dir: &Path, i: usize, conf: &str) -> Proc {
+    let cpath = dir.join(format!("keepalived-{i}.conf"));
+    std::fs::write(&cpath, conf).unwrap();
+    let pid = |n: &str| dir.join(format!("{n}-{i}.pid"));
+    Proc::spawn(
+        Command::new("ip")
+            .args([
+                "netns",
+                "exec",
+                &seg.nodes[i],
+                "keepalived",
+                "-n",
+                "-l",
+                "-P",
+            ])
+            .arg("-f")
+            .arg(&cpath)
+            .arg("-p")
+            .arg(pid("ka"))
+            .arg("-r")
+            .arg(pid("vrrp"))
+            .arg("-c")
+            .arg(pid("checkers"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit()),
+    )
+}
+
+/// Master_Down_Interval for an advert interval (ms) and a backup priority (RFC 5798 §6.1).
+pub fn master_down(interval_ms: u64, prio: u64) -> Duration {
+    Duration::from_micros(3 * interval_ms * 1000 + (256 - prio) * interval_ms * 1000 / 256)
+}
+
+/// The files `keelson-agent run` nodes of one test cluster share, as `keelson build` writes
+/// them: `cluster.json` naming the membership key (member records authenticated), and
+/// `tls/` with the CA, the server pair and that key. Each node's node.json, log, status
+/// socket and state directory sit beside them, by node index.
+#[derive(Debug)]
+pub struct RunCluster {
+    /// The directory holding everything.
+    pub dir: tempfile::TempDir,
+    /// cluster.json.
+    pub cluster: PathBuf,
+    /// tls/.
+    pub tls: PathBuf,
+    /// What tls/ holds.
+    pub pki: keelson_ignition::pki::Pki,
+    agent: String,
+}
+
+/// One `keelson-agent run` process and its log.
+#[derive(Debug)]
+pub struct RunNode {
+    /// The process.
+    pub proc: Proc,
+    /// Its stderr.
+    pub log: PathBuf,
+}
+
+impl RunNode {
+    /// Whether it printed its ready line (every service up).
+    pub fn is_ready(&self) -> bool {
+        std::fs::read_to_string(&self.log)
+            .unwrap_or_default()
+            .contains("keelson-agent ready:")
+    }
+
+    /// The last `lines` lines of its log.
+    pub fn log_tail(&self, lines: usize) -> String {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let all: Vec<&str> = text.lines().collect();
+        all[all.len().saturating_sub(lines)..].join("\n")
+    }
+}
+
+impl RunCluster {
+    /// Writes `cluster` (with the membership key's ID added) and a fresh tls/ for the
+    /// nodes `agent` (the keelson-agent binary) will run.
+    pub fn new(agent: &str, mut cluster: serde_json::Value) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let config = keelson_ignition::ClusterConfig::from_json(cluster.to_string().as_bytes())
+            .expect("the test's cluster.json");
+        let tls = dir.path().join("tls");
+        let pki = keelson_ignition::pki::load_or_create(&tls, &config, None).unwrap();
+        pki.write(&tls).unwrap();
+        cluster["members"]["keyId"] = pki.membership_key_id().unwrap().into();
+        let cpath = dir.path().join("cluster.json");
+        std::fs::write(&cpath, cluster.to_string()).unwrap();
+        RunCluster {
+            dir,
+            cluster: cpath,
+            tls,
+            pki,
+            agent: agent.to_owned(),
+        }
+    }
+
+    /// Node `i`'s state directory.
+    pub fn state_dir(&self, i: usize) -> PathBuf {
+        self.dir.path().join(format!("state-{i}"))
+    }
+
+    /// Node `i`'s status socket.
+    pub fn socket(&self, i: usize) -> PathBuf {
+        self.dir.path().join(format!("status-{i}.sock"))
+    }
+
+    /// Starts `keelson-agent run --only <services>` as node `i` (`name`, `role`, IPv4
+    /// `address` on `eth0`) in namespace `ns`, its log in the cluster's directory.
+    pub fn start(
+        &self,
+        ns: &str,
+        i: usize,
+        (name, role, address): (&str, &str, &str),
+        services: &str,
+    ) -> RunNode {
+        let npath = self.dir.path().join(format!("node-{i}.json"));
+        let node = serde_json::json!({
+            "name": name, "role": role, "interface": "eth0", "addresses": [address]
+        });
+        std::fs::write(&npath, node.to_string()).unwrap();
+        let log = self.dir.path().join(format!("node-{i}.log"));
+        let proc = Proc::spawn(
+            Command::new("ip")
+                .args(["netns", "exec", ns, &self.agent, "run"])
+                .arg("--cluster")
+                .arg(&self.cluster)
+                .arg("--node")
+                .arg(&npath)
+                .args(["--only", services])
+                .arg("--tls-dir")
+                .arg(&self.tls)
+                .arg("--state-dir")
+                .arg(self.state_dir(i))
+                .arg("--status-socket")
+                .arg(self.socket(i))
+                .env("RUST_LOG", "info")
+                .stdout(Stdio::null())
+                .stderr(std::fs::File::create(&log).unwrap()),
+        );
+        RunNode { proc, log }
+    }
+
+    /// `keelson-agent status --json` of node `i` (null when it does not answer).
+    pub fn status(&self, i: usize) -> serde_json::Value {
+        status_at(&self.agent, &self.socket(i))
+    }
+}
+
+/// `keelson-agent status --json` from the agent serving `socket` (null when none answers).
+pub fn status_at(agent: &str, socket: &Path) -> serde_json::Value {
+    let out = Command::new(agent)
+        .args(["status", "--json", "--socket"])
+        .arg(socket)
+        .output()
+        .unwrap();
+    serde_json::from_slice(&out.stdout).unwrap_or_default()
+}
+
+/// The member names in a status document.
+pub fn member_names(status: &serde_json::Value) -> Vec<String> {
+    status["members"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|m| m["name"].as_str().map(str::to_string))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// A test cluster of `keelson-agent run` nodes on a [`Segment`]: node `i` runs in namespace
+/// `seg.nodes[i]` with the segment's IPv4 address, under its name and role, the files in a
+/// [`RunCluster`]. Nodes are started, stopped (SIGTERM) and killed (SIGKILL) by index; a
+/// failed wait prints every node's log tail.
+#[derive(Debug)]
+pub struct RunNet {
+    /// The segment the nodes are on.
+    pub seg: Segment,
+    /// Their files.
+    pub files: RunCluster,
+    /// The running nodes, by index.
+    pub nodes: Vec<Option<RunNode>>,
+    names: Vec<(String, String)>,
+    services: String,
+}
+
+impl RunNet {
+    /// Nodes `(name, role)` on `seg` (one namespace each, in order), running `services`
+    /// (`--only`) of `agent` with `cluster` ([`RunCluster::new`]); none started yet.
+    pub fn new(
+        agent: &str,
+        seg: Segment,
+        cluster: serde_json::Value,
+        nodes: &[(&str, &str)],
+        services: &str,
+    ) -> Self {
+        assert_eq!(seg.nodes.len(), nodes.len(), "one namespace a node");
+        RunNet {
+            seg,
+            files: RunCluster::new(agent, cluster),
+            nodes: nodes.iter().map(|_| None).collect(),
+            names: nodes
+                .iter()
+                .map(|(n, r)| (n.to_string(), r.to_string()))
+                .collect(),
+            services: services.to_owned(),
+        }
+    }
+
+    /// Node `i`'s name.
+    pub fn name(&self, i: usize) -> &str {
+        &self.names[i].0
+    }
+
+    /// Starts node `i`.
+    pub fn start(&mut self, i: usize) {
+        let (name, role) = &self.names[i];
+        let address = self.seg.v4(i);
+        let node = self.files.start(
+            &self.seg.nodes[i],
+            i,
+            (name, role, &address),
+            &self.services,
+        );
+        self.nodes[i] = Some(node);
+    }
+
+    /// SIGTERM (an orderly stop: priority 0, VIP removed, goodbyes), and waits for it.
+    pub fn stop(&mut self, i: usize) {
+        if let Some(mut n) = self.nodes[i].take() {
+            n.proc.term();
+        }
+    }
+
+    /// SIGKILL: the node just dies (its VIP, if any, stays on its interface).
+    pub fn kill(&mut self, i: usize) {
+        if let Some(mut n) = self.nodes[i].take() {
+            n.proc.kill9();
+        }
+    }
+
+    /// Deletes node `i`'s state directory (what it remembered).
+    pub fn forget(&self, i: usize) {
+        let _ = std::fs::remove_dir_all(self.files.state_dir(i));
+    }
+
+    /// The indices of the running nodes.
+    pub fn running(&self) -> Vec<usize> {
+        (0..self.nodes.len())
+            .filter(|&i| self.nodes[i].is_some())
+            .collect()
+    }
+
+    /// Whether node `i` runs and printed its ready line (every service up).
+    pub fn is_ready(&self, i: usize) -> bool {
+        self.nodes[i].as_ref().is_some_and(RunNode::is_ready)
+    }
+
+    /// Waits until each of `nodes` is ready, up to 60 s in all; the time it took.
+    pub fn wait_ready(&self, nodes: &[usize]) -> Duration {
+        let t = std::time::Instant::now();
+        for &i in nodes {
+            assert!(self.nodes[i].is_some(), "{} is not running", self.name(i));
+            self.wait(
+                &format!("{} ready", self.name(i)),
+                Duration::from_secs(60),
+                || self.is_ready(i),
+            );
+        }
+        t.elapsed()
+    }
+
+    /// [`crate::wait_for`], printing every node's log tail when it times out.
+    pub fn wait(&self, what: &str, limit: Duration, mut cond: impl FnMut() -> bool) -> Duration {
+        let t = std::time::Instant::now();
+        while !cond() {
+            if t.elapsed() > limit {
+                self.dump();
+                panic!("{what}: not within {limit:?}");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        t.elapsed()
+    }
+
+    /// `keelson-agent status --json` of node `i` (null when it does not answer).
+    pub fn status(&self, i: usize) -> serde_json::Value {
+        self.files.status(i)
+    }
+
+    /// The member names node `i` lists.
+    pub fn member_names(&self, i: usize) -> Vec<String> {
+        member_names(&self.status(i))
+    }
+
+    /// Prints the last 30 lines of every running node's log (on failure).
+    pub fn dump(&self) {
+        for (i, n) in self.nodes.iter().enumerate() {
+            if let Some(n) = n {
+                eprintln!(
+                    "---- {} ({})\n{}",
+                    self.name(i),
+                    n.log.display(),
+                    n.log_tail(30)
+                );
+            }
+        }
+    }
+}

@@ -1,0 +1,166 @@
+//! Network namespaces the test creates: named uniquely for this process (concurrent runs
+//! and concurrent tests never share one), with loopback up, deleted on drop. Traffic a
+//! test sends goes only to addresses inside namespaces it made.
+
+use std::future::Future;
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::thread::JoinHandle;
+
+use crate::cmd::sh;
+
+/// A name no other namespace of this machine has: `<tag>-<pid>-<n>`.
+pub fn unique_name(tag: &str) -> String {
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    format!("{tag}-{}-{n}", std::process::id())
+}
+
+/// One network namespace, deleted on drop.
+#[derive(Debug)]
+pub struct Netns {
+    name: String,
+}
+
+impl Netns {
+    /// Creates a namespace named after `tag` ([`unique_name`]) with loopback up.
+    pub fn new(tag: &str) -> Self {
+        Self::named(&unique_name(tag))
+    }
+
+    /// Creates namespace `name` (a stale one of that name is removed first).
+    pub fn named(name: &str) -> Self {
+        delete(name);
+        sh(&["ip", "netns", "add", name]);
+        let ns = Netns { name: name.into() };
+        ns.ip(&["link", "set", "lo", "up"]);
+        ns
+    }
+
+    /// Its name (`ip netns`).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// `ip -n <name> ARGS`, which must succeed; its stdout.
+    pub fn ip(&self, args: &[&str]) -> String {
+        let mut all = vec!["ip", "-n", &self.name];
+        all.extend_from_slice(args);
+        sh(&all)
+    }
+
+    /// `program` to run inside the namespace (`ip netns exec`).
+    pub fn exec(&self, program: &str) -> Command {
+        exec_in(&self.name, program)
+    }
+
+    /// `sysctl -qw key=value` inside the namespace.
+    pub fn sysctl(&self, setting: &str) {
+        sh(&["ip", "netns", "exec", &self.name, "sysctl", "-qw", setting]);
+    }
+
+    /// A veth pair: `here` in this namespace, `there` in `other`, both up.
+    pub fn veth(&self, here: &str, other: &Netns, there: &str) {
+        self.ip(&[
+            "link",
+            "add",
+            here,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            there,
+            "netns",
+            &other.name,
+        ]);
+        self.ip(&["link", "set", here, "up"]);
+        other.ip(&["link", "set", there, "up"]);
+    }
+
+    /// Runs `f` on a thread inside the namespace.
+    pub fn run<T: Send + 'static>(&self, f: impl FnOnce() -> T + Send + 'static) -> JoinHandle<T> {
+        in_netns(&self.name, f)
+    }
+
+    /// Runs the future `f` makes inside the namespace, on a thread with its own runtime.
+    pub fn block_on<T, F>(&self, f: impl FnOnce() -> F + Send + 'static) -> JoinHandle<T>
+    where
+        T: Send + 'static,
+        F: Future<Output = T>,
+    {
+        block_on_in(&self.name, f)
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        delete(&self.name);
+    }
+}
+
+/// Deletes namespace `name` if it exists.
+pub fn delete(name: &str) {
+    let _ = Command::new("ip")
+        .args(["netns", "del", name])
+        .stderr(Stdio::null())
+        .status();
+}
+
+/// `program` to run inside namespace `ns` (`ip netns exec`).
+pub fn exec_in(ns: &str, program: &str) -> Command {
+    let mut cmd = Command::new("ip");
+    cmd.args(["netns", "exec", ns, program]);
+    cmd
+}
+
+/// Runs `f` on a thread inside namespace `ns` (a socket made there stays there, whichever
+/// thread uses it later).
+pub fn in_netns<T: Send + 'static>(
+    ns: &str,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> JoinHandle<T> {
+    let path = format!("/run/netns/{ns}");
+    std::thread::spawn(move || {
+        let file = std::fs::File::open(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
+        nix::sched::setns(&file, nix::sched::CloneFlags::CLONE_NEWNET)
+            .unwrap_or_else(|e| panic!("entering {path}: {e}"));
+        f()
+    })
+}
+
+/// Runs the future `f` makes inside namespace `ns`, on a thread with its own runtime.
+pub fn block_on_in<T, F>(ns: &str, f: impl FnOnce() -> F + Send + 'static) -> JoinHandle<T>
+where
+    T: Send + 'static,
+    F: Future<Output = T>,
+{
+    in_netns(ns, move || runtime().block_on(f()))
+}
+
+/// A single-threaded runtime (for a namespace thread).
+pub fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime")
+}
+
+/// A TCP listener bound to `addr` inside namespace `ns`.
+pub fn bind_tcp_in(ns: &str, addr: std::net::SocketAddr) -> std::net::TcpListener {
+    in_netns(ns, move || {
+        std::net::TcpListener::bind(addr).unwrap_or_else(|e| panic!("binding {addr}: {e}"))
+    })
+    .join()
+    .expect("bind thread")
+}
+
+/// The index of interface `link` inside namespace `ns` (an IPv6 link-local address's
+/// scope).
+pub fn if_index_in(ns: &str, link: &str) -> u32 {
+    let link = link.to_owned();
+    in_netns(ns, move || {
+        nix::net::if_::if_nametoindex(link.as_str()).unwrap_or_else(|e| panic!("{link}: {e}"))
+    })
+    .join()
+    .expect("if_nametoindex thread")
+}

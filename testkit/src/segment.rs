@@ -1,0 +1,246 @@
+//! A bridge segment: a bridge namespace and `n` node namespaces, each with `eth0` on the
+//! bridge. Node `i` has IPv4 `10.<subnet>.0.<10+i>/24` and IPv6 `fd<subnet>::<10+i>/64`
+//! (hex), DAD off. Everything is removed on drop.
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use crate::cmd::{output_with_stdin, sh};
+use crate::netns::{delete, unique_name};
+
+/// Which address families the nodes get.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Families {
+    Both,
+    V4Only,
+    V6Only,
+}
+
+/// A bridge and the namespaces on it.
+#[derive(Debug)]
+pub struct Segment {
+    /// The node namespaces' names, node `i` at index `i`.
+    pub nodes: Vec<String>,
+    /// The second octet of the IPv4 addresses (and the IPv6 prefix `fd<subnet>::/64`).
+    pub subnet: u8,
+    bridge: String,
+}
+
+impl Segment {
+    /// `count` nodes with IPv4 and IPv6 addresses, named after `tag`.
+    pub fn new(tag: &str, count: usize, subnet: u8) -> Self {
+        Self::build(tag, count, subnet, Families::Both)
+    }
+
+    /// `count` nodes with IPv4 addresses only (and IPv6 link-local ones, as any link).
+    pub fn ipv4_only(tag: &str, count: usize, subnet: u8) -> Self {
+        Self::build(tag, count, subnet, Families::V4Only)
+    }
+
+    /// `count` nodes with IPv6 addresses only (and their link-local ones).
+    pub fn ipv6_only(tag: &str, count: usize, subnet: u8) -> Self {
+        Self::build(tag, count, subnet, Families::V6Only)
+    }
+
+    fn build(tag: &str, count: usize, subnet: u8, families: Families) -> Self {
+        let base = unique_name(tag);
+        let seg = Segment {
+            nodes: (0..count).map(|i| format!("{base}-n{i}")).collect(),
+            subnet,
+            bridge: format!("{base}-br"),
+        };
+        let br = seg.bridge.as_str();
+        sh(&["ip", "netns", "add", br]);
+        sh(&["ip", "-n", br, "link", "add", "br0", "type", "bridge"]);
+        sh(&["ip", "-n", br, "link", "set", "br0", "up"]);
+        for (i, ns) in seg.nodes.iter().enumerate() {
+            sh(&["ip", "netns", "add", ns]);
+            let port = Self::port(i);
+            sh(&[
+                "ip", "-n", br, "link", "add", &port, "type", "veth", "peer", "name", "eth0",
+                "netns", ns,
+            ]);
+            sh(&["ip", "-n", br, "link", "set", &port, "master", "br0", "up"]);
+            for k in ["all", "default", "eth0"] {
+                let dad = format!("net.ipv6.conf.{k}.accept_dad=0");
+                sh(&["ip", "netns", "exec", ns, "sysctl", "-qw", &dad]);
+            }
+            if families != Families::V6Only {
+                sh(&["ip", "-n", ns, "addr", "add", &seg.v4(i), "dev", "eth0"]);
+            }
+            if families != Families::V4Only {
+                let v6 = format!("{}/64", seg.v6(i));
+                sh(&["ip", "-n", ns, "addr", "add", &v6, "dev", "eth0", "nodad"]);
+            }
+            sh(&["ip", "-n", ns, "link", "set", "eth0", "up"]);
+            sh(&["ip", "-n", ns, "link", "set", "lo", "up"]);
+        }
+        seg
+    }
+
+    /// The bridge port (in the bridge namespace) of node `i`.
+    fn port(i: usize) -> String {
+        format!("p{i}")
+    }
+
+    /// The bridge namespace's name.
+    pub fn bridge(&self) -> &str {
+        &self.bridge
+    }
+
+    /// Node `i`'s IPv4 address with its prefix (`10.<subnet>.0.<10+i>/24`).
+    pub fn v4(&self, i: usize) -> String {
+        format!("{}/24", self.ip4(i))
+    }
+
+    /// Node `i`'s IPv4 address.
+    pub fn ip4(&self, i: usize) -> std::net::Ipv4Addr {
+        std::net::Ipv4Addr::new(10, self.subnet, 0, 10 + i as u8)
+    }
+
+    /// Node `i`'s IPv6 address (no prefix).
+    pub fn v6(&self, i: usize) -> String {
+        format!("fd{:02x}::{}", self.subnet, 10 + i)
+    }
+
+    /// An IPv4 address of this segment that no node has, `10.<subnet>.0.<last>`.
+    pub fn vip4(&self, last: u8) -> String {
+        format!("10.{}.0.{last}", self.subnet)
+    }
+
+    /// Whether node `i` has `address` on `eth0`.
+    pub fn holds(&self, i: usize, address: &str) -> bool {
+        let out = Command::new("ip")
+            .args(["-n", &self.nodes[i], "-o", "addr", "show", "dev", "eth0"])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout)
+            .split_whitespace()
+            .any(|w| w.split('/').next() == Some(address))
+    }
+
+    /// The nodes holding `address`.
+    pub fn holders(&self, address: &str) -> Vec<usize> {
+        (0..self.nodes.len())
+            .filter(|&i| self.holds(i, address))
+            .collect()
+    }
+
+    /// Waits until node `i`, and no other, holds `address`; the time it took. Panics
+    /// naming the holders after `limit`.
+    pub fn wait_sole_holder(&self, i: usize, address: &str, limit: Duration) -> Duration {
+        let t = Instant::now();
+        loop {
+            let h = self.holders(address);
+            if h == [i] {
+                return t.elapsed();
+            }
+            assert!(
+                t.elapsed() <= limit,
+                "{address}: expected only node {i} to hold it within {limit:?}, holders {h:?}"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// Asserts that node `i` stays the sole holder of `address` for `dur`.
+    pub fn assert_stable(&self, i: usize, address: &str, dur: Duration) {
+        let t = Instant::now();
+        while t.elapsed() < dur {
+            assert_eq!(self.holders(address), vec![i], "{address}: holders changed");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Sets node `i`'s `eth0` up or down.
+    pub fn set_link(&self, i: usize, up: bool) {
+        let state = if up { "up" } else { "down" };
+        sh(&["ip", "-n", &self.nodes[i], "link", "set", "eth0", state]);
+    }
+
+    /// Drops every multicast frame at the bridge, counting them (an nftables bridge rule,
+    /// as a network that blocks multicast does).
+    pub fn drop_multicast(&self) {
+        nft(
+            &self.bridge,
+            "table bridge nomcast {\n  chain forward {\n    type filter hook forward priority 0; policy accept;\n    meta pkttype multicast counter drop\n  }\n}\n",
+        );
+    }
+
+    /// Frames [`Segment::drop_multicast`]'s rule dropped so far.
+    pub fn multicast_dropped(&self) -> u64 {
+        let text = sh(&[
+            "ip",
+            "netns",
+            "exec",
+            &self.bridge,
+            "nft",
+            "-j",
+            "list",
+            "table",
+            "bridge",
+            "nomcast",
+        ]);
+        let doc: serde_json::Value = serde_json::from_str(&text).unwrap();
+        doc["nftables"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|o| o["rule"]["expr"].as_array())
+            .flatten()
+            .filter_map(|e| e["counter"]["packets"].as_u64())
+            .sum()
+    }
+
+    /// Cuts nodes `isolated` off from the others at the bridge (their links stay up, as in
+    /// a switch or fabric partition); [`Segment::heal`] undoes it.
+    pub fn partition(&self, isolated: &[usize]) {
+        let set = isolated
+            .iter()
+            .map(|&i| format!("\"{}\"", Self::port(i)))
+            .collect::<Vec<_>>()
+            .join(", ");
+        nft(
+            &self.bridge,
+            &format!(
+                "table bridge split {{\n  chain forward {{\n    type filter hook forward priority -1; policy accept;\n    iifname {{ {set} }} oifname != {{ {set} }} drop\n    oifname {{ {set} }} iifname != {{ {set} }} drop\n  }}\n}}\n"
+            ),
+        );
+    }
+
+    /// Ends a [`Segment::partition`].
+    pub fn heal(&self) {
+        sh(&[
+            "ip",
+            "netns",
+            "exec",
+            &self.bridge,
+            "nft",
+            "delete",
+            "table",
+            "bridge",
+            "split",
+        ]);
+    }
+}
+
+impl Drop for Segment {
+    fn drop(&mut self) {
+        for ns in self.nodes.iter().chain([&self.bridge]) {
+            delete(ns);
+        }
+    }
+}
+
+/// Loads nftables `rules` in namespace `ns`.
+pub fn nft(ns: &str, rules: &str) {
+    let out = output_with_stdin(
+        Command::new("ip").args(["netns", "exec", ns, "nft", "-f", "-"]),
+        rules.as_bytes(),
+    );
+    assert!(
+        out.status.success(),
+        "nft in {ns}: {}\n{rules}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
