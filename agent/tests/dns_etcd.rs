@@ -31,7 +31,7 @@ use keelson_testkit::agent::{RunCluster, RunNode};
 use keelson_testkit::cmd::Proc;
 use keelson_testkit::dig::dig_in;
 use keelson_testkit::http::curl_in;
-use keelson_testkit::netns::exec_in;
+use keelson_testkit::netns::{Resolver, exec_in};
 use keelson_testkit::segment::Segment;
 use keelson_testkit::wait::wait_for;
 use keelson_testkit::{require, require_root};
@@ -92,24 +92,6 @@ fn peer_cert(ca_cert_pem: &str, ca_key_pem: &str, names: &[String]) -> (String, 
     ];
     let cert = params.signed_by(&key, &issuer).unwrap();
     (cert.pem(), key.serialize_pem())
-}
-
-/// `/etc/netns/<ns>/resolv.conf` naming one server; removed on drop.
-struct Resolver(PathBuf);
-
-impl Resolver {
-    fn new(ns: &str, server: &str) -> Self {
-        let dir = PathBuf::from("/etc/netns").join(ns);
-        std::fs::create_dir_all(&dir).unwrap();
-        std::fs::write(dir.join("resolv.conf"), format!("nameserver {server}\n")).unwrap();
-        Resolver(dir)
-    }
-}
-
-impl Drop for Resolver {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
 }
 
 /// Runs `args` in namespace `ns` (with its resolver) and returns the output.
@@ -242,7 +224,7 @@ fn etcd_bootstraps_through_srv_records() {
     let seg = Segment::ipv4_only("ketcd", 4, 0);
     let ip = |i: usize| seg.ip4(i);
     let _resolvers: Vec<Resolver> = (0..4)
-        .map(|i| Resolver::new(&seg.nodes[i], &ip(i.min(2)).to_string()))
+        .map(|i| Resolver::new(&seg.nodes[i], &[ip(i.min(2)).into()]))
         .collect();
     let start = |i: usize| -> RunNode {
         cluster.start(

@@ -3,6 +3,7 @@
 //! test sends goes only to addresses inside namespaces it made.
 
 use std::future::Future;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::thread::JoinHandle;
@@ -111,6 +112,32 @@ pub fn exec_in(ns: &str, program: &str) -> Command {
     let mut cmd = Command::new("ip");
     cmd.args(["netns", "exec", ns, program]);
     cmd
+}
+
+/// A namespace's own resolver: `/etc/netns/<ns>/resolv.conf` naming `servers`, which
+/// `ip netns exec` (so [`exec_in`]) mounts over `/etc/resolv.conf` for what it runs there.
+/// The directory is removed on drop; the namespace's name is unique, so nothing else uses it.
+#[derive(Debug)]
+pub struct Resolver(PathBuf);
+
+impl Resolver {
+    /// Writes the file for namespace `ns`.
+    pub fn new(ns: &str, servers: &[std::net::IpAddr]) -> Self {
+        let dir = Path::new("/etc/netns").join(ns);
+        std::fs::create_dir_all(&dir).unwrap();
+        let text: String = servers
+            .iter()
+            .map(|s| format!("nameserver {s}\n"))
+            .collect();
+        std::fs::write(dir.join("resolv.conf"), text).unwrap();
+        Resolver(dir)
+    }
+}
+
+impl Drop for Resolver {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
 }
 
 /// Runs `f` on a thread inside namespace `ns` (a socket made there stays there, whichever
