@@ -358,6 +358,20 @@ mod tests {
 
     #[test]
     fn forwards_foreign_names() {
+        let z = etcd_zone(3);
+        // SRV questions for a zone keelson does not own are forwarded as any other.
+        for name in [
+            "_etcd-server-ssl._tcp.other.example.",
+            "_etcd-server-ssl._tcp.example.com.",
+        ] {
+            assert!(
+                matches!(
+                    run(&query(name, RecordType::SRV, None), &z, Transport::Udp).0,
+                    Outcome::Forward(_)
+                ),
+                "{name}"
+            );
+        }
         let z = zone(0);
         assert!(matches!(
             run(
