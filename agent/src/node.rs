@@ -6,7 +6,7 @@
 use std::path::Path;
 
 use ipnet::IpNet;
-use keelson_ignition::Role;
+use keelson_cluster::Role;
 
 use crate::dns_label::DnsLabel;
 use serde::{Deserialize, Serialize};
@@ -188,7 +188,7 @@ pub enum IdentityError {
 /// [`role_hint`], interface and addresses from the machine's addresses inside the cluster's
 /// machine networks.
 pub fn from_system(
-    cluster: &keelson_ignition::ClusterConfig,
+    cluster: &keelson_cluster::ClusterConfig,
     root: &Path,
     metadata: Option<&crate::metadata::Metadata>,
 ) -> Result<NodeIdentity, IdentityError> {
@@ -294,7 +294,7 @@ mod identity_tests {
     #[test]
     fn from_system_finds_loopback_in_a_loopback_machine_network() {
         let mut cluster =
-            keelson_ignition::ClusterConfig::from_json(include_bytes!("dns/testdata/cluster.json"))
+            keelson_cluster::ClusterConfig::from_json(include_bytes!("dns/testdata/cluster.json"))
                 .unwrap();
         cluster.machine_networks = vec!["127.0.0.0/8".parse().unwrap()];
         let dir = tempfile::tempdir().unwrap();

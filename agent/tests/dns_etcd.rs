@@ -52,10 +52,10 @@ const MASTERS: [&str; 3] = [
 /// would need VRRP to elect a registry first), renewals shortened.
 fn cluster_json() -> serde_json::Value {
     let text = include_str!("../../examples/install-config-4.2.yaml");
-    let ic = keelson_ignition::install_config::InstallConfig::parse(text).unwrap();
+    let ic = keelson_cluster::install_config::InstallConfig::parse(text).unwrap();
     let mut cluster = ic.cluster_config();
-    cluster.ignition.spec = keelson_ignition::SpecVersion::V2_2.as_str().into();
-    cluster.dns.etcd = Some(keelson_ignition::cluster::EtcdRecords::for_spec(
+    cluster.ignition.spec = keelson_cluster::SpecVersion::V2_2.as_str().into();
+    cluster.dns.etcd = Some(keelson_cluster::cluster::EtcdRecords::for_spec(
         &cluster.ignition.spec,
         ic.masters,
     ));

@@ -21,7 +21,7 @@ use hickory_proto::serialize::binary::BinEncodable;
 use keelson_agent::dns::wire;
 use keelson_agent::dns::zone::Zone;
 use keelson_agent::members::member::Member;
-use keelson_ignition::Role;
+use keelson_cluster::Role;
 use libfuzzer_sys::fuzz_target;
 
 fn zone() -> &'static Zone {

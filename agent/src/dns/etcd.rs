@@ -8,7 +8,7 @@
 
 use std::net::IpAddr;
 
-use keelson_ignition::Role;
+use keelson_cluster::Role;
 
 use crate::dns_label::DnsLabel;
 use crate::members::member::Member;

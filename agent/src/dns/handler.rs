@@ -251,7 +251,7 @@ mod tests {
     use crate::members::member::Member;
     use hickory_proto::op::Query;
     use hickory_proto::rr::{Name, RData, RecordType};
-    use keelson_ignition::Role;
+    use keelson_cluster::Role;
     use proptest::prelude::*;
 
     fn zone(n: usize) -> Zone {

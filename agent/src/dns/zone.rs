@@ -296,7 +296,7 @@ fn addresses(addrs: &[IpAddr], qtype: u16, qclass: u16) -> Answer<'_> {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use keelson_ignition::Role;
+    use keelson_cluster::Role;
 
     /// `name` in wire form, spelt as given (the tests check case-insensitivity).
     pub(crate) fn q(name: &str) -> Vec<u8> {
