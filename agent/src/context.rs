@@ -12,7 +12,7 @@ use std::net::IpAddr;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
-use keelson_ignition::ClusterConfig;
+use keelson_cluster::ClusterConfig;
 use tokio::sync::watch;
 
 use crate::members::member::MemberList;

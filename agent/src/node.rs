@@ -6,7 +6,7 @@
 use std::path::Path;
 
 use ipnet::IpNet;
-use keelson_ignition::Role;
+use keelson_cluster::Role;
 
 use crate::dns_label::DnsLabel;
 use serde::{Deserialize, Serialize};
@@ -188,7 +188,7 @@ pub enum IdentityError {
 /// [`role_hint`], interface and addresses from the machine's addresses inside the cluster's
 /// machine networks.
 pub fn from_system(
-    cluster: &keelson_ignition::ClusterConfig,
+    cluster: &keelson_cluster::ClusterConfig,
     root: &Path,
     metadata: Option<&crate::metadata::Metadata>,
 ) -> Result<NodeIdentity, IdentityError> {
@@ -303,7 +303,7 @@ mod identity_tests {
             nix::sched::unshare(CloneFlags::CLONE_NEWUTS | CloneFlags::CLONE_NEWNET).unwrap();
             nix::unistd::sethostname("master-0.example.com").unwrap();
             keelson_testkit::sh(&["ip", "link", "set", "lo", "up"]);
-            let mut cluster = keelson_ignition::ClusterConfig::from_json(include_bytes!(
+            let mut cluster = keelson_cluster::ClusterConfig::from_json(include_bytes!(
                 "dns/testdata/cluster.json"
             ))
             .unwrap();

@@ -7,10 +7,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use keelson_ignition::cluster::MembersTransport;
-use keelson_ignition::routes::ExtraRoutes;
-use keelson_ignition::server::{AccessList, default_allowed_networks};
-use keelson_ignition::{ClusterConfig, Role};
+use keelson_cluster::cluster::MembersTransport;
+use keelson_cluster::routes::ExtraRoutes;
+use keelson_cluster::server::{AccessList, default_allowed_networks};
+use keelson_cluster::{ClusterConfig, Role};
 use tokio_util::sync::CancellationToken;
 
 use crate::context::AgentContext;

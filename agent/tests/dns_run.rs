@@ -9,7 +9,7 @@ use keelson_agent::context::AgentContext;
 use keelson_agent::dns::{RunOptions, run_with};
 use keelson_agent::members::member::Member;
 use keelson_agent::node::NodeIdentity;
-use keelson_ignition::{ClusterConfig, Role};
+use keelson_cluster::{ClusterConfig, Role};
 use tokio_util::sync::CancellationToken;
 
 const CLUSTER: &str = include_str!("../src/dns/testdata/cluster.json");

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use keelson_agent::context::Bus;
 use keelson_agent::health::{self, CheckState};
-use keelson_ignition::cluster::{HealthCheckConfig, HealthCheckKind};
+use keelson_cluster::cluster::{HealthCheckConfig, HealthCheckKind};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;

@@ -66,7 +66,7 @@ enum Transport {
 /// `keelson build`'s cluster.json for examples/install-config.yaml, timers shortened.
 fn cluster_json(transport: Transport) -> serde_json::Value {
     let text = include_str!("../../examples/install-config.yaml");
-    let ic = keelson_ignition::install_config::InstallConfig::parse(text).unwrap();
+    let ic = keelson_cluster::install_config::InstallConfig::parse(text).unwrap();
     let mut c = serde_json::to_value(ic.cluster_config()).unwrap();
     for inst in c["vrrp"]["instances"].as_array_mut().unwrap() {
         assert_eq!(inst["transport"], "unicast", "the default: {inst}");
@@ -130,7 +130,7 @@ impl Net {
             ("forger", "master"),
         ];
         let net = RunNet::new(AGENT, seg, cluster_json(transport), &nodes, services);
-        let key = keelson_ignition::membership::parse_key(
+        let key = keelson_cluster::membership::parse_key(
             &net.files.pki.membership_keys["membership.key"],
         )
         .unwrap();
@@ -212,6 +212,14 @@ impl Net {
         let (ns, server) = (self.seg.nodes[FORGER].clone(), self.ip(M0));
         let names = ["master-0", "master-1", "master-9"];
         let views = sockets.clone().map(|s| view_at(&s));
+        // A settled node has VRRP instances: an empty list means the status document changed
+        // shape under this test, which would then compare nothing.
+        for v in &views {
+            assert!(
+                !v.vrrp_destinations.is_empty(),
+                "no vrrp in the status: {v:?}"
+            );
+        }
         let dns = names.map(|n| dig_at(&ns, server, n));
         let stop = Arc::new(AtomicBool::new(false));
         let stop2 = stop.clone();
@@ -276,9 +284,8 @@ fn view_at(socket: &std::path::Path) -> View {
                 .collect()
         })
         .unwrap_or_default();
-    // A running node has VRRP instances: an empty list means the document changed shape
-    // under this test, which would then compare nothing.
-    assert!(!vrrp_destinations.is_empty(), "no vrrp in the status: {st}");
+    // Empty while the node is still starting its VRRP instances; `wait_settled` waits past
+    // that and `watch` insists on a non-empty baseline.
     let mut proxy_backends: Vec<String> = st["proxy"]["backends"]
         .as_array()
         .map(|a| a.iter().map(|b| b["addr"].to_string()).collect())
@@ -600,7 +607,7 @@ fn unicast_forger_without_the_key_changes_nothing() {
         "401"
     );
     // 2. A fake master with a made-up MAC (the key ID is no secret).
-    let key_id = keelson_ignition::membership::key_id(&net.key);
+    let key_id = keelson_cluster::membership::key_id(&net.key);
     let reg = serde_json::json!({"cluster": ZONE, "member": fake, "auth":
         {"keyId": key_id, "timeMs": unix_ms(), "seq": u64::MAX, "mac": "ab".repeat(32)}});
     assert_eq!(
@@ -802,7 +809,7 @@ fn fake_master(net: &Net, claimed_key_id: Option<&str>) -> Vec<u8> {
     let announce = Announce {
         member: keelson_agent::members::member::Member {
             name: "master-9".parse().unwrap(),
-            role: keelson_ignition::Role::Master,
+            role: keelson_cluster::Role::Master,
             addresses: vec![IpAddr::V4(net.ip(FORGER))],
             version: env!("CARGO_PKG_VERSION").into(),
         },
@@ -871,7 +878,7 @@ fn mdns_forger_without_the_key_changes_nothing() {
 
     let watch = net.watch();
 
-    let key_id = keelson_ignition::membership::key_id(&net.key);
+    let key_id = keelson_cluster::membership::key_id(&net.key);
     // 1. A fake master, no MAC.
     mdns_send(&net, FORGER, fake_master(&net, None));
     // 2. A fake master with a made-up MAC under the cluster key's ID.

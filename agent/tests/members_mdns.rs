@@ -362,10 +362,10 @@ fn avahi_interop_both_ways() {
     // avahi's unsigned node nor the unauthenticated agent, which still sees it.
     let tls = dir.path().join("tls");
     std::fs::create_dir_all(&tls).unwrap();
-    let key_text = keelson_ignition::membership::generate().unwrap();
+    let key_text = keelson_cluster::membership::generate().unwrap();
     std::fs::write(tls.join("membership.key"), &key_text).unwrap();
-    let key_id = keelson_ignition::membership::key_id(
-        &keelson_ignition::membership::parse_key(&key_text).unwrap(),
+    let key_id = keelson_cluster::membership::key_id(
+        &keelson_cluster::membership::parse_key(&key_text).unwrap(),
     );
     let mut signed: serde_json::Value =
         serde_json::from_slice(&std::fs::read(&cluster).unwrap()).unwrap();

@@ -15,7 +15,7 @@ use http_body_util::{BodyExt, Full};
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
 use keelson_agent::members::unicast::Registry;
-use keelson_ignition::routes::ExtraRoutes;
+use keelson_cluster::routes::ExtraRoutes;
 use keelson_testkit::cmd::{JsonLines, spawn_json_lines};
 use keelson_testkit::tls::ca_signed;
 use keelson_testkit::{Proc, wait_for_async as wait_for};

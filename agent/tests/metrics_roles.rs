@@ -140,9 +140,9 @@ fn every_role_serves_metrics_that_promtool_accepts_and_that_move_with_traffic() 
     let dir = tempfile::tempdir().unwrap();
     let cluster = cluster();
     std::fs::write(dir.path().join("cluster.json"), cluster.to_string()).unwrap();
-    let parsed = keelson_ignition::ClusterConfig::from_json(cluster.to_string().as_bytes())
+    let parsed = keelson_cluster::ClusterConfig::from_json(cluster.to_string().as_bytes())
         .expect("test cluster.json");
-    keelson_ignition::pki::load_or_create(&dir.path().join("tls"), &parsed, Some(0))
+    keelson_cluster::pki::load_or_create(&dir.path().join("tls"), &parsed, Some(0))
         .unwrap()
         .write(&dir.path().join("tls"))
         .unwrap();
@@ -302,7 +302,7 @@ fn every_role_serves_metrics_that_promtool_accepts_and_that_move_with_traffic() 
     assert_eq!(
         moved(
             0,
-            "keelson_ignition_requests_total{route=\"config\",pool=\"master\",spec=\"3.2.0\",code=\"200\"}"
+            "keelson_cluster_requests_total{route=\"config\",pool=\"master\",spec=\"3.2.0\",code=\"200\"}"
         ),
         2.0
     );

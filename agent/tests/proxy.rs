@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use keelson_agent::proxy::backend::Backend;
 use keelson_agent::proxy::{Proxy, ProxyConfig};
 use keelson_agent::status::model::BackendSnapshot;
-use keelson_ignition::cluster::BackendCheck;
+use keelson_cluster::cluster::BackendCheck;
 use sha2::{Digest, Sha256};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};

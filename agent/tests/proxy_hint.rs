@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use keelson_agent::context::AgentContext;
 use keelson_agent::members::member::Member;
 use keelson_agent::node::NodeIdentity;
-use keelson_ignition::{ClusterConfig, Role};
+use keelson_cluster::{ClusterConfig, Role};
 use keelson_testkit::segment::nft;
 use keelson_testkit::{Netns, require, require_root, wait_for_async};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use keelson_agent::proxy::vip::{NFT_TABLE, VipFrontends, VipMode};
 use keelson_agent::proxy::{Proxy, ProxyConfig};
-use keelson_ignition::cluster::BackendCheck;
+use keelson_cluster::cluster::BackendCheck;
 use keelson_testkit::netns::block_on_in;
 use keelson_testkit::{Netns, require, require_root, sh};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};

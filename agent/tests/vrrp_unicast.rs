@@ -47,7 +47,7 @@ fn grace() -> Duration {
 /// `keelson build`'s cluster.json for examples/install-config.yaml, timers shortened.
 fn cluster_json() -> serde_json::Value {
     let text = include_str!("../../examples/install-config.yaml");
-    let ic = keelson_ignition::install_config::InstallConfig::parse(text).unwrap();
+    let ic = keelson_cluster::install_config::InstallConfig::parse(text).unwrap();
     let mut c = serde_json::to_value(ic.cluster_config()).unwrap();
     assert_eq!(c["members"]["transport"], "unicast", "the default: {c}");
     for inst in c["vrrp"]["instances"].as_array_mut().unwrap() {

@@ -1,7 +1,7 @@
 //! `keelson`: builds a cluster's payloads from an install-config.yaml.
 
-mod build;
 mod image;
+mod payloads;
 mod serve;
 
 use clap::{Parser, Subcommand};
@@ -17,13 +17,13 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Build a cluster's payloads: Ignition configs, cluster.json, TLS, image, SHA256SUMS.
-    Build(build::BuildArgs),
+    Build(payloads::BuildArgs),
     /// Print one role's Ignition config.
-    Render(build::RenderArgs),
+    Render(payloads::RenderArgs),
     /// Check an install-config.yaml.
-    Validate(build::ConfigArgs),
+    Validate(payloads::ConfigArgs),
     /// Print the VRRP router IDs derived from the cluster name.
-    Vrids(build::ConfigArgs),
+    Vrids(payloads::ConfigArgs),
     /// Build the appliance image (keelson.qcow2) alone.
     Image(image::ImageArgs),
     /// Serve a build directory's Ignition configs (:22623 TLS, :22624 plain).
@@ -40,10 +40,10 @@ fn main() {
         .init();
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Build(args) => build::build(args),
-        Command::Render(args) => build::render_cmd(args),
-        Command::Validate(args) => build::validate(args),
-        Command::Vrids(args) => build::vrids(args),
+        Command::Build(args) => payloads::build(args),
+        Command::Render(args) => payloads::render_cmd(args),
+        Command::Validate(args) => payloads::validate(args),
+        Command::Vrids(args) => payloads::vrids(args),
         Command::Image(args) => image::run(args),
         Command::Serve(args) => tokio::runtime::Runtime::new()
             .map_err(anyhow::Error::from)

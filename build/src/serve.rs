@@ -10,8 +10,8 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use ipnet::IpNet;
-use keelson_ignition::ClusterConfig;
-use keelson_ignition::server::{
+use keelson_cluster::ClusterConfig;
+use keelson_cluster::server::{
     Assets, ConfigSource, IgnitionServer, RenderSource, ServerOptions, default_allowed_networks,
     tls_config_from_files,
 };
@@ -45,14 +45,14 @@ pub fn config_source(dir: &Path, cluster: &ClusterConfig) -> anyhow::Result<Arc<
     let source = RenderSource::from_files(
         cluster.clone(),
         &dir.join("tls"),
-        &dir.join("assets").join(crate::build::AGENT_ASSET),
+        &dir.join("assets").join(crate::payloads::AGENT_ASSET),
     )
     .map_err(|e| anyhow::anyhow!("{e}"))?;
     Ok(Arc::new(source))
 }
 
 /// A configured, bound server for `args` (split from [`run`] so tests bind port 0).
-pub async fn bind(args: &ServeArgs) -> anyhow::Result<keelson_ignition::server::BoundServer> {
+pub async fn bind(args: &ServeArgs) -> anyhow::Result<keelson_cluster::server::BoundServer> {
     let cluster_path = args.dir.join("cluster.json");
     let bytes = std::fs::read(&cluster_path)
         .with_context(|| format!("reading {}", cluster_path.display()))?;
@@ -178,20 +178,20 @@ mod tests {
         let source = config_source(d, &cluster).unwrap();
         let master = source
             .config(
-                keelson_ignition::Role::Master,
-                keelson_ignition::SpecVersion::V3_2,
+                keelson_cluster::Role::Master,
+                keelson_cluster::SpecVersion::V3_2,
             )
             .unwrap()
             .to_vec();
         let master22 = source
             .config(
-                keelson_ignition::Role::Master,
-                keelson_ignition::SpecVersion::V2_2,
+                keelson_cluster::Role::Master,
+                keelson_cluster::SpecVersion::V2_2,
             )
             .unwrap()
             .to_vec();
         // What `keelson render` prints for the same inputs.
-        let assets = keelson_ignition::render::NodeAssets {
+        let assets = keelson_cluster::render::NodeAssets {
             ca_pem: ca.pem(),
             server_cert_pem: cert.pem(),
             server_key_pem: key.serialize_pem(),
@@ -201,10 +201,10 @@ mod tests {
         };
         assert_eq!(
             master,
-            keelson_ignition::render::render_full(
+            keelson_cluster::render::render_full(
                 &cluster,
-                keelson_ignition::Role::Master,
-                keelson_ignition::SpecVersion::V3_2,
+                keelson_cluster::Role::Master,
+                keelson_cluster::SpecVersion::V3_2,
                 &assets
             )
             .unwrap()

@@ -127,12 +127,12 @@ fn two_builds_with_the_same_tls_give_the_same_sha256sums() {
         .mode();
     assert_eq!(mode & 0o777, 0o600);
     assert!(!sums_a.contains("membership.key"));
-    let key = keelson_ignition::membership::parse_key(&key_a).unwrap();
+    let key = keelson_cluster::membership::parse_key(&key_a).unwrap();
     let cluster_json: serde_json::Value =
         serde_json::from_slice(&std::fs::read(a.join("cluster.json")).unwrap()).unwrap();
     assert_eq!(
         cluster_json["members"]["keyId"],
-        keelson_ignition::membership::key_id(&key)
+        keelson_cluster::membership::key_id(&key)
     );
     let key_file = |config: &serde_json::Value| -> Option<String> {
         config["storage"]["files"]
@@ -203,30 +203,27 @@ fn two_builds_with_the_same_tls_give_the_same_sha256sums() {
         "render", "--config", EXAMPLE, "--role", "master", "--dir", &dir, "--agent", &agent,
     ]));
     let cluster =
-        keelson_ignition::ClusterConfig::from_json(&std::fs::read(a.join("cluster.json")).unwrap())
+        keelson_cluster::ClusterConfig::from_json(&std::fs::read(a.join("cluster.json")).unwrap())
             .unwrap();
-    let source = keelson_ignition::server::RenderSource::from_files(
+    let source = keelson_cluster::server::RenderSource::from_files(
         cluster,
         &a.join("tls"),
         &a.join("assets/keelson-agent"),
     )
     .unwrap();
-    use keelson_ignition::server::ConfigSource;
+    use keelson_cluster::server::ConfigSource;
     let served = source
         .config(
-            keelson_ignition::Role::Master,
-            keelson_ignition::SpecVersion::V3_2,
+            keelson_cluster::Role::Master,
+            keelson_cluster::SpecVersion::V3_2,
         )
         .unwrap();
     assert_eq!(rendered.trim_end().as_bytes(), &served[..]);
     // Masters and workers get the key from the Ignition server.
-    for role in [
-        keelson_ignition::Role::Master,
-        keelson_ignition::Role::Worker,
-    ] {
+    for role in [keelson_cluster::Role::Master, keelson_cluster::Role::Worker] {
         let full: serde_json::Value = serde_json::from_slice(
             &source
-                .config(role, keelson_ignition::SpecVersion::V3_2)
+                .config(role, keelson_cluster::SpecVersion::V3_2)
                 .unwrap(),
         )
         .unwrap();
@@ -394,7 +391,7 @@ fn a_dynamically_linked_agent_is_refused_and_the_static_one_named() {
 #[test]
 fn vrids_and_validate_print_what_they_derived() {
     let out = ok(&keelson(&["vrids", "--config", EXAMPLE]));
-    let (api, ingress) = keelson_ignition::cluster::default_vrids("ocp4");
+    let (api, ingress) = keelson_cluster::cluster::default_vrids("ocp4");
     assert!(out.contains(&format!("api         vrid {api:>3}")), "{out}");
     assert!(
         out.contains(&format!("ingress     vrid {ingress:>3}")),
@@ -435,7 +432,7 @@ fn cluster_patch_reaches_cluster_json_and_the_rendered_configs() {
         &patch,
     ]));
     let written = std::fs::read(work.path().join("out/cluster.json")).unwrap();
-    let cluster = keelson_ignition::ClusterConfig::from_json(&written).unwrap();
+    let cluster = keelson_cluster::ClusterConfig::from_json(&written).unwrap();
     assert_eq!(cluster.api.frontend_port, 7443);
     assert_eq!(cluster.dns.upstreams.len(), 1);
     assert_eq!(cluster.ignition.spec, "3.1.0");
@@ -595,7 +592,7 @@ fn a_bgp_patch_is_validated_and_reaches_cluster_json() {
         "--cluster-patch",
         &p,
     ]));
-    let cluster = keelson_ignition::ClusterConfig::from_json(
+    let cluster = keelson_cluster::ClusterConfig::from_json(
         &std::fs::read(work.path().join("out/cluster.json")).unwrap(),
     )
     .unwrap();

@@ -220,7 +220,7 @@ pub fn cloud_boot(c: &Cluster) -> Result<String> {
 
 /// 7. DHCP renewals: every running node that keeps DHCP renewed its lease (two DHCPACKs or
 ///    more: the lease is 120 s, T1 60 s) and still holds it.
-pub fn renewals(c: &Cluster) -> Result<String> {
+pub fn renewals(c: &mut Cluster) -> Result<String> {
     let dhcp = c.dhcp.as_ref().context("no DHCP server")?;
     let mut renewed = Vec::new();
     for node in &c.plan {
@@ -229,9 +229,13 @@ pub fn renewals(c: &Cluster) -> Result<String> {
             MetadataSource::ConfigDrive(NetworkMode::Dhcp)
                 | MetadataSource::Service(NetworkMode::Dhcp | NetworkMode::Absent, _)
         );
-        let Some(vm) = c.vms.get(&node.name) else {
+        // A node killed by an earlier scenario (the failover's) renews nothing any more.
+        let Some(vm) = c.vms.get_mut(&node.name) else {
             continue;
         };
+        if !vm.is_running() {
+            continue;
+        }
         if !keeps || vm.started.elapsed() < Duration::from_secs(90) {
             continue;
         }

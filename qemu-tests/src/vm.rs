@@ -256,6 +256,13 @@ impl Vm {
         self.wait_exit(timeout)
     }
 
+    /// Whether QEMU still runs (not killed, powered off or reaped).
+    pub fn is_running(&mut self) -> bool {
+        self.child
+            .as_mut()
+            .is_some_and(|child| matches!(child.try_wait(), Ok(None)))
+    }
+
     /// Stops the VM at once, without a goodbye (`quit`: the node just dies).
     pub fn kill(&mut self) -> Result<()> {
         if self.monitor("quit").is_err()

@@ -136,7 +136,7 @@ pub struct RunCluster {
     /// tls/.
     pub tls: PathBuf,
     /// What tls/ holds.
-    pub pki: keelson_ignition::pki::Pki,
+    pub pki: keelson_cluster::pki::Pki,
     agent: String,
 }
 
@@ -170,10 +170,10 @@ impl RunCluster {
     /// nodes `agent` (the keelson-agent binary) will run.
     pub fn new(agent: &str, mut cluster: serde_json::Value) -> Self {
         let dir = tempfile::tempdir().unwrap();
-        let config = keelson_ignition::ClusterConfig::from_json(cluster.to_string().as_bytes())
+        let config = keelson_cluster::ClusterConfig::from_json(cluster.to_string().as_bytes())
             .expect("the test's cluster.json");
         let tls = dir.path().join("tls");
-        let pki = keelson_ignition::pki::load_or_create(&tls, &config, None).unwrap();
+        let pki = keelson_cluster::pki::load_or_create(&tls, &config, None).unwrap();
         pki.write(&tls).unwrap();
         cluster["members"]["keyId"] = pki.membership_key_id().unwrap().into();
         let cpath = dir.path().join("cluster.json");

@@ -5,8 +5,8 @@
 //! as the server joins repeated header lines.
 #![no_main]
 
-use keelson_ignition::SpecVersion;
-use keelson_ignition::negotiate::negotiate;
+use keelson_cluster::SpecVersion;
+use keelson_cluster::negotiate::negotiate;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

@@ -4,7 +4,7 @@
 //! bytes; the zone name and the DNS zone built from it never panic.
 #![no_main]
 
-use keelson_ignition::ClusterConfig;
+use keelson_cluster::ClusterConfig;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

@@ -17,7 +17,7 @@ use keelson_agent::dns::handler::{
 };
 use keelson_agent::dns::zone::Zone;
 use keelson_agent::members::member::Member;
-use keelson_ignition::Role;
+use keelson_cluster::Role;
 use libfuzzer_sys::fuzz_target;
 
 fn zone() -> &'static Zone {

@@ -14,8 +14,8 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use keelson_agent::members::unicast::Registry;
-use keelson_ignition::server::{Assets, ConfigSource, IgnitionServer, ServerOptions, SourceError};
-use keelson_ignition::{Role, SpecVersion};
+use keelson_cluster::server::{Assets, ConfigSource, IgnitionServer, ServerOptions, SourceError};
+use keelson_cluster::{Role, SpecVersion};
 use libfuzzer_sys::fuzz_target;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -41,7 +41,7 @@ async fn exchange(peer: SocketAddr, request: &[u8]) -> Vec<u8> {
     let opts = ServerOptions {
         tls_listen: None,
         plain_listen: None,
-        allowed_networks: keelson_ignition::server::default_allowed_networks(cluster),
+        allowed_networks: keelson_cluster::server::default_allowed_networks(cluster),
         allow_loopback: false,
         ..ServerOptions::default()
     };

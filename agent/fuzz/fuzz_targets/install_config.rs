@@ -5,8 +5,8 @@
 //! serialises to the same bytes every time.
 #![no_main]
 
-use keelson_ignition::ClusterConfig;
-use keelson_ignition::install_config::InstallConfig;
+use keelson_cluster::ClusterConfig;
+use keelson_cluster::install_config::InstallConfig;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

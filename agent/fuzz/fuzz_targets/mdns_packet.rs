@@ -16,7 +16,7 @@ use keelson_agent::dns_label::DnsLabel;
 use keelson_agent::members::auth::{Keys, Verifier};
 use keelson_agent::members::mdns::{Announce, Cache, MDNS_PORT, Received};
 use keelson_agent::members::member::Member;
-use keelson_ignition::Role;
+use keelson_cluster::Role;
 use libfuzzer_sys::fuzz_target;
 
 const ZONE: &str = "ocp4.example.com";

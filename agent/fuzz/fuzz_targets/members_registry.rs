@@ -22,8 +22,8 @@ use keelson_agent::dns_label::DnsLabel;
 use keelson_agent::members::auth::{Keys, Verifier};
 use keelson_agent::members::member::Member;
 use keelson_agent::members::registry::{Entry, MEMBERS_PATH, Registry};
-use keelson_ignition::Role;
-use keelson_ignition::routes::ExtraRoutes;
+use keelson_cluster::Role;
+use keelson_cluster::routes::ExtraRoutes;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 use std::sync::OnceLock;
 
-use keelson_ignition::ClusterConfig;
+use keelson_cluster::ClusterConfig;
 
 /// The unit tests' `cluster.json` (zone `ocp4.example.com`, machine network 10.0.0.0/24).
 pub const CLUSTER_JSON: &str = include_str!("../../src/dns/testdata/cluster.json");

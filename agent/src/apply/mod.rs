@@ -3,8 +3,8 @@
 //! directories and `core`'s SSH keys, and refuse, with a clear line, what it cannot honour
 //! (systemd units, disks, file systems: the appliance has neither systemd nor a root disk).
 //!
-//! Works on the JSON tree rather than typed configs so one path reads spec 2.2 and 3.x alike;
-//! the differences it cares about (`append` vs `merge`, 2.2's `filesystem`) are handled here.
+//! Works on the typed 3.x config (`keelson_cluster::render::read`): a 2.x user_data is
+//! translated to it first, so one path applies every spec.
 
 pub mod dataurl;
 pub mod fetch;
@@ -13,7 +13,8 @@ use std::io::Read;
 use std::path::{Component, Path, PathBuf};
 use std::time::Duration;
 
-use serde_json::Value;
+use ignition_config::v3_5::{File, Resource};
+use keelson_cluster::render::{ReadConfig, ReadError, V3Config};
 use sha2::{Digest, Sha256, Sha512};
 
 /// What applying user_data did.
@@ -98,113 +99,107 @@ pub async fn apply_user_data_with(
         )));
     }
     let mut applied = Applied::default();
-    let config = resolve(parse(user_data)?, opts, &mut applied, 0).await?;
+    let read = parse(user_data)?;
+    for section in &read.layout_v2 {
+        applied.refused.push(layout_refusal(section));
+    }
+    let config = resolve(read, opts, &mut applied, 0).await?;
     let cas = certificate_authorities(&config)?;
     write_config(&config, root, &cas, opts, &mut applied).await?;
     Ok(applied)
 }
 
-fn parse(bytes: &[u8]) -> Result<Value, ApplyError> {
-    let config: Value = serde_json::from_slice(bytes)
-        .map_err(|e| ApplyError::NotIgnition(format!("expected Ignition JSON: {e}")))?;
-    let version = config
-        .pointer("/ignition/version")
-        .and_then(Value::as_str)
-        .ok_or_else(|| ApplyError::NotIgnition("expected ignition.version".into()))?;
-    if !(version.starts_with("2.2.") || version.starts_with("2.3.") || version.starts_with("3.")) {
-        return Err(ApplyError::Invalid {
+fn parse(bytes: &[u8]) -> Result<ReadConfig, ApplyError> {
+    keelson_cluster::render::read(bytes).map_err(|e| match e {
+        ReadError::Version(_) => ApplyError::Invalid {
             field: "ignition.version".into(),
-            message: format!("expected 2.2.x or 3.x, got {version:?}"),
-        });
-    }
-    Ok(config)
+            message: e.to_string(),
+        },
+        ReadError::Field { path, source } => ApplyError::Invalid {
+            field: path,
+            message: source.to_string(),
+        },
+        other => ApplyError::NotIgnition(other.to_string()),
+    })
 }
 
-fn is_v2(config: &Value) -> bool {
-    config
-        .pointer("/ignition/version")
-        .and_then(Value::as_str)
-        .is_some_and(|v| v.starts_with("2."))
+fn layout_refusal(section: &str) -> String {
+    format!(
+        "storage.{section}: the appliance runs from memory and does not partition or format disks"
+    )
 }
 
 /// The CAs the config trusts (`ignition.security.tls.certificateAuthorities[].source`).
-fn certificate_authorities(config: &Value) -> Result<Vec<Vec<u8>>, ApplyError> {
+fn certificate_authorities(config: &V3Config) -> Result<Vec<Vec<u8>>, ApplyError> {
+    let list = config
+        .ignition
+        .security
+        .as_ref()
+        .and_then(|s| s.tls.as_ref())
+        .and_then(|t| t.certificate_authorities.as_deref())
+        .unwrap_or_default();
     let mut cas = Vec::new();
-    if let Some(list) = config
-        .pointer("/ignition/security/tls/certificateAuthorities")
-        .and_then(Value::as_array)
-    {
-        for (i, ca) in list.iter().enumerate() {
-            let field = format!("ignition.security.tls.certificateAuthorities[{i}].source");
-            let source =
-                ca.get("source")
-                    .and_then(Value::as_str)
-                    .ok_or_else(|| ApplyError::Invalid {
-                        field: field.clone(),
-                        message: "expected a data: URL".into(),
-                    })?;
-            let raw = dataurl::decode(source).map_err(|e| ApplyError::Invalid {
-                field: field.clone(),
-                message: e.to_string(),
-            })?;
-            // Spec 3.1+ lets a CA say `compression` (keelson never writes one; others may).
-            let pem = decompress(
-                raw,
-                ca.get("compression"),
-                &field.replace(".source", ".compression"),
-            )?;
-            cas.push(pem);
-        }
+    for (i, ca) in list.iter().enumerate() {
+        let field = format!("ignition.security.tls.certificateAuthorities[{i}].source");
+        let source = ca.source.as_deref().ok_or_else(|| ApplyError::Invalid {
+            field: field.clone(),
+            message: "expected a data: URL".into(),
+        })?;
+        let raw = dataurl::decode(source).map_err(|e| ApplyError::Invalid {
+            field: field.clone(),
+            message: e.to_string(),
+        })?;
+        // Spec 3.1+ lets a CA say `compression` (keelson never writes one; others may).
+        cas.push(decompress(
+            raw,
+            ca.compression.as_deref(),
+            &field.replace(".source", ".compression"),
+        )?);
     }
     Ok(cas)
 }
 
 /// Follows `replace` / `merge` (3.x) or `append` (2.2) pointers; returns the config to apply.
 async fn resolve(
-    config: Value,
+    read: ReadConfig,
     opts: &ApplyOptions,
     applied: &mut Applied,
     depth: usize,
-) -> Result<Value, ApplyError> {
+) -> Result<V3Config, ApplyError> {
     if depth > 4 {
         return Err(ApplyError::Invalid {
             field: "ignition.config".into(),
             message: "pointer configs nested more than 4 deep".into(),
         });
     }
+    let config = read.config;
     let cas = certificate_authorities(&config)?;
-    if let Some(replace) = config.pointer("/ignition/config/replace")
-        && replace.get("source").and_then(Value::as_str).is_some()
-    {
-        let child = fetch_config(replace, "ignition.config.replace", &cas, opts, applied).await?;
+    let pointers = config.ignition.config.clone().unwrap_or_default();
+    if let Some(replace) = pointers.replace.filter(|r| r.source.is_some()) {
+        let child = fetch_config(&replace, "ignition.config.replace", &cas, opts, applied).await?;
         return Box::pin(resolve(child, opts, applied, depth + 1)).await;
     }
-    let key = if is_v2(&config) { "append" } else { "merge" };
-    let mut result = config.clone();
-    if let Some(list) = config
-        .pointer(&format!("/ignition/config/{key}"))
-        .and_then(Value::as_array)
-    {
-        for (i, reference) in list.iter().enumerate() {
-            let field = format!("ignition.config.{key}[{i}]");
-            let child = fetch_config(reference, &field, &cas, opts, applied).await?;
-            let child = Box::pin(resolve(child, opts, applied, depth + 1)).await?;
-            merge(&mut result, child);
-        }
+    let key = if read.v2 { "append" } else { "merge" };
+    let mut result = config;
+    for (i, reference) in pointers.merge.unwrap_or_default().iter().enumerate() {
+        let field = format!("ignition.config.{key}[{i}]");
+        let child = fetch_config(reference, &field, &cas, opts, applied).await?;
+        let child = Box::pin(resolve(child, opts, applied, depth + 1)).await?;
+        merge(&mut result, child);
     }
     Ok(result)
 }
 
 async fn fetch_config(
-    reference: &Value,
+    reference: &Resource,
     field: &str,
     cas: &[Vec<u8>],
     opts: &ApplyOptions,
     applied: &mut Applied,
-) -> Result<Value, ApplyError> {
+) -> Result<ReadConfig, ApplyError> {
     let source = reference
-        .get("source")
-        .and_then(Value::as_str)
+        .source
+        .as_deref()
         .ok_or_else(|| ApplyError::Invalid {
             field: format!("{field}.source"),
             message: "expected a URL".into(),
@@ -220,51 +215,51 @@ async fn fetch_config(
         applied.fetched.push(source.to_owned());
         body
     };
-    verify(&bytes, reference.pointer("/verification/hash"), field)?;
-    parse(&bytes)
+    verify(&bytes, hash_of(reference), field)?;
+    let read = parse(&bytes)?;
+    for section in &read.layout_v2 {
+        applied.refused.push(layout_refusal(section));
+    }
+    Ok(read)
 }
 
-/// Merges `child` into `parent`: child's files, directories and users replace the parent's
-/// entries with the same path or name; everything else from the child wins.
-fn merge(parent: &mut Value, child: Value) {
-    for (section, list, key) in [
-        ("storage", "files", "path"),
-        ("storage", "directories", "path"),
-        ("passwd", "users", "name"),
-        ("systemd", "units", "name"),
-    ] {
-        let Some(child_list) = child
-            .pointer(&format!("/{section}/{list}"))
-            .and_then(Value::as_array)
-        else {
-            continue;
-        };
-        let parent_section = parent.as_object_mut().map(|o| {
-            o.entry(section)
-                .or_insert_with(|| Value::Object(Default::default()))
-        });
-        let Some(Value::Object(sec)) = parent_section else {
-            continue;
-        };
-        let entry = sec.entry(list).or_insert_with(|| Value::Array(vec![]));
-        let Value::Array(items) = entry else { continue };
-        for item in child_list {
-            let id = item.get(key).cloned();
-            items.retain(|existing| existing.get(key) != id.as_ref());
-            items.push(item.clone());
+/// A resource's `verification.hash`.
+fn hash_of(r: &Resource) -> Option<&str> {
+    r.verification.as_ref().and_then(|v| v.hash.as_deref())
+}
+
+/// Merges `child` into `parent`: child's files, directories, users and units replace the
+/// parent's entries with the same path or name; the child's TLS trust replaces the parent's.
+fn merge(parent: &mut V3Config, child: V3Config) {
+    fn by_key<T>(parent: &mut Option<Vec<T>>, child: Option<Vec<T>>, key: impl Fn(&T) -> &str) {
+        let Some(child) = child else { return };
+        let items = parent.get_or_insert_with(Vec::new);
+        for item in child {
+            items.retain(|existing| key(existing) != key(&item));
+            items.push(item);
         }
     }
-    if let (Some(p), Some(c)) = (parent.get_mut("ignition"), child.get("ignition"))
-        && let (Some(p), Some(c)) = (p.as_object_mut(), c.as_object())
-        && let Some(sec) = c.get("security")
-    {
-        p.insert("security".into(), sec.clone());
+    if let Some(storage) = child.storage {
+        let p = parent.storage.get_or_insert_with(Default::default);
+        by_key(&mut p.files, storage.files, |f| &f.path);
+        by_key(&mut p.directories, storage.directories, |d| &d.path);
+    }
+    if let Some(passwd) = child.passwd {
+        let p = parent.passwd.get_or_insert_with(Default::default);
+        by_key(&mut p.users, passwd.users, |u| &u.name);
+    }
+    if let Some(systemd) = child.systemd {
+        let p = parent.systemd.get_or_insert_with(Default::default);
+        by_key(&mut p.units, systemd.units, |u| &u.name);
+    }
+    if let Some(security) = child.ignition.security {
+        parent.ignition.security = Some(security);
     }
 }
 
 /// Checks `sha512-<hex>` / `sha256-<hex>` when given.
-fn verify(bytes: &[u8], hash: Option<&Value>, field: &str) -> Result<(), ApplyError> {
-    let Some(hash) = hash.and_then(Value::as_str) else {
+fn verify(bytes: &[u8], hash: Option<&str>, field: &str) -> Result<(), ApplyError> {
+    let Some(hash) = hash else {
         return Ok(());
     };
     let (algorithm, expected) = hash.split_once('-').ok_or_else(|| ApplyError::Invalid {
@@ -292,12 +287,8 @@ fn verify(bytes: &[u8], hash: Option<&Value>, field: &str) -> Result<(), ApplyEr
 
 /// `raw` decompressed as a resource's `compression` field (at `field`) says: none or gzip,
 /// never to more than [`MAX_FILE_BYTES`].
-fn decompress(
-    raw: Vec<u8>,
-    compression: Option<&Value>,
-    field: &str,
-) -> Result<Vec<u8>, ApplyError> {
-    match compression.and_then(Value::as_str) {
+fn decompress(raw: Vec<u8>, compression: Option<&str>, field: &str) -> Result<Vec<u8>, ApplyError> {
+    match compression {
         None | Some("") => Ok(raw),
         Some("gzip") => {
             let mut out = Vec::new();
@@ -329,11 +320,11 @@ fn decompress(
 /// target itself (a second boot) or the running agent (the appliance runs the agent as
 /// `/init`, and the config wants the same binary at the RHCOS path). Saves downloading
 /// megabytes through the API VIP at every boot. Only for uncompressed sources with a hash.
-fn local_copy(target: &Path, hash: Option<&Value>, contents: Option<&Value>) -> Option<Vec<u8>> {
-    let hash = hash?.as_str()?;
+fn local_copy(target: &Path, contents: &Resource) -> Option<Vec<u8>> {
+    let hash = hash_of(contents)?;
     if contents
-        .and_then(|c| c.get("compression"))
-        .and_then(Value::as_str)
+        .compression
+        .as_deref()
         .is_some_and(|c| !c.is_empty())
     {
         return None;
@@ -341,7 +332,7 @@ fn local_copy(target: &Path, hash: Option<&Value>, contents: Option<&Value>) -> 
     let candidates = [Some(target.to_path_buf()), std::env::current_exe().ok()];
     candidates.into_iter().flatten().find_map(|path| {
         let bytes = std::fs::read(&path).ok()?;
-        verify(&bytes, Some(&Value::String(hash.to_owned())), "local").ok()?;
+        verify(&bytes, Some(hash), "local").ok()?;
         Some(bytes)
     })
 }
@@ -368,38 +359,23 @@ fn under_root(root: &Path, path: &str, field: &str) -> Result<PathBuf, ApplyErro
 }
 
 async fn write_config(
-    config: &Value,
+    config: &V3Config,
     root: &Path,
     cas: &[Vec<u8>],
     opts: &ApplyOptions,
     applied: &mut Applied,
 ) -> Result<(), ApplyError> {
-    let empty = Vec::new();
-    let dirs = config
-        .pointer("/storage/directories")
-        .and_then(Value::as_array)
-        .unwrap_or(&empty);
-    for (i, dir) in dirs.iter().enumerate() {
+    let storage = config.storage.clone().unwrap_or_default();
+    for (i, dir) in storage.directories.iter().flatten().enumerate() {
         let field = format!("storage.directories[{i}].path");
-        let path = dir
-            .get("path")
-            .and_then(Value::as_str)
-            .ok_or_else(|| ApplyError::Invalid {
-                field: field.clone(),
-                message: "expected a path".into(),
-            })?;
-        let target = under_root(root, path, &field)?;
+        let target = under_root(root, &dir.path, &field)?;
         std::fs::create_dir_all(&target).map_err(|source| ApplyError::Write {
-            path: path.into(),
+            path: dir.path.clone(),
             source,
         })?;
-        set_mode(&target, dir.get("mode"))?;
+        set_mode(&target, dir.mode)?;
     }
-    let files = config
-        .pointer("/storage/files")
-        .and_then(Value::as_array)
-        .unwrap_or(&empty);
-    for (i, file) in files.iter().enumerate() {
+    for (i, file) in storage.files.iter().flatten().enumerate() {
         match write_file(file, i, root, cas, opts, applied).await {
             // One oversized file (a gzip bomb, an endless download) is refused on its own;
             // the rest of the config, and the node, still come up.
@@ -407,60 +383,108 @@ async fn write_config(
             other => other?,
         }
     }
-    if let Some(users) = config.pointer("/passwd/users").and_then(Value::as_array) {
-        for user in users {
-            let name = user.get("name").and_then(Value::as_str).unwrap_or("");
-            let keys: Vec<&str> = user
-                .get("sshAuthorizedKeys")
-                .and_then(Value::as_array)
-                .map(|k| k.iter().filter_map(Value::as_str).collect())
-                .unwrap_or_default();
-            if name == "core" && !keys.is_empty() {
-                let dir = root.join("home/core/.ssh/authorized_keys.d");
-                let path = dir.join("ignition");
-                let write = std::fs::create_dir_all(&dir)
-                    .and_then(|_| std::fs::write(&path, format!("{}\n", keys.join("\n"))));
-                write.map_err(|source| ApplyError::Write {
-                    path: path.display().to_string(),
-                    source,
-                })?;
-                applied.files_written.push(path);
-            } else if !keys.is_empty() || user.get("passwordHash").is_some() {
-                applied.refused.push(format!(
-                    "passwd.users {name:?}: the appliance has only core's keys"
-                ));
-            }
-        }
-    }
-    if let Some(units) = config.pointer("/systemd/units").and_then(Value::as_array) {
-        for unit in units {
-            let name = unit.get("name").and_then(Value::as_str).unwrap_or("?");
-            if name == keelson_ignition::unit::AGENT_UNIT_NAME {
-                // The RHCOS unit that starts the agent: here the agent is already PID 1.
-                continue;
-            }
+    let users = config.passwd.as_ref().and_then(|p| p.users.as_deref());
+    for user in users.unwrap_or_default() {
+        let keys = user.ssh_authorized_keys.as_deref().unwrap_or_default();
+        if user.name == "core" && !keys.is_empty() {
+            let dir = root.join("home/core/.ssh/authorized_keys.d");
+            let path = dir.join("ignition");
+            let write = std::fs::create_dir_all(&dir)
+                .and_then(|_| std::fs::write(&path, format!("{}\n", keys.join("\n"))));
+            write.map_err(|source| ApplyError::Write {
+                path: path.display().to_string(),
+                source,
+            })?;
+            applied.files_written.push(path);
+        } else if !keys.is_empty() || user.password_hash.is_some() {
             applied.refused.push(format!(
-                "systemd.units {name}: the appliance has no systemd (the agent is PID 1); \
-                 declare extra processes as cluster.json services"
+                "passwd.users {:?}: the appliance has only core's keys",
+                user.name
             ));
         }
     }
-    for section in ["disks", "raid", "filesystems", "links", "luks"] {
-        if config
-            .pointer(&format!("/storage/{section}"))
-            .and_then(Value::as_array)
-            .is_some_and(|a| !a.is_empty())
-        {
-            applied.refused.push(format!(
-                "storage.{section}: the appliance runs from memory and does not partition or format disks"
-            ));
+    let units = config.systemd.as_ref().and_then(|s| s.units.as_deref());
+    for unit in units.unwrap_or_default() {
+        if unit.name == keelson_cluster::unit::AGENT_UNIT_NAME {
+            // The RHCOS unit that starts the agent: here the agent is already PID 1.
+            continue;
         }
+        applied.refused.push(format!(
+            "systemd.units {}: the appliance has no systemd (the agent is PID 1); \
+             declare extra processes as cluster.json services",
+            unit.name
+        ));
+    }
+    let layout = [
+        (
+            "disks",
+            storage.disks.as_ref().is_some_and(|v| !v.is_empty()),
+        ),
+        ("raid", storage.raid.as_ref().is_some_and(|v| !v.is_empty())),
+        (
+            "filesystems",
+            storage.filesystems.as_ref().is_some_and(|v| !v.is_empty()),
+        ),
+        (
+            "links",
+            storage.links.as_ref().is_some_and(|v| !v.is_empty()),
+        ),
+        ("luks", storage.luks.as_ref().is_some_and(|v| !v.is_empty())),
+    ];
+    for (section, _) in layout.iter().filter(|(_, present)| *present) {
+        applied.refused.push(layout_refusal(section));
     }
     Ok(())
 }
 
+/// The bytes of one file resource: decoded from a data URL, found on the node already, or
+/// fetched; decompressed and verified.
+async fn resource_bytes(
+    contents: &Resource,
+    target: &Path,
+    field: &str,
+    cas: &[Vec<u8>],
+    opts: &ApplyOptions,
+) -> Result<Vec<u8>, ApplyError> {
+    let raw = match contents.source.as_deref() {
+        None | Some("") => Vec::new(),
+        Some(url) if url.starts_with("data:") => {
+            dataurl::decode(url).map_err(|e| ApplyError::Invalid {
+                field: format!("{field}.source"),
+                message: e.to_string(),
+            })?
+        }
+        Some(url) => match local_copy(target, contents) {
+            Some(bytes) => {
+                tracing::info!(path = %target.display(), %url, "already here with the verified hash; not fetched");
+                bytes
+            }
+            None => fetch::get_with_retry(url, cas, MAX_FILE_BYTES, opts.fetch_timeout)
+                .await
+                .map_err(|e| match e {
+                    crate::net::http_client::HttpError::TooLarge { limit, .. } => {
+                        ApplyError::TooLarge {
+                            field: format!("{field}.source"),
+                            limit,
+                            how: "",
+                        }
+                    }
+                    other => other.into(),
+                })?,
+        },
+    };
+    let data = decompress(
+        raw,
+        contents.compression.as_deref(),
+        &format!("{field}.compression"),
+    )?;
+    // Ignition: "if compression is specified, the hash describes the decompressed file".
+    verify(&data, hash_of(contents), field)?;
+    Ok(data)
+}
+
 async fn write_file(
-    file: &Value,
+    file: &File,
     index: usize,
     root: &Path,
     cas: &[Vec<u8>],
@@ -468,71 +492,42 @@ async fn write_file(
     applied: &mut Applied,
 ) -> Result<(), ApplyError> {
     let field = format!("storage.files[{index}]");
-    let path = file
-        .get("path")
-        .and_then(Value::as_str)
-        .ok_or_else(|| ApplyError::Invalid {
-            field: format!("{field}.path"),
-            message: "expected a path".into(),
-        })?;
+    let path = file.path.as_str();
     let target = under_root(root, path, &format!("{field}.path"))?;
-    let contents = file.get("contents");
-    let source = contents
-        .and_then(|c| c.get("source"))
-        .and_then(Value::as_str);
-    let raw = match source {
-        None | Some("") => Vec::new(),
-        Some(url) if url.starts_with("data:") => {
-            dataurl::decode(url).map_err(|e| ApplyError::Invalid {
-                field: format!("{field}.contents.source"),
-                message: e.to_string(),
-            })?
-        }
-        Some(url) => {
-            if target.exists() && std::env::current_exe().is_ok_and(|exe| exe == target) {
-                return Ok(());
-            }
-            let hash = contents.and_then(|c| c.pointer("/verification/hash"));
-            match local_copy(&target, hash, contents) {
-                Some(bytes) => {
-                    tracing::info!(path, %url, "already here with the verified hash; not fetched");
-                    bytes
-                }
-                None => fetch::get_with_retry(url, cas, MAX_FILE_BYTES, opts.fetch_timeout)
-                    .await
-                    .map_err(|e| match e {
-                        crate::net::http_client::HttpError::TooLarge { limit, .. } => {
-                            ApplyError::TooLarge {
-                                field: format!("{field}.contents.source"),
-                                limit,
-                                how: "",
-                            }
-                        }
-                        other => other.into(),
-                    })?,
-            }
-        }
+    let remote = |r: &Resource| {
+        r.source
+            .as_deref()
+            .is_some_and(|s| !s.is_empty() && !s.starts_with("data:"))
     };
-    let data = decompress(
-        raw,
-        contents.and_then(|c| c.get("compression")),
-        &format!("{field}.contents.compression"),
-    )?;
-    // Ignition: "if compression is specified, the hash describes the decompressed file".
-    verify(
-        &data,
-        contents.and_then(|c| c.pointer("/verification/hash")),
-        &format!("{field}.contents"),
-    )?;
+    // The running agent itself (the appliance's /init at the RHCOS path): never rewritten.
+    if file.contents.as_ref().is_some_and(remote)
+        && target.exists()
+        && std::env::current_exe().is_ok_and(|exe| exe == target)
+    {
+        return Ok(());
+    }
     let werr = |source| ApplyError::Write {
         path: path.to_owned(),
         source,
     };
+    let contents = file.contents.clone().unwrap_or_default();
+    let data = resource_bytes(&contents, &target, &format!("{field}.contents"), cas, opts).await?;
     if let Some(parent) = target.parent() {
         std::fs::create_dir_all(parent).map_err(werr)?;
     }
-    let append_v2 = file.get("append").and_then(Value::as_bool) == Some(true);
-    if append_v2 {
+    // A file that only appends (2.x `append: true`, 3.x `append` without `contents`) keeps
+    // what is there.
+    if file.contents.is_some() || file.append.is_none() {
+        std::fs::write(&target, &data).map_err(werr)?;
+    }
+    for (i, piece) in file.append.iter().flatten().enumerate() {
+        // A 2.x append is the file's own contents, and named so.
+        let at = if file.contents.is_none() && i == 0 {
+            format!("{field}.contents")
+        } else {
+            format!("{field}.append[{i}]")
+        };
+        let data = resource_bytes(piece, &target, &at, cas, opts).await?;
         use std::io::Write;
         std::fs::OpenOptions::new()
             .create(true)
@@ -540,25 +535,21 @@ async fn write_file(
             .open(&target)
             .and_then(|mut f| f.write_all(&data))
             .map_err(werr)?;
-    } else {
-        std::fs::write(&target, &data).map_err(werr)?;
     }
-    set_mode(&target, file.get("mode"))?;
+    set_mode(&target, file.mode)?;
     applied.files_written.push(target);
     Ok(())
 }
 
-fn set_mode(path: &Path, mode: Option<&Value>) -> Result<(), ApplyError> {
-    if let Some(mode) = mode.and_then(Value::as_u64) {
+fn set_mode(path: &Path, mode: Option<i64>) -> Result<(), ApplyError> {
+    if let Some(mode) = mode.and_then(|m| u32::try_from(m).ok()) {
         use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(
-            path,
-            std::fs::Permissions::from_mode((mode & 0o7777) as u32),
-        )
-        .map_err(|source| ApplyError::Write {
-            path: path.display().to_string(),
-            source,
-        })?;
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode & 0o7777)).map_err(
+            |source| ApplyError::Write {
+                path: path.display().to_string(),
+                source,
+            },
+        )?;
     }
     Ok(())
 }

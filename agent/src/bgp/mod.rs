@@ -28,8 +28,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::Context as _;
-use keelson_ignition::bgp::{DaemonKind, DaemonRun};
-use keelson_ignition::cluster::{RestartPolicy, ServiceSpec};
+use keelson_cluster::bgp::{DaemonKind, DaemonRun};
+use keelson_cluster::cluster::{RestartPolicy, ServiceSpec};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
@@ -223,6 +223,7 @@ fn status_now(
 }
 
 /// The `bgp` service: runs until `stop`, then withdraws every VIP and empties the table.
+// Over 100 lines on purpose: set-up, the reconcile loop and the withdrawal at stop share the VIPs' route state; the loop's arms are short.
 pub async fn run(ctx: AgentContext, stop: CancellationToken) -> anyhow::Result<()> {
     let Some(plan) = plan::plan(&ctx.cluster, &ctx.node).filter(|p| !p.vips.is_empty()) else {
         ctx.bus.mark_ready("bgp");

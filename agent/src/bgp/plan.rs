@@ -4,9 +4,9 @@
 
 use std::net::{IpAddr, Ipv4Addr};
 
-use keelson_ignition::bgp::{BfdSettings, BgpSettings, Community, DaemonKind, DaemonRun};
-use keelson_ignition::cluster::{HealthCheckConfig, HealthCheckKind, RolePriorities};
-use keelson_ignition::{ClusterConfig, Role};
+use keelson_cluster::bgp::{BfdSettings, BgpSettings, Community, DaemonKind, DaemonRun};
+use keelson_cluster::cluster::{HealthCheckConfig, HealthCheckKind, RolePriorities};
+use keelson_cluster::{ClusterConfig, Role};
 
 use crate::node::NodeIdentity;
 

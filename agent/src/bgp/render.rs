@@ -12,7 +12,7 @@
 use std::fmt::Write as _;
 use std::net::IpAddr;
 
-use keelson_ignition::bgp::Community;
+use keelson_cluster::bgp::Community;
 
 use super::plan::{NodePlan, PeerPlan, VipPlan};
 
@@ -324,7 +324,7 @@ mod tests {
     use super::*;
     use crate::bgp::plan::plan;
     use crate::node::NodeIdentity;
-    use keelson_ignition::{ClusterConfig, Role};
+    use keelson_cluster::{ClusterConfig, Role};
 
     fn node_plan(role: Role) -> NodePlan {
         let mut c = ClusterConfig::from_json(include_bytes!("testdata/cluster.json")).unwrap();

@@ -196,7 +196,7 @@ mod tests {
     use super::*;
     use crate::members::member::Member;
     use hickory_proto::rr::{Name, RecordType};
-    use keelson_ignition::Role;
+    use keelson_cluster::Role;
 
     fn zone(n: usize) -> Zone {
         let members: Vec<Member> = (0..n)

@@ -23,7 +23,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::Context as _;
-use keelson_ignition::ClusterConfig;
+use keelson_cluster::ClusterConfig;
 
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
@@ -272,7 +272,7 @@ mod tests {
     #[test]
     fn upstream_order_and_no_self_loop() {
         let json = serde_json::json!({"port": 53, "ttl": 60, "upstreams": ["192.0.2.53:53"], "manageResolvConf": false});
-        let dns: keelson_ignition::cluster::DnsSettings = serde_json::from_value(json).unwrap();
+        let dns: keelson_cluster::cluster::DnsSettings = serde_json::from_value(json).unwrap();
         let mut cluster = crate::dns::tests::cluster_stub();
         cluster.dns = dns;
         let learned: Vec<IpAddr> = vec![

@@ -206,7 +206,7 @@ impl Zone {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use keelson_ignition::Role;
+    use keelson_cluster::Role;
 
     fn zone() -> Zone {
         let members = vec![

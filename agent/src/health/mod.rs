@@ -10,7 +10,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use keelson_ignition::cluster::{HealthCheckConfig, HealthCheckKind};
+use keelson_cluster::cluster::{HealthCheckConfig, HealthCheckKind};
 use serde::Serialize;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;

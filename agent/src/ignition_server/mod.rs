@@ -1,5 +1,5 @@
 //! The :22623/:22624 Ignition config service on a node (docs/ignition-server.md). The server itself is
-//! `keelson_ignition::server`, the same code `keelson serve` runs; this module wires it to
+//! `keelson_cluster::server`, the same code `keelson serve` runs; this module wires it to
 //! the node: TLS from `/etc/keelson/tls/`, ports and allowed networks from cluster.json,
 //! bootstrap mode on the bootstrap node, the agent's own binary as `/assets/keelson-agent`,
 //! and the bus (`ignition_running`, the `ignition` ready mark and status snapshot).
@@ -11,9 +11,9 @@ use std::sync::{Arc, Mutex};
 
 use anyhow::Context;
 use bytes::Bytes;
-use keelson_ignition::Role;
-use keelson_ignition::routes::ExtraRoutes;
-use keelson_ignition::server::{
+use keelson_cluster::Role;
+use keelson_cluster::routes::ExtraRoutes;
+use keelson_cluster::server::{
     Assets, BoundServer, ConfigSource, IgnitionServer, RenderSource, RequestObserver,
     RequestRecord, ServerOptions, default_allowed_networks, tls_config_from_files,
 };
@@ -51,8 +51,8 @@ impl Paths {
     /// The node's defaults with the certificate and key in `tls_dir`.
     pub fn in_tls_dir(tls_dir: &std::path::Path) -> Self {
         Self {
-            cert: tls_dir.join(keelson_ignition::tls_files::SERVER_CERT),
-            key: tls_dir.join(keelson_ignition::tls_files::SERVER_KEY),
+            cert: tls_dir.join(keelson_cluster::tls_files::SERVER_CERT),
+            key: tls_dir.join(keelson_cluster::tls_files::SERVER_KEY),
             assets_dir: PathBuf::from("/etc/keelson/assets"),
             self_asset: Some(AGENT_ASSET.to_string()),
         }
@@ -145,7 +145,7 @@ impl IgnitionService {
         self
     }
 
-    fn assets(&self, cluster: &keelson_ignition::ClusterConfig) -> anyhow::Result<Assets> {
+    fn assets(&self, cluster: &keelson_cluster::ClusterConfig) -> anyhow::Result<Assets> {
         let mut assets = Assets::from_dir(&self.paths.assets_dir)?;
         if let Some(name) = &self.paths.self_asset
             && assets.get(name).is_none()

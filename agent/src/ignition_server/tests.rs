@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use super::*;
 use crate::node::NodeIdentity;
-use keelson_ignition::{ClusterConfig, SpecVersion};
+use keelson_cluster::{ClusterConfig, SpecVersion};
 
 const CLUSTER_JSON: &str = r#"{
   "version": 1, "name": "ocp4", "baseDomain": "osd2019.local",
@@ -26,7 +26,7 @@ impl ConfigSource for Fake {
         &self,
         pool: Role,
         spec: SpecVersion,
-    ) -> Result<Bytes, keelson_ignition::server::SourceError> {
+    ) -> Result<Bytes, keelson_cluster::server::SourceError> {
         Ok(Bytes::from(format!(
             "{{\"pool\":\"{pool}\",\"spec\":\"{spec}\"}}"
         )))

@@ -5,7 +5,7 @@
 
 use std::path::{Path, PathBuf};
 
-use keelson_ignition::{ClusterConfig, Role};
+use keelson_cluster::{ClusterConfig, Role};
 use sha2::{Digest, Sha512};
 
 /// Where the image carries the build's assets.
@@ -56,11 +56,11 @@ pub fn install_from_image(cluster: &ClusterConfig, role: Role, root: &Path) -> I
 #[cfg(test)]
 mod tests {
     use super::*;
-    use keelson_ignition::cluster::{ServiceAsset, ServiceSpec};
+    use keelson_cluster::cluster::{ServiceAsset, ServiceSpec};
 
     fn cluster(bytes: &[u8]) -> ClusterConfig {
         let text = include_str!("../../../examples/install-config.yaml");
-        let mut c = keelson_ignition::install_config::InstallConfig::parse(text)
+        let mut c = keelson_cluster::install_config::InstallConfig::parse(text)
             .unwrap()
             .cluster_config();
         c.services.push(ServiceSpec {

@@ -25,7 +25,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use keelson_ignition::Role;
+use keelson_cluster::Role;
 use ring::hmac;
 use serde::{Deserialize, Serialize};
 
@@ -174,7 +174,7 @@ pub enum AuthError {
         path: String,
         /// What is wrong.
         #[source]
-        source: keelson_ignition::membership::KeyError,
+        source: keelson_cluster::membership::KeyError,
     },
     /// The signing key is not the one cluster.json names.
     #[error(
@@ -204,7 +204,7 @@ impl Keys {
             .iter()
             .map(|k| {
                 (
-                    keelson_ignition::membership::key_id(k),
+                    keelson_cluster::membership::key_id(k),
                     hmac::Key::new(hmac::HMAC_SHA256, k),
                 )
             })
@@ -219,7 +219,7 @@ impl Keys {
     /// `membership.next.key`, when present, verify too), checked against `key_id`.
     pub fn load(tls_dir: &Path, key_id: &str) -> Result<Self, AuthError> {
         let mut raw = Vec::new();
-        for (i, name) in keelson_ignition::tls_files::MEMBERSHIP_KEYS
+        for (i, name) in keelson_cluster::tls_files::MEMBERSHIP_KEYS
             .iter()
             .enumerate()
         {
@@ -236,14 +236,14 @@ impl Keys {
                     });
                 }
             };
-            let key = keelson_ignition::membership::parse_key(&text).map_err(|source| {
+            let key = keelson_cluster::membership::parse_key(&text).map_err(|source| {
                 AuthError::Parse {
                     path: shown.clone(),
                     source,
                 }
             })?;
             if i == 0 {
-                let got = keelson_ignition::membership::key_id(&key);
+                let got = keelson_cluster::membership::key_id(&key);
                 if got != key_id {
                     return Err(AuthError::WrongKey {
                         path: shown,
@@ -686,17 +686,17 @@ mod tests {
         );
         assert_eq!(
             both.signing_id(),
-            keelson_ignition::membership::key_id(&[1; 32])
+            keelson_cluster::membership::key_id(&[1; 32])
         );
     }
 
     #[test]
     fn load_checks_the_id_cluster_json_names() {
         let dir = tempfile::tempdir().unwrap();
-        let text = keelson_ignition::membership::generate().unwrap();
+        let text = keelson_cluster::membership::generate().unwrap();
         std::fs::write(dir.path().join("membership.key"), &text).unwrap();
-        let id = keelson_ignition::membership::key_id(
-            &keelson_ignition::membership::parse_key(&text).unwrap(),
+        let id = keelson_cluster::membership::key_id(
+            &keelson_cluster::membership::parse_key(&text).unwrap(),
         );
         assert_eq!(Keys::load(dir.path(), &id).unwrap().signing_id(), id);
         let e = Keys::load(dir.path(), "0000000000000000")

@@ -29,7 +29,7 @@ use hickory_proto::op::{Message, MessageType, OpCode, Query, ResponseCode};
 use hickory_proto::rr::domain::Label;
 use hickory_proto::rr::rdata::{A, AAAA, PTR, SRV, TXT};
 use hickory_proto::rr::{DNSClass, Name, RData, Record, RecordType};
-use keelson_ignition::Role;
+use keelson_cluster::Role;
 
 use super::auth::{Fields, Fresh, Op, Proof, Reject, Signer, Verifier, source_matches};
 use crate::dns_label::DnsLabel;
@@ -364,6 +364,8 @@ impl Cache {
 
     /// Takes in one packet from `src`, received at `now` (`wall`: the same moment on the
     /// clock signed records are checked against).
+    // Over 100 lines on purpose: one pass over a packet's records (host addresses first, then
+    // the services that name them), each rejection beside the reason it is counted under.
     pub fn receive_from(
         &mut self,
         packet: &[u8],

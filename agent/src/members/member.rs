@@ -4,7 +4,7 @@
 use std::net::IpAddr;
 use std::sync::Arc;
 
-use keelson_ignition::Role;
+use keelson_cluster::Role;
 use serde::{Deserialize, Serialize};
 
 use crate::dns_label::DnsLabel;

@@ -26,8 +26,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use anyhow::Context as _;
-use keelson_ignition::ClusterConfig;
-use keelson_ignition::cluster::MembersTransport;
+use keelson_cluster::ClusterConfig;
+use keelson_cluster::cluster::MembersTransport;
 use tokio_util::sync::CancellationToken;
 
 use crate::context::AgentContext;
@@ -152,7 +152,7 @@ pub async fn run_with(
         MembersTransport::Unicast => {
             let ca = opts
                 .ca_path
-                .unwrap_or_else(|| ctx.paths.tls_dir.join(keelson_ignition::tls_files::CA_CERT));
+                .unwrap_or_else(|| ctx.paths.tls_dir.join(keelson_cluster::tls_files::CA_CERT));
             let state = ctx.paths.state_dir.clone();
             unicast::run(ctx, registry, stop, &counters, ca, state, keys).await
         }
@@ -223,7 +223,7 @@ pub async fn cli(args: MembersArgs) -> anyhow::Result<()> {
     let ca = args
         .ca
         .clone()
-        .unwrap_or_else(|| tls_dir.join(keelson_ignition::tls_files::CA_CERT));
+        .unwrap_or_else(|| tls_dir.join(keelson_cluster::tls_files::CA_CERT));
     let registry = Arc::new(Registry::for_node(&cluster, &node));
     let ctx = AgentContext::new(cluster, node).with_paths(crate::context::NodePaths {
         state_dir: args.state_dir.clone(),

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use bytes::Bytes;
 use http::{Method, StatusCode};
-use keelson_ignition::routes::ExtraRoutes;
+use keelson_cluster::routes::ExtraRoutes;
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
@@ -23,7 +23,7 @@ use super::table::{MAX_MEMBERS, Table};
 use crate::dns_label::DnsLabel;
 use crate::members::member::Member;
 use crate::node::NodeIdentity;
-use keelson_ignition::ClusterConfig;
+use keelson_cluster::ClusterConfig;
 
 /// The registration path on the Ignition server.
 pub const MEMBERS_PATH: &str = "/keelson/v1/members";
@@ -395,7 +395,7 @@ fn check_member(m: &Member) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use keelson_ignition::Role;
+    use keelson_cluster::Role;
 
     fn member(name: &str, addr: &str) -> Member {
         Member {

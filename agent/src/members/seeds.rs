@@ -15,7 +15,7 @@ use std::net::IpAddr;
 use std::path::Path;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use keelson_ignition::Role;
+use keelson_cluster::Role;
 use serde::{Deserialize, Serialize};
 
 use crate::dns_label::DnsLabel;

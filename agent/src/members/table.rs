@@ -116,7 +116,7 @@ impl Table {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use keelson_ignition::Role;
+    use keelson_cluster::Role;
 
     fn m(name: &str) -> Member {
         Member {

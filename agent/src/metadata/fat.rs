@@ -128,6 +128,8 @@ fn label_text(raw: &[u8]) -> String {
 
 impl<R: Read + Seek> Fat<R> {
     /// Reads the boot sector, the first FAT and the volume label.
+    // Over 100 lines on purpose: the boot sector and the FAT geometry checked one field after
+    // another, each with its own error: bounds checks, not steps to share.
     pub fn open(mut reader: R) -> Result<Self, FatError> {
         let len = reader.seek(SeekFrom::End(0))?;
         let mut boot = [0u8; 512];

@@ -16,7 +16,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use http_body_util::Full;
 use hyper::{Method, Response, StatusCode, header};
-use keelson_ignition::server::AccessList;
+use keelson_cluster::server::AccessList;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 

@@ -2,13 +2,17 @@
 //! from one [`AgentStatus`] (the one `keelson-agent status` shows), written as the
 //! Prometheus text format 0.0.4 or OpenMetrics 1.0.
 //!
-//! Pure: a status in, text out. Labels are bounded by construction: instance, check,
-//! frontend and backend names come from `cluster.json` and the members (masters), question
-//! types and response codes from fixed tables, Ignition pools and routes from a fixed set;
-//! no client address ever becomes a label.
+//! Pure: a status in, text out; every family is one row of one table (`FAMILIES`: name,
+//! help, kind, and how the status gives its rows). Labels are bounded by construction:
+//! instance, check, frontend and backend names come from `cluster.json` and the members
+//! (masters), question types and response codes from fixed tables, Ignition pools and routes
+//! from a fixed set; no client address ever becomes a label.
 
 use crate::status::histogram::HistogramSnapshot;
-use crate::status::model::{AgentStatus, VrrpState};
+use crate::status::model::{
+    AgentStatus, BackendSnapshot, DnsStatus, FrontendStatus, HealthCheck, MembersAuth,
+    VrrpInstance, VrrpState,
+};
 
 /// The exposition formats.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -147,31 +151,6 @@ impl Builder {
         }
     }
 
-    /// A counter family; `name` without `_total`.
-    fn counter(&mut self, name: &'static str, help: &'static str, rows: Vec<(Labels, u64)>) {
-        let rows = rows
-            .into_iter()
-            .map(|(l, v)| (l, Value::Int(v.into())))
-            .collect();
-        self.family(name, help, "counter", rows);
-    }
-
-    fn gauge(&mut self, name: &'static str, help: &'static str, rows: Vec<(Labels, i64)>) {
-        let rows = rows
-            .into_iter()
-            .map(|(l, v)| (l, Value::Int(v.into())))
-            .collect();
-        self.family(name, help, "gauge", rows);
-    }
-
-    fn gauge_f(&mut self, name: &'static str, help: &'static str, rows: Vec<(Labels, f64)>) {
-        let rows = rows
-            .into_iter()
-            .map(|(l, v)| (l, Value::Float(v)))
-            .collect();
-        self.family(name, help, "gauge", rows);
-    }
-
     fn histogram(
         &mut self,
         name: &'static str,
@@ -192,29 +171,559 @@ impl Builder {
             self.sample(name, "_sum", &labels, Value::Float(h.sum_seconds));
         }
     }
+}
 
-    /// `process_cpu_seconds_total`: a float counter.
-    fn counter_f_seconds(&mut self, secs: f64) {
-        self.family(
-            "process_cpu_seconds",
-            "Total user and system CPU time spent, seconds.",
-            "counter",
-            vec![(none(), Value::Float(secs))],
-        );
+/// What a family is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Counter,
+    Gauge,
+    Histogram,
+}
+
+/// One row of a family: its labels and its value.
+enum Sample {
+    Value(Value),
+    Histogram(HistogramSnapshot),
+}
+
+type Rows = Vec<(Labels, Sample)>;
+
+/// One metric family: its name (a counter's without `_total`), help, kind, and the rows the
+/// status gives it (none: the family is left out). `docs/metrics.md` lists the same table.
+struct Family {
+    name: &'static str,
+    help: &'static str,
+    kind: Kind,
+    rows: fn(&AgentStatus) -> Rows,
+}
+
+const fn gauge(name: &'static str, help: &'static str, rows: fn(&AgentStatus) -> Rows) -> Family {
+    Family {
+        name,
+        help,
+        kind: Kind::Gauge,
+        rows,
     }
 }
 
-fn none() -> Labels {
-    Vec::new()
+/// `name` without `_total`.
+const fn counter(name: &'static str, help: &'static str, rows: fn(&AgentStatus) -> Rows) -> Family {
+    Family {
+        name,
+        help,
+        kind: Kind::Counter,
+        rows,
+    }
 }
 
-fn b(v: bool) -> i64 {
-    i64::from(v)
+const fn histogram(
+    name: &'static str,
+    help: &'static str,
+    rows: fn(&AgentStatus) -> Rows,
+) -> Family {
+    Family {
+        name,
+        help,
+        kind: Kind::Histogram,
+        rows,
+    }
 }
 
-fn i(v: u64) -> i64 {
-    i64::try_from(v).unwrap_or(i64::MAX)
-}
+/// Every family, in the order they are written.
+const FAMILIES: &[Family] = &[
+    // The agent and its process.
+    gauge(
+        "keelson_build_info",
+        "The agent's version and git commit (always 1).",
+        |st| {
+            one(
+                vec![
+                    ("version", st.build.version.clone()),
+                    ("commit", st.build.commit.clone()),
+                ],
+                int(1),
+            )
+        },
+    ),
+    gauge(
+        "keelson_node_info",
+        "This node's name and role (always 1).",
+        |st| {
+            one(
+                vec![
+                    ("node", st.node.name.clone()),
+                    ("role", st.node.role.to_string()),
+                ],
+                int(1),
+            )
+        },
+    ),
+    gauge(
+        "keelson_uptime_seconds",
+        "Seconds since the agent started serving.",
+        |st| one(none(), float(st.process.uptime_seconds)),
+    ),
+    gauge(
+        "keelson_service_ready",
+        "Services that are up (always 1).",
+        |st| {
+            st.ready
+                .iter()
+                .map(|s| (vec![("service", s.clone())], int(1)))
+                .collect()
+        },
+    ),
+    counter(
+        "keelson_service_restarts",
+        "Restarts of services and operator processes by the supervisor.",
+        |st| {
+            st.restarts
+                .iter()
+                .map(|(s, r)| (vec![("service", s.clone())], count(r.restarts)))
+                .collect()
+        },
+    ),
+    gauge(
+        "process_start_time_seconds",
+        "Start time of the process since the Unix epoch, seconds.",
+        |st| one(none(), float(st.process.start_time_seconds)),
+    ),
+    counter(
+        "process_cpu_seconds",
+        "Total user and system CPU time spent, seconds.",
+        |st| one(none(), float(st.process.cpu_seconds)),
+    ),
+    gauge(
+        "process_resident_memory_bytes",
+        "Resident memory size, bytes.",
+        |st| one(none(), count(st.process.resident_memory_bytes)),
+    ),
+    gauge(
+        "process_virtual_memory_bytes",
+        "Virtual memory size, bytes.",
+        |st| one(none(), count(st.process.virtual_memory_bytes)),
+    ),
+    gauge("process_open_fds", "Open file descriptors.", |st| {
+        one(none(), count(st.process.open_fds))
+    }),
+    gauge(
+        "process_max_fds",
+        "Maximum number of open file descriptors.",
+        |st| one(none(), count(st.process.max_fds)),
+    ),
+    gauge("process_threads", "Threads of the process.", |st| {
+        one(none(), count(st.process.threads))
+    }),
+    // VRRP instances and their health checks.
+    gauge(
+        "keelson_vrrp_state",
+        "VRRP state of each instance: 1 for the current state, 0 for the others.",
+        |st| {
+            st.vrrp
+                .iter()
+                .flat_map(|v| {
+                    VrrpState::ALL.iter().map(move |s| {
+                        (
+                            vec![
+                                ("vrrp_instance", v.name.clone()),
+                                ("state", s.as_str().to_string()),
+                            ],
+                            int(i64::from(v.state == *s)),
+                        )
+                    })
+                })
+                .collect()
+        },
+    ),
+    gauge(
+        "keelson_vrrp_vip_info",
+        "The VIP and virtual router ID of each instance (always 1).",
+        |st| {
+            st.vrrp
+                .iter()
+                .map(|v| {
+                    (
+                        vec![
+                            ("vrrp_instance", v.name.clone()),
+                            ("vip", v.vip.to_string()),
+                            ("vrid", v.vrid.to_string()),
+                        ],
+                        int(1),
+                    )
+                })
+                .collect()
+        },
+    ),
+    gauge(
+        "keelson_vrrp_state_seconds",
+        "Seconds each instance has been in its current state.",
+        |st| per_vrrp(st, |v| Some(float(v.state_seconds))),
+    ),
+    gauge(
+        "keelson_vrrp_priority",
+        "Effective priority (base plus the weights of passing checks).",
+        |st| per_vrrp(st, |v| Some(int(v.priority.into()))),
+    ),
+    gauge(
+        "keelson_vrrp_base_priority",
+        "Base priority of this node's role.",
+        |st| per_vrrp(st, |v| Some(int(v.base_priority.into()))),
+    ),
+    gauge(
+        "keelson_vrrp_master_priority",
+        "Priority of the master last heard (this node's own when master).",
+        |st| per_vrrp(st, |v| Some(int(v.master_priority?.into()))),
+    ),
+    counter("keelson_vrrp_transitions", "VRRP state changes.", |st| {
+        per_vrrp(st, |v| Some(count(v.transitions)))
+    }),
+    counter(
+        "keelson_vrrp_adverts_received",
+        "Valid adverts received for the instance.",
+        |st| per_vrrp(st, |v| Some(count(v.adverts_received))),
+    ),
+    counter(
+        "keelson_vrrp_adverts_sent",
+        "Adverts sent (one per destination).",
+        |st| per_vrrp(st, |v| Some(count(v.adverts_sent))),
+    ),
+    counter(
+        "keelson_vrrp_announcements",
+        "Gratuitous ARPs / unsolicited neighbour advertisements sent for the VIP.",
+        |st| per_vrrp(st, |v| Some(count(v.announcements))),
+    ),
+    counter(
+        "keelson_vrrp_arp_conflicts",
+        "Unicast: ARP frames showing another holder of the VIP that sends no adverts.",
+        |st| per_vrrp(st, |v| Some(count(v.arp_conflicts))),
+    ),
+    counter(
+        "keelson_vrrp_conflict_yields",
+        "Unicast: times this node gave the VIP up to a holder it cannot hear.",
+        |st| per_vrrp(st, |v| Some(count(v.conflict_yields))),
+    ),
+    counter(
+        "keelson_vrrp_lone_claims",
+        "Unicast: times the claim grace ran out with no peer heard and the VIP was claimed alone.",
+        |st| per_vrrp(st, |v| Some(count(v.lone_claims))),
+    ),
+    counter("keelson_vrrp_drops", "Packets dropped, by reason.", |st| {
+        st.vrrp
+            .iter()
+            .flat_map(|v| {
+                v.drops.iter().map(move |(r, n)| {
+                    (
+                        vec![("vrrp_instance", v.name.clone()), ("reason", r.clone())],
+                        count(*n),
+                    )
+                })
+            })
+            .collect()
+    }),
+    gauge(
+        "keelson_health_check_passing",
+        "Whether each health check of a VRRP instance passes.",
+        |st| per_check(st, |c| int(c.passing.into())),
+    ),
+    gauge(
+        "keelson_health_check_weight",
+        "Priority a health check adds while it passes.",
+        |st| per_check(st, |c| int(c.weight.into())),
+    ),
+    counter(
+        "keelson_health_check_transitions",
+        "Times a health check changed between passing and failing.",
+        |st| per_check(st, |c| count(c.transitions)),
+    ),
+    // The API proxy (where it runs).
+    gauge(
+        "keelson_proxy_healthy",
+        "Whether the API proxy has at least one backend up.",
+        |st| {
+            st.proxy
+                .iter()
+                .map(|p| (none(), int(p.healthy.into())))
+                .collect()
+        },
+    ),
+    counter(
+        "keelson_proxy_frontend_accepted",
+        "Client connections accepted.",
+        |st| per_frontend(st, |f| count(f.accepted)),
+    ),
+    counter(
+        "keelson_proxy_frontend_refused",
+        "Accepted clients closed at once because no backend answered.",
+        |st| per_frontend(st, |f| count(f.refused)),
+    ),
+    gauge(
+        "keelson_proxy_frontend_active_connections",
+        "Client connections open now.",
+        |st| per_frontend(st, |f| count(f.active)),
+    ),
+    gauge(
+        "keelson_proxy_vip_redirected",
+        "VIP:6443 addresses redirected to the node frontend with nftables (always 1).",
+        |st| {
+            st.proxy
+                .iter()
+                .flat_map(|p| p.vip_redirects.iter())
+                .map(|a| (vec![("frontend", a.to_string())], int(1)))
+                .collect()
+        },
+    ),
+    counter(
+        "keelson_proxy_drained_connections",
+        "Client connections still open when the proxy began to stop (let finish).",
+        |st| {
+            st.proxy
+                .iter()
+                .map(|p| (none(), count(p.drained)))
+                .collect()
+        },
+    ),
+    counter(
+        "keelson_proxy_drain_cut_connections",
+        "Client connections cut at the drain deadline.",
+        |st| {
+            st.proxy
+                .iter()
+                .map(|p| (none(), count(p.drain_cut)))
+                .collect()
+        },
+    ),
+    gauge(
+        "keelson_proxy_backend_up",
+        "Whether each backend takes new connections.",
+        |st| per_backend(st, |b| int((b.state == "up").into())),
+    ),
+    gauge(
+        "keelson_proxy_backend_weight_percent",
+        "Share of new connections a backend takes: below 100 while in slowstart, 0 when down.",
+        |st| per_backend(st, |b| int(b.weight_percent.into())),
+    ),
+    counter(
+        "keelson_proxy_backend_transitions",
+        "Times a backend went up or down.",
+        |st| per_backend(st, |b| count(b.transitions)),
+    ),
+    gauge(
+        "keelson_proxy_backend_active_connections",
+        "Connections to the backend open now.",
+        |st| per_backend(st, |b| count(b.active)),
+    ),
+    counter(
+        "keelson_proxy_backend_connections",
+        "Connections proxied to the backend.",
+        |st| per_backend(st, |b| count(b.total)),
+    ),
+    counter(
+        "keelson_proxy_backend_bytes",
+        "Bytes proxied, by direction (to_backend: from clients; to_client: from the backend).",
+        |st| {
+            per_backend_split(st, "direction", |b| {
+                [("to_backend", b.bytes_in), ("to_client", b.bytes_out)]
+            })
+        },
+    ),
+    counter(
+        "keelson_proxy_backend_connect_failures",
+        "Client connects to the backend that failed or stayed silent while another answered.",
+        |st| per_backend(st, |b| count(b.connect_failures)),
+    ),
+    counter(
+        "keelson_proxy_backend_connect_staggers",
+        "Times the connect stagger ran out waiting for the backend and another was tried alongside.",
+        |st| per_backend(st, |b| count(b.staggers)),
+    ),
+    counter(
+        "keelson_proxy_backend_sessions_shut_down",
+        "Client connections closed because the backend was marked down.",
+        |st| per_backend(st, |b| count(b.sessions_shut_down)),
+    ),
+    counter(
+        "keelson_proxy_backend_checks",
+        "Active health checks, by result.",
+        |st| {
+            per_backend_split(st, "result", |b| {
+                [("pass", b.checks_passed), ("fail", b.checks_failed)]
+            })
+        },
+    ),
+    histogram(
+        "keelson_proxy_backend_check_duration_seconds",
+        "Duration of active health checks.",
+        |st| {
+            st.proxy
+                .iter()
+                .flat_map(|p| p.backends.iter())
+                .map(|b| {
+                    (
+                        vec![("backend", b.addr.to_string())],
+                        Sample::Histogram(b.check_latency.clone()),
+                    )
+                })
+                .collect()
+        },
+    ),
+    // The DNS server (where it runs).
+    counter(
+        "keelson_dns_requests",
+        "Requests received (UDP datagrams and TCP messages).",
+        |st| dns_one(st, |d| count(d.received)),
+    ),
+    counter(
+        "keelson_dns_queries",
+        "Decoded queries by question type.",
+        |st| dns_by(st, "qtype", |d| &d.queries),
+    ),
+    counter(
+        "keelson_dns_responses",
+        "Responses by response code.",
+        |st| dns_by(st, "rcode", |d| &d.responses),
+    ),
+    counter(
+        "keelson_dns_authoritative",
+        "Queries answered from the cluster zone.",
+        |st| dns_one(st, |d| count(d.authoritative)),
+    ),
+    counter(
+        "keelson_dns_forwarded",
+        "Queries for names outside the zone (sent upstream or answered from the cache).",
+        |st| dns_one(st, |d| count(d.forwarded)),
+    ),
+    counter(
+        "keelson_dns_forward_failures",
+        "Forwarded queries no upstream answered (SERVFAIL sent).",
+        |st| dns_one(st, |d| count(d.forward_failures)),
+    ),
+    counter(
+        "keelson_dns_cache_hits",
+        "Forwarded queries answered from the cache.",
+        |st| dns_one(st, |d| count(d.cache_hits)),
+    ),
+    histogram(
+        "keelson_dns_forward_duration_seconds",
+        "Time to an upstream's answer of forwarded queries.",
+        |st| dns_one(st, |d| Sample::Histogram(d.forward_latency.clone())),
+    ),
+    counter(
+        "keelson_dns_dropped",
+        "Requests dropped without an answer, by reason.",
+        |st| dns_by(st, "reason", |d| &d.dropped),
+    ),
+    counter(
+        "keelson_dns_truncated",
+        "UDP responses truncated (TC set).",
+        |st| dns_one(st, |d| count(d.truncated)),
+    ),
+    counter(
+        "keelson_dns_tcp_refused",
+        "TCP connections refused (too many at once).",
+        |st| dns_one(st, |d| count(d.tcp_refused)),
+    ),
+    gauge(
+        "keelson_dns_zone_nodes",
+        "Node names in the cluster zone.",
+        |st| dns_one(st, |d| count(d.nodes)),
+    ),
+    gauge(
+        "keelson_dns_upstreams",
+        "Upstream resolvers configured or learned.",
+        |st| dns_one(st, |d| count(d.upstreams.len() as u64)),
+    ),
+    // Members.
+    gauge(
+        "keelson_members",
+        "Live members by role and by how this node learned them (self, mdns, unicast).",
+        members_by_role_and_source,
+    ),
+    counter(
+        "keelson_members_received",
+        "mDNS packets or unicast registrations received.",
+        |st| {
+            st.discovery
+                .iter()
+                .map(|d| (vec![("transport", d.transport.clone())], count(d.received)))
+                .collect()
+        },
+    ),
+    counter(
+        "keelson_members_drops",
+        "Member records or packets dropped, by reason.",
+        |st| {
+            st.discovery
+                .iter()
+                .flat_map(|d| {
+                    d.drops.iter().map(move |(r, n)| {
+                        (
+                            vec![("transport", d.transport.clone()), ("reason", r.clone())],
+                            count(*n),
+                        )
+                    })
+                })
+                .collect()
+        },
+    ),
+    gauge(
+        "keelson_members_authenticated",
+        "1 when member records are signed and checked (cluster.json names a key).",
+        |st| {
+            members_auth(st)
+                .map(|a| (none(), int(a.authenticated.into())))
+                .collect()
+        },
+    ),
+    counter(
+        "keelson_members_auth_drops",
+        "Member records dropped by authentication, by reason.",
+        |st| {
+            members_auth(st)
+                .flat_map(|a| a.drops.iter())
+                .map(|(r, n)| (vec![("reason", r.clone())], count(*n)))
+                .collect()
+        },
+    ),
+    counter(
+        "keelson_members_registrations_refused",
+        "Unicast registrations a registry refused or answered with something unusable.",
+        |st| {
+            st.discovery
+                .iter()
+                .filter(|d| d.transport == "unicast")
+                .map(|d| (none(), count(d.refused)))
+                .collect()
+        },
+    ),
+    // The Ignition server.
+    gauge(
+        "keelson_cluster_server_up",
+        "Whether the Ignition server is serving on this node.",
+        |st| one(none(), int(st.ignition_running.into())),
+    ),
+    counter(
+        "keelson_cluster_requests",
+        "Ignition server requests by route, pool, spec version served and HTTP status.",
+        |st| {
+            st.ignition
+                .iter()
+                .flat_map(|ig| ig.requests.iter())
+                .map(|r| {
+                    (
+                        vec![
+                            ("route", r.route.clone()),
+                            ("pool", r.pool.clone()),
+                            ("spec", r.spec.clone()),
+                            ("code", r.status.to_string()),
+                        ],
+                        count(r.count),
+                    )
+                })
+                .collect()
+        },
+    ),
+];
 
 /// Renders `st` in `format`.
 pub fn render(st: &AgentStatus, format: Format) -> String {
@@ -222,477 +731,156 @@ pub fn render(st: &AgentStatus, format: Format) -> String {
         format,
         out: String::with_capacity(16 * 1024),
     };
-    process(&mut m, st);
-    vrrp(&mut m, st);
-    proxy(&mut m, st);
-    dns(&mut m, st);
-    members(&mut m, st);
-    ignition(&mut m, st);
+    for f in FAMILIES {
+        m.write(f, (f.rows)(st));
+    }
     if format == Format::OpenMetrics {
         m.out.push_str("# EOF\n");
     }
     m.out
 }
 
-fn process(m: &mut Builder, st: &AgentStatus) {
-    let p = &st.process;
-    m.gauge(
-        "keelson_build_info",
-        "The agent's version and git commit (always 1).",
-        vec![(
-            vec![
-                ("version", st.build.version.clone()),
-                ("commit", st.build.commit.clone()),
-            ],
-            1,
-        )],
-    );
-    m.gauge(
-        "keelson_node_info",
-        "This node's name and role (always 1).",
-        vec![(
-            vec![
-                ("node", st.node.name.clone()),
-                ("role", st.node.role.to_string()),
-            ],
-            1,
-        )],
-    );
-    m.gauge_f(
-        "keelson_uptime_seconds",
-        "Seconds since the agent started serving.",
-        vec![(none(), p.uptime_seconds)],
-    );
-    m.gauge(
-        "keelson_service_ready",
-        "Services that are up (always 1).",
-        st.ready
-            .iter()
-            .map(|s| (vec![("service", s.clone())], 1))
-            .collect(),
-    );
-    m.counter(
-        "keelson_service_restarts",
-        "Restarts of services and operator processes by the supervisor.",
-        st.restarts
-            .iter()
-            .map(|(s, r)| (vec![("service", s.clone())], r.restarts))
-            .collect(),
-    );
-    m.gauge_f(
-        "process_start_time_seconds",
-        "Start time of the process since the Unix epoch, seconds.",
-        vec![(none(), p.start_time_seconds)],
-    );
-    m.counter_f_seconds(p.cpu_seconds);
-    m.gauge(
-        "process_resident_memory_bytes",
-        "Resident memory size, bytes.",
-        vec![(none(), i(p.resident_memory_bytes))],
-    );
-    m.gauge(
-        "process_virtual_memory_bytes",
-        "Virtual memory size, bytes.",
-        vec![(none(), i(p.virtual_memory_bytes))],
-    );
-    m.gauge(
-        "process_open_fds",
-        "Open file descriptors.",
-        vec![(none(), i(p.open_fds))],
-    );
-    m.gauge(
-        "process_max_fds",
-        "Maximum number of open file descriptors.",
-        vec![(none(), i(p.max_fds))],
-    );
-    m.gauge(
-        "process_threads",
-        "Threads of the process.",
-        vec![(none(), i(p.threads))],
-    );
+impl Builder {
+    fn write(&mut self, f: &Family, rows: Rows) {
+        match f.kind {
+            Kind::Histogram => {
+                let rows = rows
+                    .into_iter()
+                    .filter_map(|(l, s)| match s {
+                        Sample::Histogram(h) => Some((l, h)),
+                        Sample::Value(_) => None,
+                    })
+                    .collect();
+                self.histogram(f.name, f.help, rows);
+            }
+            Kind::Counter | Kind::Gauge => {
+                let rows = rows
+                    .into_iter()
+                    .filter_map(|(l, s)| match s {
+                        Sample::Value(v) => Some((l, v)),
+                        Sample::Histogram(_) => None,
+                    })
+                    .collect();
+                let kind = if f.kind == Kind::Counter {
+                    "counter"
+                } else {
+                    "gauge"
+                };
+                self.family(f.name, f.help, kind, rows);
+            }
+        }
+    }
 }
 
-fn vrrp(m: &mut Builder, st: &AgentStatus) {
-    let inst = |name: &str| vec![("vrrp_instance", name.to_string())];
-    let each = |f: &dyn Fn(&crate::status::model::VrrpInstance) -> u64| {
-        st.vrrp
-            .iter()
-            .map(|v| (inst(&v.name), f(v)))
-            .collect::<Vec<_>>()
-    };
-    m.gauge(
-        "keelson_vrrp_state",
-        "VRRP state of each instance: 1 for the current state, 0 for the others.",
-        st.vrrp
-            .iter()
-            .flat_map(|v| {
-                VrrpState::ALL.iter().map(move |s| {
-                    (
-                        vec![
-                            ("vrrp_instance", v.name.clone()),
-                            ("state", s.as_str().to_string()),
-                        ],
-                        b(v.state == *s),
-                    )
-                })
-            })
-            .collect(),
-    );
-    m.gauge(
-        "keelson_vrrp_vip_info",
-        "The VIP and virtual router ID of each instance (always 1).",
-        st.vrrp
-            .iter()
-            .map(|v| {
-                (
-                    vec![
-                        ("vrrp_instance", v.name.clone()),
-                        ("vip", v.vip.to_string()),
-                        ("vrid", v.vrid.to_string()),
-                    ],
-                    1,
-                )
-            })
-            .collect(),
-    );
-    m.gauge_f(
-        "keelson_vrrp_state_seconds",
-        "Seconds each instance has been in its current state.",
-        st.vrrp
-            .iter()
-            .map(|v| (inst(&v.name), v.state_seconds))
-            .collect(),
-    );
-    m.gauge(
-        "keelson_vrrp_priority",
-        "Effective priority (base plus the weights of passing checks).",
-        st.vrrp
-            .iter()
-            .map(|v| (inst(&v.name), i64::from(v.priority)))
-            .collect(),
-    );
-    m.gauge(
-        "keelson_vrrp_base_priority",
-        "Base priority of this node's role.",
-        st.vrrp
-            .iter()
-            .map(|v| (inst(&v.name), i64::from(v.base_priority)))
-            .collect(),
-    );
-    m.gauge(
-        "keelson_vrrp_master_priority",
-        "Priority of the master last heard (this node's own when master).",
-        st.vrrp
-            .iter()
-            .filter_map(|v| Some((inst(&v.name), i64::from(v.master_priority?))))
-            .collect(),
-    );
-    m.counter(
-        "keelson_vrrp_transitions",
-        "VRRP state changes.",
-        each(&|v| v.transitions),
-    );
-    m.counter(
-        "keelson_vrrp_adverts_received",
-        "Valid adverts received for the instance.",
-        each(&|v| v.adverts_received),
-    );
-    m.counter(
-        "keelson_vrrp_adverts_sent",
-        "Adverts sent (one per destination).",
-        each(&|v| v.adverts_sent),
-    );
-    m.counter(
-        "keelson_vrrp_announcements",
-        "Gratuitous ARPs / unsolicited neighbour advertisements sent for the VIP.",
-        each(&|v| v.announcements),
-    );
-    m.counter(
-        "keelson_vrrp_arp_conflicts",
-        "Unicast: ARP frames showing another holder of the VIP that sends no adverts.",
-        each(&|v| v.arp_conflicts),
-    );
-    m.counter(
-        "keelson_vrrp_conflict_yields",
-        "Unicast: times this node gave the VIP up to a holder it cannot hear.",
-        each(&|v| v.conflict_yields),
-    );
-    m.counter(
-        "keelson_vrrp_lone_claims",
-        "Unicast: times the claim grace ran out with no peer heard and the VIP was claimed alone.",
-        each(&|v| v.lone_claims),
-    );
-    m.counter(
-        "keelson_vrrp_drops",
-        "Packets dropped, by reason.",
-        st.vrrp
-            .iter()
-            .flat_map(|v| {
-                v.drops.iter().map(move |(r, n)| {
-                    (
-                        vec![("vrrp_instance", v.name.clone()), ("reason", r.clone())],
-                        *n,
-                    )
-                })
-            })
-            .collect(),
-    );
-    let check = |v: &crate::status::model::VrrpInstance, c: &crate::status::model::HealthCheck| {
-        vec![("vrrp_instance", v.name.clone()), ("check", c.name.clone())]
-    };
-    let checks = || {
-        st.vrrp
-            .iter()
-            .flat_map(|v| v.checks.iter().map(move |c| (v, c)))
-    };
-    m.gauge(
-        "keelson_health_check_passing",
-        "Whether each health check of a VRRP instance passes.",
-        checks().map(|(v, c)| (check(v, c), b(c.passing))).collect(),
-    );
-    m.gauge(
-        "keelson_health_check_weight",
-        "Priority a health check adds while it passes.",
-        checks()
-            .map(|(v, c)| (check(v, c), i64::from(c.weight)))
-            .collect(),
-    );
-    m.counter(
-        "keelson_health_check_transitions",
-        "Times a health check changed between passing and failing.",
-        checks()
-            .map(|(v, c)| (check(v, c), c.transitions))
-            .collect(),
-    );
+fn none() -> Labels {
+    Vec::new()
 }
 
-fn proxy(m: &mut Builder, st: &AgentStatus) {
-    let Some(px) = &st.proxy else { return };
-    m.gauge(
-        "keelson_proxy_healthy",
-        "Whether the API proxy has at least one backend up.",
-        vec![(none(), b(px.healthy))],
-    );
-    let fe = |f: &crate::status::model::FrontendStatus| {
-        vec![
-            ("frontend", f.addr.to_string()),
-            ("kind", f.kind.as_str().to_string()),
-        ]
-    };
-    m.counter(
-        "keelson_proxy_frontend_accepted",
-        "Client connections accepted.",
-        px.frontends.iter().map(|f| (fe(f), f.accepted)).collect(),
-    );
-    m.counter(
-        "keelson_proxy_frontend_refused",
-        "Accepted clients closed at once because no backend answered.",
-        px.frontends.iter().map(|f| (fe(f), f.refused)).collect(),
-    );
-    m.gauge(
-        "keelson_proxy_frontend_active_connections",
-        "Client connections open now.",
-        px.frontends.iter().map(|f| (fe(f), i(f.active))).collect(),
-    );
-    m.gauge(
-        "keelson_proxy_vip_redirected",
-        "VIP:6443 addresses redirected to the node frontend with nftables (always 1).",
-        px.vip_redirects
-            .iter()
-            .map(|a| (vec![("frontend", a.to_string())], 1))
-            .collect(),
-    );
-    m.counter(
-        "keelson_proxy_drained_connections",
-        "Client connections still open when the proxy began to stop (let finish).",
-        vec![(none(), px.drained)],
-    );
-    m.counter(
-        "keelson_proxy_drain_cut_connections",
-        "Client connections cut at the drain deadline.",
-        vec![(none(), px.drain_cut)],
-    );
-    let be = |a: &std::net::SocketAddr| vec![("backend", a.to_string())];
-    let each = |f: &dyn Fn(&crate::status::model::BackendSnapshot) -> u64| {
-        px.backends
-            .iter()
-            .map(|bk| (be(&bk.addr), f(bk)))
-            .collect::<Vec<_>>()
-    };
-    m.gauge(
-        "keelson_proxy_backend_up",
-        "Whether each backend takes new connections.",
-        px.backends
-            .iter()
-            .map(|bk| (be(&bk.addr), b(bk.state == "up")))
-            .collect(),
-    );
-    m.gauge(
-        "keelson_proxy_backend_weight_percent",
-        "Share of new connections a backend takes: below 100 while in slowstart, 0 when down.",
-        px.backends
-            .iter()
-            .map(|bk| (be(&bk.addr), i64::from(bk.weight_percent)))
-            .collect(),
-    );
-    m.counter(
-        "keelson_proxy_backend_transitions",
-        "Times a backend went up or down.",
-        each(&|bk| bk.transitions),
-    );
-    m.gauge(
-        "keelson_proxy_backend_active_connections",
-        "Connections to the backend open now.",
-        px.backends
-            .iter()
-            .map(|bk| (be(&bk.addr), i(bk.active)))
-            .collect(),
-    );
-    m.counter(
-        "keelson_proxy_backend_connections",
-        "Connections proxied to the backend.",
-        each(&|bk| bk.total),
-    );
-    m.counter(
-        "keelson_proxy_backend_bytes",
-        "Bytes proxied, by direction (to_backend: from clients; to_client: from the backend).",
-        px.backends
-            .iter()
-            .flat_map(|bk| {
-                [("to_backend", bk.bytes_in), ("to_client", bk.bytes_out)].map(|(d, n)| {
-                    (
-                        vec![
-                            ("backend", bk.addr.to_string()),
-                            ("direction", d.to_string()),
-                        ],
-                        n,
-                    )
-                })
-            })
-            .collect(),
-    );
-    m.counter(
-        "keelson_proxy_backend_connect_failures",
-        "Client connects to the backend that failed or stayed silent while another answered.",
-        each(&|bk| bk.connect_failures),
-    );
-    m.counter(
-        "keelson_proxy_backend_connect_staggers",
-        "Times the connect stagger ran out waiting for the backend and another was tried alongside.",
-        each(&|bk| bk.staggers),
-    );
-    m.counter(
-        "keelson_proxy_backend_sessions_shut_down",
-        "Client connections closed because the backend was marked down.",
-        each(&|bk| bk.sessions_shut_down),
-    );
-    m.counter(
-        "keelson_proxy_backend_checks",
-        "Active health checks, by result.",
-        px.backends
-            .iter()
-            .flat_map(|bk| {
-                [("pass", bk.checks_passed), ("fail", bk.checks_failed)].map(|(r, n)| {
-                    (
-                        vec![("backend", bk.addr.to_string()), ("result", r.to_string())],
-                        n,
-                    )
-                })
-            })
-            .collect(),
-    );
-    m.histogram(
-        "keelson_proxy_backend_check_duration_seconds",
-        "Duration of active health checks.",
-        px.backends
-            .iter()
-            .map(|bk| (be(&bk.addr), bk.check_latency.clone()))
-            .collect(),
-    );
+fn int(v: i64) -> Sample {
+    Sample::Value(Value::Int(v.into()))
 }
 
-fn dns(m: &mut Builder, st: &AgentStatus) {
-    let Some(d) = &st.dns else { return };
-    let by = |key: &'static str, map: &std::collections::BTreeMap<String, u64>| {
-        map.iter()
-            .map(|(k, n)| (vec![(key, k.clone())], *n))
-            .collect::<Vec<_>>()
-    };
-    m.counter(
-        "keelson_dns_requests",
-        "Requests received (UDP datagrams and TCP messages).",
-        vec![(none(), d.received)],
-    );
-    m.counter(
-        "keelson_dns_queries",
-        "Decoded queries by question type.",
-        by("qtype", &d.queries),
-    );
-    m.counter(
-        "keelson_dns_responses",
-        "Responses by response code.",
-        by("rcode", &d.responses),
-    );
-    m.counter(
-        "keelson_dns_authoritative",
-        "Queries answered from the cluster zone.",
-        vec![(none(), d.authoritative)],
-    );
-    m.counter(
-        "keelson_dns_forwarded",
-        "Queries for names outside the zone (sent upstream or answered from the cache).",
-        vec![(none(), d.forwarded)],
-    );
-    m.counter(
-        "keelson_dns_forward_failures",
-        "Forwarded queries no upstream answered (SERVFAIL sent).",
-        vec![(none(), d.forward_failures)],
-    );
-    m.counter(
-        "keelson_dns_cache_hits",
-        "Forwarded queries answered from the cache.",
-        vec![(none(), d.cache_hits)],
-    );
-    m.histogram(
-        "keelson_dns_forward_duration_seconds",
-        "Time to an upstream's answer of forwarded queries.",
-        vec![(none(), d.forward_latency.clone())],
-    );
-    m.counter(
-        "keelson_dns_dropped",
-        "Requests dropped without an answer, by reason.",
-        by("reason", &d.dropped),
-    );
-    m.counter(
-        "keelson_dns_truncated",
-        "UDP responses truncated (TC set).",
-        vec![(none(), d.truncated)],
-    );
-    m.counter(
-        "keelson_dns_tcp_refused",
-        "TCP connections refused (too many at once).",
-        vec![(none(), d.tcp_refused)],
-    );
-    m.gauge(
-        "keelson_dns_zone_nodes",
-        "Node names in the cluster zone.",
-        vec![(none(), i(d.nodes))],
-    );
-    m.gauge(
-        "keelson_dns_upstreams",
-        "Upstream resolvers configured or learned.",
-        vec![(none(), d.upstreams.len() as i64)],
-    );
+/// A count: gauges of counts print like counters' values.
+fn count(v: u64) -> Sample {
+    Sample::Value(Value::Int(v.into()))
 }
 
-fn members(m: &mut Builder, st: &AgentStatus) {
+fn float(v: f64) -> Sample {
+    Sample::Value(Value::Float(v))
+}
+
+fn one(labels: Labels, s: Sample) -> Rows {
+    vec![(labels, s)]
+}
+
+fn per_vrrp(st: &AgentStatus, f: impl Fn(&VrrpInstance) -> Option<Sample>) -> Rows {
+    st.vrrp
+        .iter()
+        .filter_map(|v| Some((vec![("vrrp_instance", v.name.clone())], f(v)?)))
+        .collect()
+}
+
+fn per_check(st: &AgentStatus, f: impl Fn(&HealthCheck) -> Sample) -> Rows {
+    st.vrrp
+        .iter()
+        .flat_map(|v| v.checks.iter().map(move |c| (v, c)))
+        .map(|(v, c)| {
+            let labels = vec![("vrrp_instance", v.name.clone()), ("check", c.name.clone())];
+            (labels, f(c))
+        })
+        .collect()
+}
+
+fn per_frontend(st: &AgentStatus, f: impl Fn(&FrontendStatus) -> Sample) -> Rows {
+    st.proxy
+        .iter()
+        .flat_map(|p| p.frontends.iter())
+        .map(|fe| {
+            let labels = vec![
+                ("frontend", fe.addr.to_string()),
+                ("kind", fe.kind.as_str().to_string()),
+            ];
+            (labels, f(fe))
+        })
+        .collect()
+}
+
+fn per_backend(st: &AgentStatus, f: impl Fn(&BackendSnapshot) -> Sample) -> Rows {
+    st.proxy
+        .iter()
+        .flat_map(|p| p.backends.iter())
+        .map(|b| (vec![("backend", b.addr.to_string())], f(b)))
+        .collect()
+}
+
+/// Two counts of each backend told apart by a `label`.
+fn per_backend_split(
+    st: &AgentStatus,
+    label: &'static str,
+    f: impl Fn(&BackendSnapshot) -> [(&'static str, u64); 2],
+) -> Rows {
+    st.proxy
+        .iter()
+        .flat_map(|p| p.backends.iter())
+        .flat_map(|b| {
+            f(b).map(|(k, n)| {
+                let labels = vec![("backend", b.addr.to_string()), (label, k.to_string())];
+                (labels, count(n))
+            })
+        })
+        .collect()
+}
+
+fn dns_one(st: &AgentStatus, f: impl Fn(&DnsStatus) -> Sample) -> Rows {
+    st.dns.iter().map(|d| (none(), f(d))).collect()
+}
+
+fn dns_by(
+    st: &AgentStatus,
+    key: &'static str,
+    f: impl Fn(&DnsStatus) -> &std::collections::BTreeMap<String, u64>,
+) -> Rows {
+    st.dns
+        .iter()
+        .flat_map(|d| f(d).iter())
+        .map(|(k, n)| (vec![(key, k.clone())], count(*n)))
+        .collect()
+}
+
+fn members_auth(st: &AgentStatus) -> impl Iterator<Item = &MembersAuth> {
+    st.discovery.iter().filter_map(|d| d.auth.as_ref())
+}
+
+/// Live members by role and source (`self`, or the transport that brought them); every role
+/// with both sources, zero included, so a dashboard always has the series.
+fn members_by_role_and_source(st: &AgentStatus) -> Rows {
     let transport = st
         .discovery
         .as_ref()
         .map(|d| d.transport.clone())
         .unwrap_or_else(|| "none".to_string());
     let mut counts: std::collections::BTreeMap<(String, String), i64> = Default::default();
-    for role in keelson_ignition::Role::ALL {
+    for role in keelson_cluster::Role::ALL {
         counts.insert((role.to_string(), "self".into()), 0);
         counts.insert((role.to_string(), transport.clone()), 0);
     }
@@ -704,83 +892,10 @@ fn members(m: &mut Builder, st: &AgentStatus) {
         };
         *counts.entry((mem.role.to_string(), source)).or_default() += 1;
     }
-    m.gauge(
-        "keelson_members",
-        "Live members by role and by how this node learned them (self, mdns, unicast).",
-        counts
-            .into_iter()
-            .map(|((role, source), n)| (vec![("role", role), ("source", source)], n))
-            .collect(),
-    );
-    if let Some(d) = &st.discovery {
-        m.counter(
-            "keelson_members_received",
-            "mDNS packets or unicast registrations received.",
-            vec![(vec![("transport", d.transport.clone())], d.received)],
-        );
-        m.counter(
-            "keelson_members_drops",
-            "Member records or packets dropped, by reason.",
-            d.drops
-                .iter()
-                .map(|(r, n)| {
-                    (
-                        vec![("transport", d.transport.clone()), ("reason", r.clone())],
-                        *n,
-                    )
-                })
-                .collect(),
-        );
-        if let Some(a) = &d.auth {
-            m.gauge(
-                "keelson_members_authenticated",
-                "1 when member records are signed and checked (cluster.json names a key).",
-                vec![(vec![], i64::from(a.authenticated))],
-            );
-            m.counter(
-                "keelson_members_auth_drops",
-                "Member records dropped by authentication, by reason.",
-                a.drops
-                    .iter()
-                    .map(|(r, n)| (vec![("reason", r.clone())], *n))
-                    .collect(),
-            );
-        }
-        if d.transport == "unicast" {
-            m.counter(
-                "keelson_members_registrations_refused",
-                "Unicast registrations a registry refused or answered with something unusable.",
-                vec![(vec![], d.refused)],
-            );
-        }
-    }
-}
-
-fn ignition(m: &mut Builder, st: &AgentStatus) {
-    m.gauge(
-        "keelson_ignition_server_up",
-        "Whether the Ignition server is serving on this node.",
-        vec![(none(), b(st.ignition_running))],
-    );
-    let Some(ig) = &st.ignition else { return };
-    m.counter(
-        "keelson_ignition_requests",
-        "Ignition server requests by route, pool, spec version served and HTTP status.",
-        ig.requests
-            .iter()
-            .map(|r| {
-                (
-                    vec![
-                        ("route", r.route.clone()),
-                        ("pool", r.pool.clone()),
-                        ("spec", r.spec.clone()),
-                        ("code", r.status.to_string()),
-                    ],
-                    r.count,
-                )
-            })
-            .collect(),
-    );
+    counts
+        .into_iter()
+        .map(|((role, source), n)| (vec![("role", role), ("source", source)], int(n)))
+        .collect()
 }
 
 #[cfg(test)]
@@ -816,7 +931,7 @@ mod tests {
         AgentStatus {
             node: NodeStatus {
                 name: "master-0".into(),
-                role: keelson_ignition::Role::Master,
+                role: keelson_cluster::Role::Master,
                 interface: "eth0".into(),
                 addresses: vec!["10.0.0.11/24".parse().unwrap()],
                 cluster: "ocp4.example.com".into(),
@@ -850,7 +965,7 @@ mod tests {
             dns_upstreams: vec![],
             members: vec![crate::members::member::Member {
                 name: "master-0".parse().unwrap(),
-                role: keelson_ignition::Role::Master,
+                role: keelson_cluster::Role::Master,
                 addresses: vec!["10.0.0.11".parse().unwrap()],
                 version: "0.1.0".into(),
             }],
@@ -957,7 +1072,7 @@ mod tests {
             "keelson_proxy_frontend_refused_total{frontend=\"[::]:9445\",kind=\"node\"} 1",
             "keelson_dns_queries_total{qtype=\"A\"} 4",
             "keelson_members{role=\"master\",source=\"self\"} 1",
-            "keelson_ignition_requests_total{route=\"config\",pool=\"master\",spec=\"3.2.0\",code=\"200\"} 2",
+            "keelson_cluster_requests_total{route=\"config\",pool=\"master\",spec=\"3.2.0\",code=\"200\"} 2",
             "keelson_build_info{version=\"0.1.0\",commit=\"abc\"} 1",
             "process_cpu_seconds_total 0.25",
             // Cumulative buckets: the 2 ms check is in every bucket from 2.5 ms up.
@@ -974,7 +1089,7 @@ mod tests {
         assert!(!text.contains("# EOF"));
         // The families come in the order of docs/metrics.md, not a hash map's.
         let first = text.find("keelson_build_info").unwrap();
-        let last = text.find("keelson_ignition_requests_total").unwrap();
+        let last = text.find("keelson_cluster_requests_total").unwrap();
         assert!(first < text.find("keelson_vrrp_state").unwrap() && last > first);
     }
 

@@ -100,6 +100,8 @@ fn find_link<'a>(data: &NetworkData, link_id: &str, links: &'a [LinkInfo]) -> Op
 /// Plans the configuration. Networks on links that are not present (or vlan/bond links, not
 /// yet configured by the agent) are skipped with a line; without network_data the first
 /// Ethernet interface gets DHCPv4.
+// Over 100 lines on purpose: network_data.json's networks with their routes and DNS, then
+// its services, in one pass that keeps the interface table they share.
 pub fn plan(data: Option<&NetworkData>, links: &[LinkInfo]) -> Result<NetworkPlan, PlanError> {
     let mut out = NetworkPlan::default();
     let Some(data) = data else {

@@ -5,7 +5,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use keelson_ignition::cluster::BackendCheck;
+use keelson_cluster::cluster::BackendCheck;
 use tokio_util::sync::CancellationToken;
 
 use super::backend::Backend;

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use keelson_ignition::cluster::BackendCheck;
+use keelson_cluster::cluster::BackendCheck;
 use tokio::net::TcpStream;
 
 use super::backend::Backend;

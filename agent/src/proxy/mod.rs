@@ -28,8 +28,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::Context;
-use keelson_ignition::cluster::{ApiSettings, BackendCheck};
-use keelson_ignition::{ClusterConfig, Role};
+use keelson_cluster::cluster::{ApiSettings, BackendCheck};
+use keelson_cluster::{ClusterConfig, Role};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;

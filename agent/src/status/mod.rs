@@ -95,13 +95,13 @@ mod tests {
 
     #[tokio::test]
     async fn served_status_reads_back_typed() {
-        let cluster = keelson_ignition::ClusterConfig::from_json(include_bytes!(
+        let cluster = keelson_cluster::ClusterConfig::from_json(include_bytes!(
             "../dns/testdata/cluster.json"
         ))
         .unwrap();
         let node = crate::node::NodeIdentity {
             name: "master-1".parse().unwrap(),
-            role: keelson_ignition::Role::Master,
+            role: keelson_cluster::Role::Master,
             interface: "eth0".into(),
             addresses: vec!["10.0.0.12/24".parse().unwrap()],
         };

@@ -73,7 +73,7 @@ pub struct NodeStatus {
     /// Node name.
     pub name: String,
     /// Role.
-    pub role: keelson_ignition::Role,
+    pub role: keelson_cluster::Role,
     /// Interface on the machine network.
     pub interface: String,
     /// Addresses on it.

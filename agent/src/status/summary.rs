@@ -91,6 +91,19 @@ pub fn summary(st: &AgentStatus) -> String {
             r.restarts, r.last_error
         );
     }
+    vrrp_lines(&mut o, st);
+    proxy_lines(&mut o, st);
+    dns_lines(&mut o, st);
+    members_lines(&mut o, st);
+    ignition_lines(&mut o, st);
+    if let Some(b) = &st.other.bgp {
+        o.push_str(&bgp_lines(b));
+    }
+    o
+}
+
+/// Each VRRP instance.
+fn vrrp_lines(o: &mut String, st: &AgentStatus) {
     for v in &st.vrrp {
         let state = match v.state {
             VrrpState::Master => "MASTER",
@@ -130,6 +143,10 @@ pub fn summary(st: &AgentStatus) -> String {
             let _ = writeln!(o, "  checks: {}", join(checks));
         }
     }
+}
+
+/// The API proxy.
+fn proxy_lines(o: &mut String, st: &AgentStatus) {
     if let Some(px) = &st.proxy {
         let _ = writeln!(
             o,
@@ -184,6 +201,10 @@ pub fn summary(st: &AgentStatus) -> String {
             );
         }
     }
+}
+
+/// The DNS server.
+fn dns_lines(o: &mut String, st: &AgentStatus) {
     if let Some(d) = &st.dns {
         let _ = writeln!(
             o,
@@ -213,6 +234,10 @@ pub fn summary(st: &AgentStatus) -> String {
             join(&d.upstreams)
         );
     }
+}
+
+/// Members and their discovery.
+fn members_lines(o: &mut String, st: &AgentStatus) {
     let _ = writeln!(o, "members ({}):", st.members.len());
     for m in &st.members {
         let _ = writeln!(
@@ -254,6 +279,10 @@ pub fn summary(st: &AgentStatus) -> String {
             None => {}
         }
     }
+}
+
+/// The Ignition server.
+fn ignition_lines(o: &mut String, st: &AgentStatus) {
     if let Some(ig) = &st.ignition {
         let listen = join(ig.tls.iter().chain(ig.plain.iter()));
         let requests = ig.requests.iter().map(|r| {
@@ -273,10 +302,6 @@ pub fn summary(st: &AgentStatus) -> String {
             join(requests)
         );
     }
-    if let Some(b) = &st.other.bgp {
-        o.push_str(&bgp_lines(b));
-    }
-    o
 }
 
 /// BGP's own lines: per VIP, announced or why not.

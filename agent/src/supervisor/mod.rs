@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::FutureExt;
-use keelson_ignition::cluster::{RestartPolicy, ServiceSpec};
+use keelson_cluster::cluster::{RestartPolicy, ServiceSpec};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;

@@ -1,13 +1,13 @@
 use super::*;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use keelson_ignition::Role;
+use keelson_cluster::Role;
 
 use crate::node::NodeIdentity;
 
 fn context() -> AgentContext {
     let cluster =
-        keelson_ignition::ClusterConfig::from_json(include_bytes!("../dns/testdata/cluster.json"))
+        keelson_cluster::ClusterConfig::from_json(include_bytes!("../dns/testdata/cluster.json"))
             .unwrap();
     let node = NodeIdentity {
         name: "worker-0".parse().unwrap(),

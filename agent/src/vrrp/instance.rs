@@ -9,7 +9,7 @@ use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use keelson_ignition::cluster::{VrrpInstanceConfig, VrrpTransport, VrrpVersion};
+use keelson_cluster::cluster::{VrrpInstanceConfig, VrrpTransport, VrrpVersion};
 use serde::Serialize;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
@@ -620,6 +620,7 @@ impl Runner {
 }
 
 /// Runs one instance until `stop`; on stop sends priority 0 (if master) and removes the VIP.
+// Over 100 lines on purpose: the instance's one `select!` loop (adverts, timers, checks, members, stop); each arm is a few lines and hands the work to the state machine, and the loop reads best whole.
 pub async fn run(
     spec: Spec,
     ctx: AgentContext,
@@ -811,7 +812,7 @@ async fn sleep_until(at: Option<Instant>) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use keelson_ignition::cluster::RolePriorities;
+    use keelson_cluster::cluster::RolePriorities;
 
     fn spec(version: VrrpVersion, pass: Option<&str>) -> Spec {
         Spec {

@@ -51,8 +51,7 @@ pub async fn specs(ctx: &AgentContext) -> anyhow::Result<Vec<instance::Spec>> {
         };
         let mut own: Vec<std::net::IpAddr> = node.addresses.iter().map(|n| n.addr()).collect();
         // RFC 5798 §5.1.2.1: IPv6 multicast adverts come from the link-local address.
-        let primary = if v6 && cfg.transport == keelson_ignition::cluster::VrrpTransport::Multicast
-        {
+        let primary = if v6 && cfg.transport == keelson_cluster::cluster::VrrpTransport::Multicast {
             let ll = wait_link_local(&node.interface)
                 .await
                 .with_context(|| format!("vrrp {}: link-local address", cfg.name))?;
@@ -154,7 +153,7 @@ pub struct VrrpArgs {
 pub async fn cli(args: VrrpArgs) -> anyhow::Result<()> {
     let bytes = std::fs::read(&args.cluster)
         .with_context(|| format!("reading {}", args.cluster.display()))?;
-    let cluster = keelson_ignition::ClusterConfig::from_json(&bytes)?;
+    let cluster = keelson_cluster::ClusterConfig::from_json(&bytes)?;
     let node = crate::node::NodeIdentity::load(&args.node)?;
     let ctx = AgentContext::new(cluster, node);
     let stop = CancellationToken::new();

@@ -1,10 +1,11 @@
-//! Ignition configs as data (docs/architecture.md, "From install-config to a running node"): the full configs each role boots from and the
-//! pointer configs given as user_data, for spec 2.2 (RHCOS 4.2–4.5, our own types) and
-//! 3.0–3.5 (typed by the `ignition-config` crate).
+//! Ignition configs as data (docs/architecture.md, "From install-config to a running node"):
+//! the full configs each role boots from and the pointer configs given as user_data, for spec
+//! 2.2 (RHCOS 4.2–4.5, our own types) and 3.0–3.5 (typed by the `ignition-config` crate).
 //!
-//! One version-neutral model ([`Model`]) is built per role and then written in the asked
-//! spec; the same inputs give the same bytes (keys in struct order, no timestamps), which is
-//! what lets a node's Ignition server serve exactly what `keelson render` prints.
+//! One version-neutral model ([`Model`]) is built per role, rendered as one typed 3.x config
+//! ([`v3_config`]) and written in the asked spec; the same inputs give the same bytes (keys in
+//! struct order, no timestamps), which is what lets a node's Ignition server serve exactly
+//! what `keelson render` prints.
 
 pub mod v22;
 
@@ -162,6 +163,7 @@ pub fn asset_url(cluster: &ClusterConfig, name: &str) -> Result<String, RenderEr
 }
 
 /// The full model for `role`.
+// Over 100 lines on purpose: the files of a full config in the order they are written, each role's differences beside the file they concern.
 pub fn full_model(cluster: &ClusterConfig, role: Role, assets: &NodeAssets) -> Model {
     let inline = |path: &str, mode: u32, data: &[u8]| FileSpec {
         path: path.into(),
@@ -386,95 +388,217 @@ pub fn sha512_hash(data: &[u8]) -> String {
     format!("sha512-{}", hex::encode(Sha512::digest(data)))
 }
 
+/// A config as read ([`read`]): typed 3.x, whatever spec it was written in.
+#[derive(Debug, Clone)]
+pub struct ReadConfig {
+    /// The config (a 2.x one translated by [`v22::to_v3`]).
+    pub config: V3Config,
+    /// It was written in spec 2.x (its pointers are `ignition.config.append`).
+    pub v2: bool,
+    /// 2.x disk layout sections present, which have no counterpart in the translation.
+    pub layout_v2: Vec<&'static str>,
+}
+
+/// Errors reading a config.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ReadError {
+    /// Not JSON.
+    #[error("expected Ignition JSON: {0}")]
+    NotJson(#[source] serde_json::Error),
+    /// No `ignition.version` string.
+    #[error("expected ignition.version")]
+    NoVersion,
+    /// A version the agent does not read.
+    #[error("ignition.version: expected 2.2.x or 3.x, got {0:?}")]
+    Version(String),
+    /// A field has the wrong form; `path` names it (`storage.files[2].mode`).
+    #[error("{path}: {source}")]
+    Field {
+        /// The field's path.
+        path: String,
+        /// What serde said.
+        #[source]
+        source: serde_json::Error,
+    },
+}
+
+/// Reads a config of spec 2.2, 2.3 or 3.x (any minor: the 3.x specs only add to one another,
+/// and what a newer one adds is ignored) as the typed 3.x config.
+pub fn read(bytes: &[u8]) -> Result<ReadConfig, ReadError> {
+    #[derive(serde::Deserialize)]
+    struct Head {
+        #[serde(default)]
+        ignition: Option<HeadIgnition>,
+    }
+    #[derive(serde::Deserialize)]
+    struct HeadIgnition {
+        #[serde(default)]
+        version: Option<serde_json::Value>,
+    }
+    fn typed<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, ReadError> {
+        serde_path_to_error::deserialize(&mut serde_json::Deserializer::from_slice(bytes)).map_err(
+            |e| ReadError::Field {
+                path: e.path().to_string(),
+                source: e.into_inner(),
+            },
+        )
+    }
+    let head: Head = serde_json::from_slice(bytes).map_err(ReadError::NotJson)?;
+    let version = head
+        .ignition
+        .and_then(|i| i.version)
+        .and_then(|v| v.as_str().map(str::to_owned))
+        .ok_or(ReadError::NoVersion)?;
+    if version.starts_with("2.2.") || version.starts_with("2.3.") {
+        let v2: v22::Config = typed(bytes)?;
+        return Ok(ReadConfig {
+            config: v22::to_v3(&v2),
+            v2: true,
+            layout_v2: v2
+                .storage
+                .as_ref()
+                .map(v22::Storage::layout_sections)
+                .unwrap_or_default(),
+        });
+    }
+    if !version.starts_with("3.") {
+        return Err(ReadError::Version(version));
+    }
+    Ok(ReadConfig {
+        config: typed(bytes)?,
+        v2: false,
+        layout_v2: Vec::new(),
+    })
+}
+
+/// The typed 3.x config every spec is written from: the newest spec keelson writes. The 3.x
+/// specs only add to one another, so an older one is this config in that spec's own types
+/// ([`in_spec`]), and 2.2 is one translation away ([`v22::from_v3`]).
+pub type V3Config = ignition_config::v3_5::Config;
+
 /// Writes a model in `spec`.
 pub fn write(model: &Model, spec: SpecVersion) -> Result<Vec<u8>, RenderError> {
-    if spec == SpecVersion::V2_2 {
-        return v22::write(model);
+    use ignition_config::{v3_0, v3_1, v3_2, v3_3, v3_4};
+    let config = v3_config(model, spec);
+    match spec {
+        SpecVersion::V2_2 => to_bytes(&v22::from_v3(&config), spec),
+        SpecVersion::V3_0 => in_spec::<v3_0::Config>(&config, spec),
+        SpecVersion::V3_1 => in_spec::<v3_1::Config>(&config, spec),
+        SpecVersion::V3_2 => in_spec::<v3_2::Config>(&config, spec),
+        SpecVersion::V3_3 => in_spec::<v3_3::Config>(&config, spec),
+        SpecVersion::V3_4 => in_spec::<v3_4::Config>(&config, spec),
+        SpecVersion::V3_5 => to_bytes(&config, spec),
     }
-    let doc = v3_document(model, spec);
+}
+
+fn to_bytes(config: &impl serde::Serialize, spec: SpecVersion) -> Result<Vec<u8>, RenderError> {
+    serde_json::to_vec(config).map_err(|e| RenderError::Typed {
+        spec,
+        message: e.to_string(),
+    })
+}
+
+/// `config` in the types of an older 3.x spec `T`: what that spec defines (its fields, and
+/// its way of writing the ones left out), through the `ignition-config` crate's types.
+fn in_spec<T>(config: &V3Config, spec: SpecVersion) -> Result<Vec<u8>, RenderError>
+where
+    T: serde::Serialize + serde::de::DeserializeOwned,
+{
     let typed_err = |e: serde_json::Error| RenderError::Typed {
         spec,
         message: e.to_string(),
     };
-    // Through the crate's typed config: what we write is what that spec defines.
-    let bytes = match spec {
-        SpecVersion::V3_0 => serde_json::to_vec(
-            &serde_json::from_value::<ignition_config::v3_0::Config>(doc).map_err(typed_err)?,
-        ),
-        SpecVersion::V3_1 => serde_json::to_vec(
-            &serde_json::from_value::<ignition_config::v3_1::Config>(doc).map_err(typed_err)?,
-        ),
-        SpecVersion::V3_2 => serde_json::to_vec(
-            &serde_json::from_value::<ignition_config::v3_2::Config>(doc).map_err(typed_err)?,
-        ),
-        SpecVersion::V3_3 => serde_json::to_vec(
-            &serde_json::from_value::<ignition_config::v3_3::Config>(doc).map_err(typed_err)?,
-        ),
-        SpecVersion::V3_4 => serde_json::to_vec(
-            &serde_json::from_value::<ignition_config::v3_4::Config>(doc).map_err(typed_err)?,
-        ),
-        SpecVersion::V3_5 => serde_json::to_vec(
-            &serde_json::from_value::<ignition_config::v3_5::Config>(doc).map_err(typed_err)?,
-        ),
-        SpecVersion::V2_2 => unreachable!("handled above"),
-    }
-    .map_err(typed_err)?;
-    Ok(bytes)
+    let value = serde_json::to_value(config).map_err(typed_err)?;
+    to_bytes(
+        &serde_json::from_value::<T>(value).map_err(typed_err)?,
+        spec,
+    )
 }
 
-/// The 3.x document as JSON (shape shared by 3.0–3.5 for what we use).
-fn v3_document(model: &Model, spec: SpecVersion) -> serde_json::Value {
-    use serde_json::json;
-    let mut ignition = json!({ "version": spec.as_str() });
+/// The model as a typed 3.x config whose version is `spec`'s.
+pub fn v3_config(model: &Model, spec: SpecVersion) -> V3Config {
+    use ignition_config::v3_5::{
+        File, IgnitionConfig, Passwd, Resource, Security, SecurityTls, Storage, Systemd, Unit,
+        User, Verification,
+    };
+    let resource = |source: String, hash: Option<String>| Resource {
+        source: Some(source),
+        verification: hash.map(|h| Verification { hash: Some(h) }),
+        ..Resource::default()
+    };
+    let mut config = V3Config::default();
+    config.ignition.version = spec.as_str().to_owned();
     if let Some(url) = &model.merge {
-        ignition["config"] = json!({ "merge": [{ "source": url }] });
+        config.ignition.config = Some(IgnitionConfig {
+            merge: Some(vec![resource(url.clone(), None)]),
+            ..IgnitionConfig::default()
+        });
     }
     if !model.tls_cas.is_empty() {
-        let cas: Vec<_> = model
+        // CAs never compressed: 3.0 cannot say so, and every client reads them alike.
+        let cas = model
             .tls_cas
             .iter()
-            .map(|pem| json!({ "source": plain_data_url(pem.as_bytes()) }))
+            .map(|pem| resource(plain_data_url(pem.as_bytes()), None))
             .collect();
-        ignition["security"] = json!({ "tls": { "certificateAuthorities": cas } });
+        config.ignition.security = Some(Security {
+            tls: Some(SecurityTls {
+                certificate_authorities: Some(cas),
+            }),
+        });
     }
-    let mut doc = json!({ "ignition": ignition });
     if !model.files.is_empty() {
-        let files: Vec<_> = model
+        let files = model
             .files
             .iter()
             .map(|f| {
                 let contents = match &f.contents {
                     Contents::Inline(data) => {
                         let (source, compression) = data_url(data);
-                        let mut c = json!({ "source": source, "verification": { "hash": sha512_hash(data) } });
-                        if let Some(comp) = compression {
-                            c["compression"] = json!(comp);
+                        Resource {
+                            compression: compression.map(str::to_owned),
+                            ..resource(source, Some(sha512_hash(data)))
                         }
-                        c
                     }
-                    Contents::Remote { url, sha512 } => json!({
-                        "source": url,
-                        "verification": { "hash": format!("sha512-{sha512}") }
-                    }),
+                    Contents::Remote { url, sha512 } => {
+                        resource(url.clone(), Some(format!("sha512-{sha512}")))
+                    }
                 };
-                json!({ "path": f.path, "mode": f.mode, "overwrite": true, "contents": contents })
+                let mut file = File::new(f.path.clone());
+                file.mode = Some(i64::from(f.mode));
+                file.overwrite = Some(true);
+                file.contents = Some(contents);
+                file
             })
             .collect();
-        doc["storage"] = json!({ "files": files });
+        config.storage = Some(Storage {
+            files: Some(files),
+            ..Storage::default()
+        });
     }
     if !model.units.is_empty() {
-        let units: Vec<_> = model
+        let units = model
             .units
             .iter()
-            .map(|u| json!({ "name": u.name, "enabled": u.enabled, "contents": u.contents }))
+            .map(|u| {
+                let mut unit = Unit::new(u.name.clone());
+                unit.enabled = Some(u.enabled);
+                unit.contents = Some(u.contents.clone());
+                unit
+            })
             .collect();
-        doc["systemd"] = json!({ "units": units });
+        config.systemd = Some(Systemd { units: Some(units) });
     }
     if !model.ssh_keys.is_empty() {
-        doc["passwd"] =
-            json!({ "users": [{ "name": "core", "sshAuthorizedKeys": model.ssh_keys }] });
+        let mut core = User::new("core".into());
+        core.ssh_authorized_keys = Some(model.ssh_keys.clone());
+        config.passwd = Some(Passwd {
+            users: Some(vec![core]),
+            ..Passwd::default()
+        });
     }
-    doc
+    config
 }
 
 #[cfg(test)]

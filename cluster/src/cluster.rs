@@ -556,6 +556,7 @@ impl ClusterConfig {
     }
 
     /// Checks the invariants serde cannot express.
+    // Over 100 lines on purpose: a flat list of independent checks, each naming its field and what was expected; there is no shared step to take out.
     pub fn check(&self) -> Result<(), ClusterConfigError> {
         fn invalid(field: String, expected: &str, got: impl ToString) -> ClusterConfigError {
             ClusterConfigError::Invalid {

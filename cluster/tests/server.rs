@@ -10,11 +10,11 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
-use keelson_ignition::routes::ExtraRoutes;
-use keelson_ignition::server::{
+use keelson_cluster::routes::ExtraRoutes;
+use keelson_cluster::server::{
     Assets, BoundServer, ConfigSource, IgnitionServer, ServerOptions, SourceError, tls_config,
 };
-use keelson_ignition::{Role, SpecVersion};
+use keelson_cluster::{Role, SpecVersion};
 use keelson_testkit::http::Reply;
 use tokio_util::sync::CancellationToken;
 
@@ -588,7 +588,7 @@ async fn ignition_binary_fetches_a_pointer_merge_and_gets_3_3() {
             "version": "3.3.0",
             "config": {"merge": [{"source": format!("https://127.0.0.1:{}/config/master", r.tls.port())}]},
             "security": {"tls": {"certificateAuthorities": [
-                {"source": keelson_ignition::render::plain_data_url(&ca)}
+                {"source": keelson_cluster::render::plain_data_url(&ca)}
             ]}}
         }
     });
@@ -706,7 +706,7 @@ async fn ignition_binary_fetches_a_pointer_merge_and_gets_3_3() {
         .unwrap_or_else(|| panic!("no Accept header in {request:?}"));
     assert_eq!(accept, IGNITION_2_14_ACCEPT);
     assert_eq!(
-        keelson_ignition::negotiate::negotiate(Some(accept.as_bytes())).unwrap(),
+        keelson_cluster::negotiate::negotiate(Some(accept.as_bytes())).unwrap(),
         SpecVersion::V3_3
     );
 }

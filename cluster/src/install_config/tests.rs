@@ -91,6 +91,19 @@ fn bad_input_names_field_and_expectation() {
         err(&with("    apiVIPs:\n    - 10.0.0.5\n", ""))
             .starts_with("platform.openstack.apiVIPs: expected a list with the VIP")
     );
+    assert_eq!(
+        err(&with("    - 10.0.0.5\n", "    - 10.0.0.5\n    - fd00::x\n")),
+        "platform.openstack.apiVIPs[1]: expected an IP address, got \"fd00::x\""
+    );
+    assert!(
+        err(&with("compute:", "compute: three\nx:")).starts_with("compute: invalid type"),
+        "{}",
+        err(&with("compute:", "compute: three\nx:"))
+    );
+    assert_eq!(
+        err(&with("sshKey:", "sshKey: [1]\ny:")),
+        "sshKey: expected an SSH public key string, got a list"
+    );
     assert!(err("a: [").starts_with("not valid YAML"));
     assert!(err("- 1\n- 2\n").starts_with("(top level): expected a mapping"));
 }

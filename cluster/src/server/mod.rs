@@ -7,8 +7,8 @@
 //! accepts, terminates TLS and drives hyper connections, and stops gracefully.
 //!
 //! ```no_run
-//! # async fn demo(source: impl keelson_ignition::server::ConfigSource) -> Result<(), keelson_ignition::server::ServerError> {
-//! use keelson_ignition::server::{Assets, IgnitionServer, ServerOptions};
+//! # async fn demo(source: impl keelson_cluster::server::ConfigSource) -> Result<(), keelson_cluster::server::ServerError> {
+//! use keelson_cluster::server::{Assets, IgnitionServer, ServerOptions};
 //! let stop = tokio_util::sync::CancellationToken::new();
 //! let opts = ServerOptions { tls_listen: None, ..ServerOptions::default() };
 //! let bound = IgnitionServer::new(source, Assets::new(), opts).bind().await?;

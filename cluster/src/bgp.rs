@@ -215,6 +215,7 @@ impl BgpSettings {
     }
 
     /// Checks the settings against the rest of `cluster`; errors name the field.
+    // Over 100 lines on purpose: a flat list of independent checks, each naming its field and what was expected; there is no shared step to take out.
     pub fn check(&self, cluster: &ClusterConfig) -> Result<(), ClusterConfigError> {
         fn invalid(field: String, expected: &str, got: impl ToString) -> ClusterConfigError {
             ClusterConfigError::Invalid {

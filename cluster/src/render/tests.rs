@@ -405,3 +405,52 @@ proptest::proptest! {
         proptest::prop_assert_eq!(plain, data);
     }
 }
+
+#[test]
+fn every_config_reads_back_as_the_typed_config_it_was_written_from() {
+    // Both directions of the 2.2 translation, and every 3.x spec's own types: what `read`
+    // makes of a written config is the typed config it came from (2.2 has no `overwrite`).
+    let c = cluster_with_service();
+    for spec in SpecVersion::ALL {
+        for role in [Role::Bootstrap, Role::Master, Role::Worker] {
+            let model = full_model(&c, role, &assets(Some("https://objects.example/a")));
+            let read = read(&write(&model, spec).unwrap()).unwrap();
+            let mut expected = v3_config(&model, spec);
+            if spec == SpecVersion::V2_2 {
+                for f in expected
+                    .storage
+                    .iter_mut()
+                    .flat_map(|s| s.files.iter_mut().flatten())
+                {
+                    f.overwrite = None;
+                }
+            }
+            assert_eq!(read.config, expected, "{spec} {role}");
+            assert_eq!(read.v2, spec == SpecVersion::V2_2);
+        }
+    }
+}
+
+#[test]
+fn reading_names_the_field_that_is_wrong() {
+    let err = |text: &str| read(text.as_bytes()).unwrap_err().to_string();
+    assert!(
+        err(r#"{"ignition":{"version":"3.2.0"},"storage":{"files":[{"path":"/a"},{"path":"/b","mode":"rw"}]}}"#)
+            .starts_with("storage.files[1].mode: invalid type"),
+    );
+    assert!(
+        err(r#"{"ignition":{"version":"2.2.0"},"storage":{"files":[{"filesystem":"root"}]}}"#)
+            .starts_with("storage.files[0]: missing field `path`"),
+    );
+    assert_eq!(err(r#"{"ignition":{}}"#), "expected ignition.version");
+    assert!(err(r#"{"ignition":{"version":"1.0.0"}}"#).starts_with("ignition.version: expected"));
+    assert!(err("[").starts_with("expected Ignition JSON"));
+    let v2 = read(
+        br#"{"ignition":{"version":"2.2.0"},"storage":{"disks":[{"device":"/dev/vda"}],
+            "files":[{"filesystem":"root","path":"/a","append":true,"contents":{"source":"data:,x"}}]}}"#,
+    )
+    .unwrap();
+    assert_eq!(v2.layout_v2, ["disks"]);
+    let file = &v2.config.storage.unwrap().files.unwrap()[0];
+    assert!(file.contents.is_none() && file.append.as_ref().unwrap().len() == 1);
+}

@@ -1,6 +1,7 @@
 //! `keelson build`, `render`, `validate` and `vrids`: from install-config.yaml to the files of
-//! docs/architecture.md, "From install-config to a running node" (`bootstrap.ign`, `master.ign`, `worker.ign`, `cluster.json`, `tls/`,
-//! `assets/keelson-agent`, `keelson.qcow2`, `SHA256SUMS`).
+//! docs/architecture.md, "From install-config to a running node" (`bootstrap.ign`,
+//! `master.ign`, `worker.ign`, `cluster.json`, `tls/`, `assets/keelson-agent`, `keelson.qcow2`,
+//! `SHA256SUMS`).
 //!
 //! Everything is written into a temporary directory next to `--out` and moved into place
 //! at the end, so a failed build never leaves half-written files.
@@ -8,9 +9,9 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
-use keelson_ignition::install_config::InstallConfig;
-use keelson_ignition::render::{self, NodeAssets};
-use keelson_ignition::{ClusterConfig, Role, SpecVersion, pki};
+use keelson_cluster::install_config::InstallConfig;
+use keelson_cluster::render::{self, NodeAssets};
+use keelson_cluster::{ClusterConfig, Role, SpecVersion, pki};
 use sha2::{Digest, Sha256, Sha512};
 
 /// The agent's name under `assets/` (what masters and workers fetch from :22623).
@@ -68,7 +69,7 @@ pub fn routing_daemon_files(
     cluster: &ClusterConfig,
     root: &Path,
 ) -> anyhow::Result<Vec<(String, PathBuf)>> {
-    use keelson_ignition::bgp::{DaemonKind, DaemonRun};
+    use keelson_cluster::bgp::{DaemonKind, DaemonRun};
     let Some(bgp) = &cluster.bgp else {
         return Ok(vec![]);
     };
@@ -159,7 +160,7 @@ pub fn load_assets(paths: &[PathBuf]) -> anyhow::Result<Vec<Asset>> {
         let name = path
             .file_name()
             .and_then(|n| n.to_str())
-            .filter(|n| keelson_ignition::cluster::is_asset_name(n) && *n != AGENT_ASSET)
+            .filter(|n| keelson_cluster::cluster::is_asset_name(n) && *n != AGENT_ASSET)
             .with_context(|| {
                 format!(
                     "--asset {}: expected a file name of [A-Za-z0-9._-] other than {AGENT_ASSET}",

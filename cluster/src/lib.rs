@@ -1,4 +1,4 @@
-//! keelson-ignition: the cluster's payloads as data.
+//! keelson-cluster: the cluster model and its payloads — what `keelson` and the agent share.
 //!
 //! - [`cluster`]: `cluster.json`, the agent's cluster-wide configuration ([`bgp`]: its
 //!   BGP section).
