@@ -87,6 +87,10 @@ REQUIRED_FILES=(
   "/usr/lib/systemd/boot/efi/systemd-bootx64.efi systemd-boot-efi"
   # The Ignition program itself (the test of the Accept header Ignition 2.14 sends).
   "/usr/lib/dracut/modules.d/30ignition/ignition ignition"
+  # FRR's daemons, which the BGP fabric test starts as routers (vtysh alone is a client).
+  "/usr/lib/frr/zebra frr"
+  "/usr/lib/frr/bfdd frr"
+  "/usr/lib/frr/bgpd frr"
 )
 # Cargo subcommands `make lint` runs: "command crate". (`make fuzz` installs cargo-fuzz
 # itself: minutes of compiling that `make test` does not need.)

@@ -62,20 +62,24 @@ impl Netns {
 
     /// A veth pair: `here` in this namespace, `there` in `other`, both up.
     pub fn veth(&self, here: &str, other: &Netns, there: &str) {
-        self.ip(&[
-            "link",
-            "add",
-            here,
-            "type",
-            "veth",
-            "peer",
-            "name",
-            there,
-            "netns",
-            &other.name,
-        ]);
+        self.veth_pair(here, other, there);
         self.ip(&["link", "set", here, "up"]);
         other.ip(&["link", "set", there, "up"]);
+    }
+
+    /// A NIC for a program under test: a veth whose end `there` in `other` gets MAC `mac`
+    /// and is left down (the program brings it up), and whose end `here` stays here, down
+    /// too (the caller puts it on a bridge or gives it an address, then sets it up).
+    pub fn nic(&self, here: &str, other: &Netns, there: &str, mac: &str) {
+        self.veth_pair(here, other, there);
+        other.ip(&["link", "set", there, "address", mac]);
+    }
+
+    fn veth_pair(&self, here: &str, other: &Netns, there: &str) {
+        let peer = ["peer", "name", there, "netns", &other.name];
+        let mut args = vec!["link", "add", here, "type", "veth"];
+        args.extend_from_slice(&peer);
+        self.ip(&args);
     }
 
     /// Runs `f` on a thread inside the namespace.
