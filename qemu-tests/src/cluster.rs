@@ -522,6 +522,10 @@ impl Testbed for Cluster {
         &self.plan
     }
 
+    fn out_dir(&self) -> &std::path::Path {
+        &self.out
+    }
+
     fn outside(&self) -> Outside<'_> {
         Outside {
             netns: &self.netns,

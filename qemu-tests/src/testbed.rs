@@ -31,6 +31,8 @@ pub trait Testbed {
     fn plan(&self) -> &[NodePlan];
     /// The outside participant.
     fn outside(&self) -> Outside<'_>;
+    /// `keelson build`'s output the nodes boot from (`cluster.json`, the configs).
+    fn out_dir(&self) -> &std::path::Path;
     /// Boots every node of the plan for the first time.
     fn start_all(&mut self) -> Result<()>;
     /// Boots a node again after [`Testbed::kill`] (its disk kept).

@@ -402,6 +402,10 @@ impl Testbed for OpenStackCluster {
         &self.plan
     }
 
+    fn out_dir(&self) -> &std::path::Path {
+        &self.out
+    }
+
     fn outside(&self) -> Outside<'_> {
         Outside {
             netns: &self.outside,
