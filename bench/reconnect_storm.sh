@@ -292,3 +292,20 @@ for stack in $STACKS; do
         "$(sel "(.rss_loaded_kib - .rss_idle_kib) * 1024 / .clients | floor" | median)"
 done
 echo "load at end: $(cut -d' ' -f1-3 /proc/loadavg)"
+
+# The goals of issue 29, printed (not an exit status: the figures swing with the machine's
+# load, and the first-back time includes each stack's VRRP failover).
+med() { jq -r --arg s "$1" "select(.stack==\$s) | $2" "$RESULTS" | median; }
+goal() { # description keelson-value openshift-value awk-condition-on-k-and-o
+    local verdict=FAIL
+    [ "$2" = - ] || [ "$3" = - ] || [ "$2" = null ] || [ "$3" = null ] && verdict="not measured"
+    [ "$verdict" = FAIL ] && awk -v k="$2" -v o="$3" "BEGIN {exit !($4)}" && verdict=PASS
+    echo "goal $1: keelson $2, openshift $3: $verdict"
+}
+if [[ " $STACKS " == *" keelson "* && " $STACKS " == *" openshift "* ]]; then
+    goal "all back <= 0.8 x haproxy's time (ms)" "$(med keelson .all_back_ms)" "$(med openshift .all_back_ms)" "k <= 0.8 * o"
+    goal "failed attempts <= haproxy's" "$(med keelson .failed_attempts)" "$(med openshift .failed_attempts)" "k <= o"
+    goal "memory per open connection <= haproxy's (B)" \
+        "$(med keelson "(.rss_loaded_kib - .rss_idle_kib) * 1024 / .clients | floor")" \
+        "$(med openshift "(.rss_loaded_kib - .rss_idle_kib) * 1024 / .clients | floor")" "k <= o"
+fi
