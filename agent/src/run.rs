@@ -157,15 +157,15 @@ pub async fn run_node(
     };
     tokio::spawn(announce);
     let started = std::time::Instant::now();
-    {
+    let status_server = {
         let (ctx, stop) = (ctx.clone(), stop.clone());
         tokio::spawn(async move {
             let status = move || ctx.status(started);
             if let Err(e) = crate::status::serve(status_socket, status, stop).await {
                 tracing::warn!("status socket: {e:#}");
             }
-        });
-    }
+        })
+    };
     // `/metrics` runs beside the status socket, not as a supervised service: it is never
     // in the ready line, and a port it cannot bind must not hold the node's services back.
     {
@@ -181,6 +181,9 @@ pub async fn run_node(
     stop.cancelled().await;
     tracing::info!("stopping services");
     supervisor.wait(Duration::from_secs(10)).await;
+    // The status server removes its socket when it sees `stop`; wait for that rather than
+    // let the runtime's shutdown drop the task first and leave a stale socket behind.
+    let _ = tokio::time::timeout(Duration::from_secs(2), status_server).await;
     Ok(())
 }
 

@@ -429,13 +429,9 @@ fn run(config: Config) -> Result<()> {
             |c| scenarios::rejoin(c, &dead),
             |d| d.clone(),
         )?;
-        report.run(
-            &mut cluster,
-            order[9],
-            &all,
-            scenarios::renewals,
-            |d| d.clone(),
-        )?;
+        report.run(&mut cluster, order[9], &all, scenarios::renewals, |d| {
+            d.clone()
+        })?;
         Some(())
     })()
     .is_some();
