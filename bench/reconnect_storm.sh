@@ -19,8 +19,8 @@
 # instead of TLS GET /readyz, since these backends speak first and no TLS; both at 5 s.
 # haproxy's tunnel timeout (5 m) is longer than any run, so it closes nothing here.
 #
-# Per run: N clients (`storm.py clients`: connect + greeting within 3 s, TCP keepalive 1 s,
-# immediate reconnect then jittered back-off 100 ms .. 2 s) are opened; the load balancer's
+# Per run: N clients (`storm.py clients`: connect + greeting, TCP keepalive 1 s,
+# dial timeout 10 s, immediate reconnect then jittered back-off 100 ms .. 2 s) are opened; the load balancer's
 # resident memory is read on the holder before and with N connections open; then the holder's
 # link is cut and everything in it killed. Printed: when the first and the last client were
 # served again (ms after the kill), the storm (last - first), failed attempts, and memory.
