@@ -141,19 +141,7 @@ kproxy "$K_HTTP" "$NGX"
 cat >"$WORK/haproxy.cfg" <<EOF
 global
   maxconn $MAXCONN
-defaults
-  maxconn 40000
-  mode    tcp
-  option  dontlognull
-  retries 3
-  timeout http-request 30s
-  timeout queue        1m
-  timeout connect      10s
-  timeout client       1m
-  timeout server       1m
-  timeout tunnel       5m
-  timeout client-fin   1s
-  timeout server-fin   1s
+$(grep -v '^#' testdata/openshift-haproxy-defaults.cfg)
 frontend iperf
   bind 127.0.0.1:$H_IPERF
   default_backend iperf

@@ -97,19 +97,7 @@ start_openshift() {
             servers+="   server m$s $(ip_of "$s"):6443 weight 1 check inter 5s fall 3 rise 1"$'\n'
         done
         cat >"$d/haproxy.cfg" <<EOF
-defaults
-  maxconn 40000
-  mode    tcp
-  option  dontlognull
-  retries 3
-  timeout http-request 30s
-  timeout queue        1m
-  timeout connect      10s
-  timeout client       1m
-  timeout server       1m
-  timeout tunnel       5m
-  timeout client-fin   1s
-  timeout server-fin   1s
+$(grep -v '^#' "$ROOT/testdata/openshift-haproxy-defaults.cfg")
 frontend  main
   bind :::9445 v4v6
   default_backend masters
