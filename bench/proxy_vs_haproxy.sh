@@ -71,7 +71,8 @@ free_port() {
   local p
   while :; do
     p=$((20000 + RANDOM % 30000))
-    ss -Htln "sport = :$p" | grep -q . || { echo "$p"; return; }
+    # Any socket on the port (a TIME_WAIT left by a client run too) would stop a bind.
+    ss -Htan "sport = :$p" | grep -q . || { echo "$p"; return; }
   done
 }
 wait_port() { # port what
