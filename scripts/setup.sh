@@ -59,6 +59,9 @@ REQUIRED=(
   "birdc bird2"
   "vtysh frr"
   "haproxy haproxy"
+  # etcd 3.4 forms a cluster through the cluster DNS's SRV records (agent/tests/dns_etcd.rs).
+  "etcd etcd-server"
+  "etcdctl etcd-client"
   "nsd nsd"
   "dnsmasq dnsmasq-base"
   "dnsperf dnsperf"
@@ -74,6 +77,8 @@ REQUIRED=(
   "promtool prometheus"
   "wrk wrk"
   "iperf3 iperf3"
+  # PROFILE=1 of bench/dns_vs_nsd.sh: system calls per query and a profile.
+  "perf linux-perf"
 )
 # Files (not commands) the image builder and the UEFI boot test read: "path package".
 REQUIRED_FILES=(
@@ -82,6 +87,10 @@ REQUIRED_FILES=(
   "/usr/lib/systemd/boot/efi/systemd-bootx64.efi systemd-boot-efi"
   # The Ignition program itself (the test of the Accept header Ignition 2.14 sends).
   "/usr/lib/dracut/modules.d/30ignition/ignition ignition"
+  # FRR's daemons, which the BGP fabric test starts as routers (vtysh alone is a client).
+  "/usr/lib/frr/zebra frr"
+  "/usr/lib/frr/bfdd frr"
+  "/usr/lib/frr/bgpd frr"
 )
 # Cargo subcommands `make lint` runs: "command crate". (`make fuzz` installs cargo-fuzz
 # itself: minutes of compiling that `make test` does not need.)

@@ -88,6 +88,15 @@ def dns_seeds():
     p = dns_query(18, f"api.{zone}", A)
     write(t, "compressed-pointer", p[:-5] + b"\xc0\x10" + p[-4:])
     write(t, "pointer-loop", bytes.fromhex("abcd01000001000000000000") + b"\xc0\x0c\x00\x01\x00\x01")
+    # The etcd names (the target serves them for its two masters): the SRV set with its
+    # additional addresses, an etcd-<i> name, and a query with an EDNS cookie option (read
+    # in place) and one with client subnet (left to hickory).
+    write(t, "etcd-server-srv", dns_query(19, f"_etcd-server-ssl._tcp.{zone}", SRV))
+    write(t, "etcd-client-srv-edns", dns_query(20, f"_etcd-client-ssl._tcp.{zone}", SRV, edns=(1232, 0)))
+    write(t, "etcd-name", dns_query(21, f"etcd-1.{zone}", AAAA))
+    cookie = dns_query(22, f"etcd-0.{zone}", A, edns=(1232, 0))
+    write(t, "edns-cookie", cookie[:-2] + struct.pack(">HHH", 12, 10, 8) + b"\x01" * 8)
+    write(t, "edns-client-subnet", cookie[:-2] + struct.pack(">HHHHBB", 11, 8, 7, 1, 24, 0) + b"\x0a\x00\x00")
 
 
 def mdns_announce(node, zone, addrs, ttl=35, role="master"):

@@ -8,15 +8,25 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use keelson_testkit::dig::{answers, dig, status};
+use keelson_testkit::dig::{answers, dig, section, status};
 use keelson_testkit::{Proc, free_port, require};
 
 const CLUSTER: &str = include_str!("../src/dns/testdata/cluster.json");
 
 /// Starts `keelson-agent dns` on 127.0.0.1 with a free port; returns it and its address.
 fn start_dns(dir: &Path, members: &str, upstreams: &[SocketAddr]) -> (Proc, SocketAddr) {
+    start_dns_with(dir, CLUSTER, members, upstreams)
+}
+
+/// [`start_dns`] with another cluster.json.
+fn start_dns_with(
+    dir: &Path,
+    cluster_json: &str,
+    members: &str,
+    upstreams: &[SocketAddr],
+) -> (Proc, SocketAddr) {
     let cluster = dir.join("cluster.json");
-    std::fs::write(&cluster, CLUSTER).unwrap();
+    std::fs::write(&cluster, cluster_json).unwrap();
     let members_path = dir.join("members.json");
     std::fs::write(&members_path, members).unwrap();
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_keelson-agent"));
@@ -45,7 +55,10 @@ fn start_dns(dir: &Path, members: &str, upstreams: &[SocketAddr]) -> (Proc, Sock
 fn start_dnsmasq() -> (Proc, SocketAddr) {
     let port = free_port();
     let mut cmd = Command::new("dnsmasq");
+    // Nothing of the machine's own dnsmasq configuration (/etc/dnsmasq.conf, which an
+    // OpenStack install may fill): only what this test says.
     cmd.args([
+        "--conf-file=/dev/null",
         "--no-daemon",
         "--keep-in-foreground",
         "--no-resolv",
@@ -87,6 +100,25 @@ fn members_json() -> String {
 
 fn tmpdir() -> tempfile::TempDir {
     tempfile::tempdir().unwrap()
+}
+
+/// `api` answered with the API VIP over `transport` (`+notcp` or `+tcp`).
+fn assert_api(addr: SocketAddr, transport: &str) {
+    let out = dig(
+        addr,
+        &[
+            transport,
+            "+time=2",
+            "+tries=1",
+            "api.ocp4.example.com",
+            "A",
+        ],
+    );
+    assert_eq!(
+        answers(&out),
+        ["api.ocp4.example.com. 60 A 10.0.0.5"],
+        "{out}"
+    );
 }
 
 fn authority_soa(out: &str) -> bool {
@@ -160,6 +192,117 @@ fn authoritative_rules_udp_and_tcp() {
     // A name outside the zone with no upstream: SERVFAIL, not a hang.
     let out = dig(addr, &["+time=4", "+tries=1", "www.example.org", "A"]);
     assert_eq!(status(&out), "SERVFAIL", "{out}");
+}
+
+/// `n` dual-stack masters `master-<i>` for members.json.
+fn masters_json(n: usize) -> String {
+    let list: Vec<serde_json::Value> = (0..n)
+        .map(|i| {
+            serde_json::json!({
+                "name": format!("master-{i}"), "role": "master",
+                "addresses": [format!("10.0.1.{}", 10 + i), format!("fd00::1:{}", 10 + i)],
+                "version": "0.1.0"
+            })
+        })
+        .collect();
+    serde_json::Value::Array(list).to_string()
+}
+
+#[test]
+fn etcd_srv_with_addresses_and_the_size_rules() {
+    if !require("dig") {
+        return;
+    }
+    let with_etcd = |masters: usize| {
+        CLUSTER.replace(
+            r#""manageResolvConf": false }"#,
+            &format!(
+                r#""manageResolvConf": false, "etcd": {{"enabled": true, "masters": {masters}}} }}"#
+            ),
+        )
+    };
+    let srv = "_etcd-server-ssl._tcp.ocp4.example.com";
+    let dir = tmpdir();
+    let (_dns, addr) = start_dns_with(dir.path(), &with_etcd(3), &masters_json(3), &[]);
+    for args in [&["+notcp", "+noedns"][..], &["+notcp"], &["+tcp"]] {
+        let q = |name: &str, t: &str| {
+            let mut a = args.to_vec();
+            a.extend(["+time=2", "+tries=1", "+ignore", name, t]);
+            dig(addr, &a)
+        };
+        let out = q(srv, "SRV");
+        assert!(
+            out.contains("flags: qr aa") && !out.contains(" tc"),
+            "{out}"
+        );
+        assert_eq!(
+            section(&out, "ANSWER"),
+            (0..3)
+                .map(|i| format!("{srv}. 60 SRV 0 10 2380 etcd-{i}.ocp4.example.com."))
+                .collect::<Vec<_>>(),
+            "{out}"
+        );
+        let extra = section(&out, "ADDITIONAL");
+        for i in 0..3 {
+            for want in [
+                format!("etcd-{i}.ocp4.example.com. 60 A 10.0.1.{}", 10 + i),
+                format!("etcd-{i}.ocp4.example.com. 60 AAAA fd00::1:{}", 10 + i),
+            ] {
+                assert!(extra.contains(&want), "{want} in {out}");
+            }
+        }
+        let out = q("etcd-2.ocp4.example.com", "A");
+        assert_eq!(
+            section(&out, "ANSWER"),
+            ["etcd-2.ocp4.example.com. 60 A 10.0.1.12"]
+        );
+        let out = q("_etcd-client-ssl._tcp.ocp4.example.com", "SRV");
+        assert_eq!(section(&out, "ANSWER").len(), 3, "{out}");
+        assert!(out.contains("2379 etcd-0.ocp4.example.com."), "{out}");
+    }
+
+    // 24 dual-stack masters: 24 SRV records do not fit 512 bytes (TC, nothing but the
+    // question); they fit EDNS's 1232 with some of their 48 address records and no TC; TCP
+    // carries everything.
+    let dir = tmpdir();
+    let (_dns, addr) = start_dns_with(dir.path(), &with_etcd(24), &masters_json(24), &[]);
+    let out = dig(
+        addr,
+        &["+notcp", "+noedns", "+ignore", "+time=2", srv, "SRV"],
+    );
+    assert!(out.contains(" tc"), "expected TC: {out}");
+    assert!(section(&out, "ANSWER").is_empty(), "{out}");
+    let out = dig(
+        addr,
+        &["+notcp", "+bufsize=1232", "+ignore", "+time=2", srv, "SRV"],
+    );
+    assert!(
+        !out.contains(" tc"),
+        "additional records go before TC: {out}"
+    );
+    assert_eq!(section(&out, "ANSWER").len(), 24, "{out}");
+    let extra = section(&out, "ADDITIONAL");
+    assert!(
+        !extra.is_empty() && extra.len() < 48,
+        "{} additional: {out}",
+        extra.len()
+    );
+    assert!(
+        out.contains("MSG SIZE  rcvd: 1") && !out.contains("rcvd: 0"),
+        "{out}"
+    );
+    let size: usize = out
+        .split("MSG SIZE  rcvd: ")
+        .nth(1)
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap();
+    assert!(size <= 1232, "{size}");
+    let out = dig(addr, &["+tcp", "+time=2", srv, "SRV"]);
+    assert_eq!(section(&out, "ANSWER").len(), 24, "{out}");
+    assert_eq!(section(&out, "ADDITIONAL").len(), 48, "{out}");
+    // Without +ignore, dig (as any stub) retries a TC answer over TCP and gets it all.
+    let out = dig(addr, &["+noedns", "+time=2", srv, "SRV"]);
+    assert_eq!(section(&out, "ANSWER").len(), 24, "{out}");
 }
 
 #[test]
@@ -356,21 +499,8 @@ fn malformed_packets_then_good_query() {
         sock.send_to(&junk, addr).unwrap();
     }
     // Still answering.
-    let out = dig(addr, &["+time=2", "+tries=1", "api.ocp4.example.com", "A"]);
-    assert_eq!(
-        answers(&out),
-        ["api.ocp4.example.com. 60 A 10.0.0.5"],
-        "{out}"
-    );
-    let out = dig(
-        addr,
-        &["+tcp", "+time=2", "+tries=1", "api.ocp4.example.com", "A"],
-    );
-    assert_eq!(
-        answers(&out),
-        ["api.ocp4.example.com. 60 A 10.0.0.5"],
-        "{out}"
-    );
+    assert_api(addr, "+notcp");
+    assert_api(addr, "+tcp");
 }
 
 #[test]
@@ -394,22 +524,9 @@ fn tcp_connection_limit_protects_the_server() {
         "the 257th connection is closed: {out}"
     );
     // UDP is unaffected.
-    let out = dig(addr, &["+time=2", "+tries=1", "api.ocp4.example.com", "A"]);
-    assert_eq!(
-        answers(&out),
-        ["api.ocp4.example.com. 60 A 10.0.0.5"],
-        "{out}"
-    );
+    assert_api(addr, "+notcp");
     // Slots come back when the idle clients go.
     drop(idle);
     std::thread::sleep(Duration::from_millis(300));
-    let out = dig(
-        addr,
-        &["+tcp", "+time=2", "+tries=1", "api.ocp4.example.com", "A"],
-    );
-    assert_eq!(
-        answers(&out),
-        ["api.ocp4.example.com. 60 A 10.0.0.5"],
-        "{out}"
-    );
+    assert_api(addr, "+tcp");
 }

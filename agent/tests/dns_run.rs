@@ -43,22 +43,19 @@ async fn zone_follows_members_and_resolv_conf_is_local_first() {
     let stop = CancellationToken::new();
     let task = tokio::spawn(run_with(ctx.clone(), stop.clone(), opts));
 
-    // The bound address appears in the status snapshot.
-    let t = Instant::now();
-    let addr: SocketAddr = loop {
-        let listen = ctx
-            .bus
-            .views
-            .dns
-            .read()
-            .and_then(|s| s.listen.first().copied());
-        if let Some(a) = listen {
-            break a;
-        }
-        assert!(t.elapsed() < Duration::from_secs(5), "dns did not come up");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
-    assert!(ctx.bus.ready.borrow().contains("dns"));
+    // Ready once bound, resolv.conf written and the status view installed (in that order:
+    // the view shows the address a moment before the service counts as ready).
+    keelson_testkit::wait_for_async("dns ready", Duration::from_secs(5), || {
+        ctx.bus.ready.borrow().contains("dns")
+    })
+    .await;
+    let addr: SocketAddr = ctx
+        .bus
+        .views
+        .dns
+        .read()
+        .and_then(|s| s.listen.first().copied())
+        .expect("a ready dns service shows its bound address");
     let text = std::fs::read_to_string(&resolv).unwrap();
     let ns: Vec<&str> = text
         .lines()

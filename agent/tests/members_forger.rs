@@ -163,6 +163,42 @@ impl Net {
         auth["drops"].clone()
     }
 
+    /// Replays (`replay`) master-1's records every 300 ms while master-0 lists the dead
+    /// master-1; it must drop it all the same, within the expiry.
+    fn dropped_despite(&self, mut replay: impl FnMut()) {
+        let t = Instant::now();
+        while self.member_names(M0).contains(&"master-1".to_string()) {
+            replay();
+            assert!(
+                t.elapsed() < Duration::from_secs(EXPIRY_S + 4),
+                "master-1 kept alive by replays"
+            );
+            std::thread::sleep(Duration::from_millis(300));
+        }
+        eprintln!(
+            "dead master-1 dropped after {:.1} s despite replays",
+            t.elapsed().as_secs_f64()
+        );
+    }
+
+    /// master-1 comes back (its new records are believed: both list both again) and stops
+    /// (its signed goodbye is believed: master-0 drops it before the expiry).
+    fn back_and_goodbye(&mut self) {
+        self.start(M1);
+        self.wait_ready(&[M1]);
+        self.wait_settled("master-1 back");
+        self.stop(M1);
+        let gone = self.wait(
+            "master-1's goodbye",
+            Duration::from_secs(EXPIRY_S - 1),
+            || !self.member_names(M0).contains(&"master-1".to_string()),
+        );
+        eprintln!(
+            "stopped master-1 dropped after {:.2} s (goodbye)",
+            gone.as_secs_f64()
+        );
+    }
+
     /// `dig` from the forger at master-0's DNS server: the answer section for `name`.
     fn dig(&self, name: &str) -> String {
         dig_at(&self.seg.nodes[FORGER], self.ip(M0), name)
@@ -621,39 +657,18 @@ fn unicast_forger_without_the_key_changes_nothing() {
     std::thread::sleep(Duration::from_millis(300));
     net.kill(M1);
     capture.close();
-    let t = Instant::now();
     let mut answers = std::collections::BTreeSet::new();
-    while net.member_names(M0).contains(&"master-1".to_string()) {
+    net.dropped_despite(|| {
         answers.insert(curl(&net, M1, "POST", path, &last.body));
-        assert!(
-            t.elapsed() < Duration::from_secs(EXPIRY_S + 4),
-            "master-1 kept alive by replays ({answers:?})"
-        );
-        std::thread::sleep(Duration::from_millis(300));
-    }
-    eprintln!(
-        "dead master-1 dropped after {:.1} s despite replays answered {answers:?}",
-        t.elapsed().as_secs_f64()
-    );
+    });
+    eprintln!("the replays were answered {answers:?}");
     assert!(
         answers.contains("200"),
         "the replays were not duplicates: {answers:?}"
     );
 
     // master-1 back: its new records are believed; stopped, its signed goodbye is.
-    net.start(M1);
-    net.wait_ready(&[M1]);
-    net.wait_settled("master-1 back");
-    net.stop(M1);
-    let gone = net.wait(
-        "master-1's goodbye",
-        Duration::from_secs(EXPIRY_S - 1),
-        || !net.member_names(M0).contains(&"master-1".to_string()),
-    );
-    eprintln!(
-        "stopped master-1 dropped after {:.2} s (goodbye)",
-        gone.as_secs_f64()
-    );
+    net.back_and_goodbye();
     let drops = net.drops_now(M0);
     assert_eq!(drops["noMac"], 2, "{drops}");
     assert_eq!(drops["badMac"], 2, "{drops}");
@@ -900,34 +915,10 @@ fn mdns_forger_without_the_key_changes_nothing() {
     net.kill(M1);
     std::thread::sleep(Duration::from_millis(100));
     let (last, _, _) = sniffer.latest();
-    let t = Instant::now();
-    while net.member_names(M0).contains(&"master-1".to_string()) {
-        mdns_send(&net, M1, last.clone());
-        assert!(
-            t.elapsed() < Duration::from_secs(EXPIRY_S + 4),
-            "master-1 kept alive by replays"
-        );
-        std::thread::sleep(Duration::from_millis(300));
-    }
-    eprintln!(
-        "dead master-1 dropped after {:.1} s despite replays",
-        t.elapsed().as_secs_f64()
-    );
+    net.dropped_despite(|| mdns_send(&net, M1, last.clone()));
 
     // master-1 back: its new announcements are believed; stopped, its signed goodbye is.
-    net.start(M1);
-    net.wait_ready(&[M1]);
-    net.wait_settled("master-1 back");
-    net.stop(M1);
-    let gone = net.wait(
-        "master-1's goodbye",
-        Duration::from_secs(EXPIRY_S - 1),
-        || !net.member_names(M0).contains(&"master-1".to_string()),
-    );
-    eprintln!(
-        "stopped master-1 dropped after {:.2} s (goodbye)",
-        gone.as_secs_f64()
-    );
+    net.back_and_goodbye();
     let drops = net.drops_now(M0);
     assert_eq!(drops["noMac"], 1, "{drops}");
     assert_eq!(drops["badMac"], 2, "{drops}");

@@ -337,27 +337,25 @@ fn avahi_interop_both_ways() {
     assert_eq!(m["version"], "9.9.9");
 
     // avahi sees the agent's node, resolved: address and TXT.
-    let mut last = String::new();
-    wait_for(
-        "avahi-browse resolves master-0",
-        Duration::from_secs(15),
-        || {
+    let browse_until = |what: &str, resolved: &dyn Fn(&str) -> bool| {
+        let mut last = String::new();
+        wait_for(what, Duration::from_secs(15), || {
             let out = avahi_cmd("avahi-browse")
                 .args(["-r", "-t", "-p", "_keelson._tcp"])
                 .stderr(Stdio::null())
                 .output()
                 .unwrap();
             last = String::from_utf8_lossy(&out.stdout).into_owned();
-            last.lines().any(|l| {
-                l.starts_with("=;")
-                    && l.contains(";master-0;")
-                    && l.contains("master-0.local;10.72.0.10;22623")
-                    && l.contains("\"role=master\"")
-                    && l.contains("\"cluster=ocp4.example.com\"")
-            })
-        },
-    );
-    eprintln!("avahi-browse: {last}");
+            last.lines().any(|l| l.starts_with("=;") && resolved(l))
+        });
+        eprintln!("avahi-browse: {last}");
+    };
+    browse_until("avahi-browse resolves master-0", &|l| {
+        l.contains(";master-0;")
+            && l.contains("master-0.local;10.72.0.10;22623")
+            && l.contains("\"role=master\"")
+            && l.contains("\"cluster=ocp4.example.com\"")
+    });
 
     // A node of a cluster whose records are authenticated (cluster.json names the key):
     // avahi still browses and resolves it, the proof in its TXT record; it believes neither
@@ -384,27 +382,13 @@ fn avahi_interop_both_ways() {
         "10.72.0.12/24",
         &["--tls-dir", &tls_arg],
     );
-    wait_for(
-        "avahi-browse resolves master-1 with its proof",
-        Duration::from_secs(15),
-        || {
-            let out = avahi_cmd("avahi-browse")
-                .args(["-r", "-t", "-p", "_keelson._tcp"])
-                .stderr(Stdio::null())
-                .output()
-                .unwrap();
-            last = String::from_utf8_lossy(&out.stdout).into_owned();
-            last.lines().any(|l| {
-                l.starts_with("=;")
-                    && l.contains(";master-1;")
-                    && l.contains("master-1.local;10.72.0.12;22623")
-                    && l.contains("\"addrs=10.72.0.12\"")
-                    && l.contains(&format!("\"kid={key_id}\""))
-                    && l.contains("\"mac=")
-            })
-        },
-    );
-    eprintln!("avahi-browse: {last}");
+    browse_until("avahi-browse resolves master-1 with its proof", &|l| {
+        l.contains(";master-1;")
+            && l.contains("master-1.local;10.72.0.12;22623")
+            && l.contains("\"addrs=10.72.0.12\"")
+            && l.contains(&format!("\"kid={key_id}\""))
+            && l.contains("\"mac=")
+    });
     wait_for("master-0 sees master-1", Duration::from_secs(15), || {
         agent.member("master-1").is_some()
     });

@@ -25,9 +25,26 @@ const CLUSTER: &str = include_str!("../src/dns/testdata/cluster.json");
 const RENEW: u64 = 1;
 const EXPIRY: u64 = 4;
 
-/// Serves `registry` as the Ignition server's `/keelson/` routes over TLS; dropping the
-/// returned handle (abort) closes the listener and every connection.
-async fn serve(listener: TcpListener, tls: Arc<rustls::ServerConfig>, registry: Arc<Registry>) {
+/// An HTTP body: whole, or a stream.
+type Body = http_body_util::combinators::BoxBody<Bytes, std::convert::Infallible>;
+
+/// How the test's server answers a request (method, path, peer, body).
+type Responder =
+    Arc<dyn Fn(&http::Method, &str, SocketAddr, Bytes) -> (http::StatusCode, Body) + Send + Sync>;
+
+/// Answers as `registry`, the Ignition server's `/keelson/` routes, would.
+fn registry_routes(registry: Arc<Registry>) -> Responder {
+    Arc::new(move |method, path, peer, body| {
+        let (status, body) = registry
+            .handle(method, path, peer, body)
+            .unwrap_or((http::StatusCode::NOT_FOUND, Bytes::new()));
+        (status, Full::new(body).boxed())
+    })
+}
+
+/// Serves `respond` over TLS; dropping the returned handle (abort) closes the listener and
+/// every connection.
+async fn serve(listener: TcpListener, tls: Arc<rustls::ServerConfig>, respond: Responder) {
     let acceptor = tokio_rustls::TlsAcceptor::from(tls);
     let mut conns = tokio::task::JoinSet::new();
     loop {
@@ -35,24 +52,22 @@ async fn serve(listener: TcpListener, tls: Arc<rustls::ServerConfig>, registry: 
             continue;
         };
         let acceptor = acceptor.clone();
-        let registry = registry.clone();
+        let respond = respond.clone();
         conns.spawn(async move {
             let Ok(stream) = acceptor.accept(tcp).await else {
                 return;
             };
             let svc = service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
-                let registry = registry.clone();
+                let respond = respond.clone();
                 async move {
                     let method = req.method().clone();
                     let path = req.uri().path().to_string();
                     let body = req.into_body().collect().await?.to_bytes();
-                    let (status, body) = registry
-                        .handle(&method, &path, peer, body)
-                        .unwrap_or((http::StatusCode::NOT_FOUND, Bytes::new()));
+                    let (status, body) = respond(&method, &path, peer, body);
                     Ok::<_, hyper::Error>(
                         hyper::Response::builder()
                             .status(status)
-                            .body(Full::new(body))
+                            .body(body)
                             .unwrap(),
                     )
                 }
@@ -133,7 +148,11 @@ async fn three_agents_converge_survive_vip_move_and_expire() {
 
     let zone = "ocp4.example.com";
     let reg_a = Arc::new(Registry::new(zone, Duration::from_secs(EXPIRY)));
-    let server_a = tokio::spawn(serve(listener, tls.server.clone(), reg_a.clone()));
+    let server_a = tokio::spawn(serve(
+        listener,
+        tls.server.clone(),
+        registry_routes(reg_a.clone()),
+    ));
 
     let all = ["master-0", "master-1", "master-2"]
         .map(String::from)
@@ -162,7 +181,11 @@ async fn three_agents_converge_survive_vip_move_and_expire() {
     let _ = server_a.await;
     let reg_b = Arc::new(Registry::new(zone, Duration::from_secs(EXPIRY)));
     let listener = TcpListener::bind(addr).await.unwrap();
-    let server_b = tokio::spawn(serve(listener, tls.server.clone(), reg_b.clone()));
+    let server_b = tokio::spawn(serve(
+        listener,
+        tls.server.clone(),
+        registry_routes(reg_b.clone()),
+    ));
     let rebuilt = wait_for("rebuild after the VIP move", Duration::from_secs(5), || {
         names(&reg_b) == all
     })
@@ -217,7 +240,7 @@ async fn untrusted_server_is_refused() {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let reg = Arc::new(Registry::new("ocp4.example.com", Duration::from_secs(5)));
-    let server = tokio::spawn(serve(listener, other.server.clone(), reg));
+    let server = tokio::spawn(serve(listener, other.server.clone(), registry_routes(reg)));
     let client = keelson_agent::members::unicast::client_config(&ca).unwrap();
     let err = keelson_agent::members::unicast::exchange(
         client,
@@ -236,5 +259,108 @@ async fn untrusted_server_is_refused() {
     let err =
         keelson_agent::members::unicast::client_config(&dir.path().join("none.crt")).unwrap_err();
     assert!(format!("{err:#}").contains("cluster CA"), "{err:#}");
+    server.abort();
+}
+
+/// The agent's resident memory (kB), from /proc.
+fn rss_kib(pid: nix::unistd::Pid) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0)
+}
+
+/// A registry's answer as a bomb (docs/agent.md, "Limits"): a node registering with a
+/// registry that answers without end, or with tens of thousands of members, keeps running
+/// with bounded memory and holds at most `MAX_MEMBERS` of them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_registry_answer_bomb_is_held_to_the_limits() {
+    use keelson_agent::members::table::MAX_MEMBERS;
+    use keelson_agent::members::unicast::MAX_ANSWER_BYTES;
+    let tls = ca_signed(&["127.0.0.1"]);
+    let dir = tempfile::tempdir().unwrap();
+    let ca = dir.path().join("ca.crt");
+    std::fs::write(&ca, &tls.ca_pem).unwrap();
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let mut v: serde_json::Value = serde_json::from_str(CLUSTER).unwrap();
+    v["apiVips"] = serde_json::json!(["127.0.0.1"]);
+    v["ignition"]["tlsPort"] = addr.port().into();
+    v["members"] =
+        serde_json::json!({"transport": "unicast", "renewIntervalSecs": RENEW, "expirySecs": 30});
+    let cluster = dir.path().join("cluster.json");
+    std::fs::write(&cluster, v.to_string()).unwrap();
+
+    // 1. An answer without end: a stream of JSON white space, 64 KiB a frame.
+    let asked = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let endless: Responder = {
+        let asked = asked.clone();
+        Arc::new(move |_, _, _, _| {
+            asked.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            let frames = futures::stream::repeat_with(|| {
+                Ok(hyper::body::Frame::data(Bytes::from_static(
+                    &[b' '; 1 << 16],
+                )))
+            });
+            (
+                http::StatusCode::OK,
+                http_body_util::StreamBody::new(frames).boxed(),
+            )
+        })
+    };
+    let server = tokio::spawn(serve(listener, tls.server.clone(), endless));
+    let agent = start_agent(dir.path(), &cluster, &ca, "master-0", "127.0.0.10/8");
+    let rounds = wait_for(
+        "three rounds against the endless answer",
+        Duration::from_secs(20),
+        || asked.load(std::sync::atomic::Ordering::SeqCst) >= 3,
+    )
+    .await;
+    let rss = rss_kib(agent.proc.pid());
+    eprintln!("3 endless answers in {rounds:?}; agent RSS {rss} kB");
+    assert!(agent.proc.0.id() > 0 && rss > 0, "the agent is running");
+    assert!(
+        rss < 256 * 1024,
+        "{rss} kB resident after endless answers (the limit is {MAX_ANSWER_BYTES} bytes an answer)"
+    );
+    assert_eq!(
+        agent.names(),
+        ["master-0"],
+        "nothing taken from an endless answer"
+    );
+    server.abort();
+    let _ = server.await;
+
+    // 2. An answer under the byte limit listing far more members than a cluster has.
+    let offered = 40_000;
+    let entries: Vec<serde_json::Value> = (0..offered)
+        .map(|i| {
+            serde_json::json!({"member": {"name": format!("n{i}"), "role": "worker",
+                "addresses": [format!("10.9.{}.{}", i / 250, i % 250 + 1)], "version": ""},
+                "ageMs": 0})
+        })
+        .collect();
+    let many = Bytes::from(serde_json::to_vec(&entries).unwrap());
+    assert!(many.len() < MAX_ANSWER_BYTES, "{} bytes", many.len());
+    let flood: Responder =
+        Arc::new(move |_, _, _, _| (http::StatusCode::OK, Full::new(many.clone()).boxed()));
+    let listener = TcpListener::bind(addr).await.unwrap();
+    let server = tokio::spawn(serve(listener, tls.server.clone(), flood));
+    wait_for("the flood taken in", Duration::from_secs(30), || {
+        agent.names().len() > 1
+    })
+    .await;
+    // A few more rounds: the list stays held.
+    tokio::time::sleep(Duration::from_secs(3 * RENEW)).await;
+    let listed = agent.names().len();
+    let rss = rss_kib(agent.proc.pid());
+    eprintln!("{offered} members offered, {listed} listed; agent RSS {rss} kB");
+    assert!(
+        (MAX_MEMBERS..=MAX_MEMBERS + 1).contains(&listed),
+        "{listed} listed of {offered} offered (limit {MAX_MEMBERS}, and the node itself)"
+    );
+    assert!(rss < 256 * 1024, "{rss} kB resident");
     server.abort();
 }

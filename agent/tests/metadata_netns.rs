@@ -11,6 +11,13 @@ use keelson_testkit::{Netns, require, require_root};
 
 const BIN: &str = env!("CARGO_BIN_EXE_keelson-agent");
 
+/// `keelson-agent metadata --source http` in namespace `ns`.
+fn metadata_in(ns: &Netns) -> Command {
+    let mut cmd = ns.exec(BIN);
+    cmd.args(["metadata", "--source", "http"]);
+    cmd
+}
+
 #[test]
 fn metadata_service_on_the_link_local_address() {
     if !require_root() {
@@ -38,17 +45,7 @@ fn metadata_service_on_the_link_local_address() {
             ),
         ],
     );
-    let out = output_ok(Command::new("ip").args([
-        "netns",
-        "exec",
-        ns.name(),
-        BIN,
-        "metadata",
-        "--source",
-        "http",
-        "--timeout",
-        "20",
-    ]));
+    let out = output_ok(metadata_in(&ns).args(["--timeout", "20"]));
     let md: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(md["source"], "http://169.254.169.254");
     assert_eq!(md["meta_data"]["name"], "abai-fcos-afterburn-test");
@@ -59,16 +56,7 @@ fn metadata_service_on_the_link_local_address() {
     assert_eq!(md["user_data"], r#"{"ignition":{"version":"3.2.0"}}"#);
 
     // The same namespace without a server on another port: unreachable, named, bounded.
-    let out = Command::new("ip")
-        .args([
-            "netns",
-            "exec",
-            ns.name(),
-            BIN,
-            "metadata",
-            "--source",
-            "http",
-        ])
+    let out = metadata_in(&ns)
         .args(["--url", "http://169.254.169.254:8775", "--timeout", "2"])
         .output()
         .unwrap();
@@ -98,19 +86,12 @@ fn metadata_service_on_the_ipv6_link_local_address() {
     );
     // The client's own link-local address needs DAD to finish before it can connect: the
     // command retries until then.
-    let out = output_ok(
-        Command::new("ip")
-            .args([
-                "netns",
-                "exec",
-                cli.name(),
-                BIN,
-                "metadata",
-                "--source",
-                "http",
-            ])
-            .args(["--url", "http://[fe80::a9fe:a9fe%eth0]", "--timeout", "20"]),
-    );
+    let out = output_ok(metadata_in(&cli).args([
+        "--url",
+        "http://[fe80::a9fe:a9fe%eth0]",
+        "--timeout",
+        "20",
+    ]));
     let md: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(md["source"], "http://[fe80::a9fe:a9fe%eth0]");
     assert_eq!(md["meta_data"]["name"], "master-6");

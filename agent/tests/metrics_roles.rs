@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use keelson_testkit::http::{HttpServer, curl_in};
 use keelson_testkit::netns::{bind_tcp_in, exec_in};
-use keelson_testkit::{Proc, Segment, require, require_root, sh};
+use keelson_testkit::{Proc, Segment, require, require_root, sh, wait_for_ok};
 
 const BIN: &str = env!("CARGO_BIN_EXE_keelson-agent");
 const ZONE: &str = "kmt.example.com";
@@ -174,27 +174,46 @@ fn every_role_serves_metrics_that_promtool_accepts_and_that_move_with_traffic() 
         "eth0",
     ]);
 
-    // Wait for the steady state: the bootstrap holds the API VIP and its proxy has
-    // the master as a backend that is up.
-    let t = Instant::now();
-    loop {
-        let (code, text) = scrape(&client, &bootstrap_ip, &[]);
-        let up = format!("keelson_proxy_backend_up{{backend=\"{master_ip}:6443\"}}");
-        if code == 200
-            && value(&text, &up) == Some(1.0)
-            && value(
-                &text,
-                "keelson_vrrp_state{vrrp_instance=\"api\",state=\"master\"}",
-            ) == Some(1.0)
-        {
-            break;
+    // Wait for the steady state, which every node reaches some time after its ready line
+    // (VRRP elections, the proxy's first checks, mDNS discovery): the bootstrap holds the
+    // API VIP and its proxy has the master as a backend that is up, the master is the API
+    // backup, the worker holds the ingress VIP, and every node knows the master.
+    let up = format!("keelson_proxy_backend_up{{backend=\"{master_ip}:6443\"}}");
+    let state = |instance: &str, state: &str| {
+        format!("keelson_vrrp_state{{vrrp_instance=\"{instance}\",state=\"{state}\"}}")
+    };
+    let knows_master = |text: &str| {
+        let series = |source: &str| {
+            let s = format!("keelson_members{{role=\"master\",source=\"{source}\"}}");
+            value(text, &s).unwrap_or(0.0)
+        };
+        series("mdns") + series("self") == 1.0
+    };
+    let nodes = [
+        (
+            "bootstrap",
+            &bootstrap_ip,
+            vec![up.clone(), state("api", "master")],
+        ),
+        ("master-0", &master_ip, vec![state("api", "backup")]),
+        ("worker-0", &worker_ip, vec![state("ingress", "master")]),
+    ];
+    let took = wait_for_ok("the steady state", Duration::from_secs(30), || {
+        for (name, ip, series) in &nodes {
+            let (code, text) = scrape(&client, ip, &[]);
+            if code != 200 {
+                return Err(format!("{name}: /metrics answered {code}: {text}"));
+            }
+            if let Some(s) = series.iter().find(|s| value(&text, s) != Some(1.0)) {
+                return Err(format!("{name}: {s} is not 1:\n{text}"));
+            }
+            if !knows_master(&text) {
+                return Err(format!("{name} does not know the master:\n{text}"));
+            }
         }
-        assert!(
-            t.elapsed() < Duration::from_secs(30),
-            "no steady state: {code}\n{text}"
-        );
-        std::thread::sleep(Duration::from_millis(300));
-    }
+        Ok(())
+    });
+    eprintln!("steady state {took:?} after the ready lines");
 
     let before: Vec<String> = [&bootstrap_ip, &master_ip, &worker_ip]
         .iter()

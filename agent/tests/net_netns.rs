@@ -151,19 +151,7 @@ fn dhcp_recovers_when_its_interface_is_deleted_and_comes_back() {
     srv.ip(&["link", "set", "br0", "up"]);
     // eth0 left down: the client brings it up, the first time and after it comes back.
     let plug = || {
-        srv.ip(&[
-            "link",
-            "add",
-            "p0",
-            "type",
-            "veth",
-            "peer",
-            "name",
-            "eth0",
-            "netns",
-            cli.name(),
-        ]);
-        cli.ip(&["link", "set", "eth0", "address", MAC]);
+        srv.nic("p0", &cli, "eth0", MAC);
         srv.ip(&["link", "set", "p0", "master", "br0", "up"]);
     };
     plug();

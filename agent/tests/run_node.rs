@@ -6,7 +6,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use keelson_testkit::cmd::output_ok;
-use keelson_testkit::{Proc, free_port};
+use keelson_testkit::{Proc, free_port, wait_for};
 
 const BIN: &str = env!("CARGO_BIN_EXE_keelson-agent");
 
@@ -67,11 +67,15 @@ fn run_prints_ready_serves_status_runs_operator_processes_and_stops_on_sigterm()
         "keelson-agent ready: node=master-0 role=master services=dns"
     );
 
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !marker.exists() && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    assert_eq!(std::fs::read_to_string(&marker).unwrap().trim(), "master");
+    // The shell creates the file (`>`) a moment before `echo` writes the line: wait for
+    // the line, not the file.
+    let written = || std::fs::read_to_string(&marker).unwrap_or_default();
+    wait_for(
+        "the operator process's line",
+        Duration::from_secs(10),
+        || written().ends_with('\n'),
+    );
+    assert_eq!(written().trim(), "master");
 
     let status = output_ok(
         Command::new(BIN)

@@ -91,6 +91,45 @@ fn new_cluster(prefix: &str, roles: &[&str], cluster: serde_json::Value) -> RunN
     RunNet::new(AGENT, seg, cluster, &nodes, "vrrp,members,ignition")
 }
 
+/// Kills `nodes`, deletes what they remembered, starts them all again, and waits for one
+/// of them to hold the VIP (`limit` after all are ready).
+fn restart_forgetting(
+    c: &mut RunNet,
+    nodes: &[usize],
+    phase: &str,
+    limit: Duration,
+    settle: Duration,
+) -> Converged {
+    for &m in nodes {
+        c.kill(m);
+        c.forget(m);
+    }
+    for &m in nodes {
+        c.start(m);
+    }
+    c.converge(phase, nodes, limit, settle, nodes)
+}
+
+/// Cuts node `lone` off from the others long enough for the members to expire (each side
+/// then holds the VIP), heals, and waits for one holder among `nodes` again.
+fn split_and_heal(
+    c: &RunNet,
+    lone: usize,
+    nodes: &[usize],
+    phase: &str,
+    slack: Duration,
+) -> Converged {
+    c.seg.partition(&[lone]);
+    std::thread::sleep(Duration::from_secs(EXPIRY_S + 2));
+    let holders = c.holders();
+    assert!(
+        holders.len() == 2 && holders.contains(&lone),
+        "[{phase}] each side holds the VIP while split: {holders:?}"
+    );
+    c.seg.heal();
+    c.converge(phase, nodes, bound(slack), Duration::from_secs(2), &[])
+}
+
 /// What this test watches on the cluster: who holds the VIP, and the member lists.
 trait Phases {
     fn holders(&self) -> Vec<usize>;
@@ -394,72 +433,41 @@ fn unicast_cluster_converges_in_every_phase_without_multicast() {
     // out the grace; the first to claim answers the others' ARP probes, so they wait on
     // until they hear it (or, claiming at the same moment, see each other through ARP and
     // all but one yield).
-    for m in masters {
-        c.kill(m);
-        c.forget(m);
-    }
-    for m in masters {
-        c.start(m);
-    }
-    let r = c.converge(
-        "cold restart, nothing remembered",
+    let r = restart_forgetting(
+        &mut c,
         &masters,
+        "cold restart, nothing remembered",
         grace() + bound(slack),
         settle,
-        &masters,
     );
     times.push(("cold restart of all masters, nothing remembered", r));
     c.members_converge("cold restart, nothing remembered", Duration::from_secs(10));
 
     // 6. Partition 1 vs 2, long enough for the members to expire, then healed. Lone node a
     // backup first: it takes the VIP on its side while the pair keeps its holder.
-    let split = Duration::from_secs(EXPIRY_S + 2);
     let holder = c.holders()[0];
     let lone = masters.into_iter().find(|&m| m != holder).unwrap();
-    c.seg.partition(&[lone]);
-    std::thread::sleep(split);
-    let mut both = vec![holder, lone];
-    both.sort();
-    assert_eq!(c.holders(), both, "each side holds the VIP while split");
-    c.seg.heal();
-    let r = c.converge(
-        "partition healed (lone backup)",
-        &masters,
-        bound(slack),
-        Duration::from_secs(2),
-        &[],
-    );
+    let r = split_and_heal(&c, lone, &masters, "partition healed (lone backup)", slack);
     times.push(("1-vs-2 partition healed, the lone node was a backup", r));
     c.members_converge("partition healed (lone backup)", Duration::from_secs(10));
     // Lone node the holder: the pair elects a new one.
     let holder = c.holders()[0];
-    c.seg.partition(&[holder]);
-    std::thread::sleep(split);
-    assert_eq!(c.holders().len(), 2, "each side holds the VIP while split");
-    c.seg.heal();
-    let r = c.converge(
-        "partition healed (lone holder)",
+    let r = split_and_heal(
+        &c,
+        holder,
         &masters,
-        bound(slack),
-        Duration::from_secs(2),
-        &[],
+        "partition healed (lone holder)",
+        slack,
     );
     times.push(("1-vs-2 partition healed, the lone node was the holder", r));
 
     // 7. Formation, masters first, bootstrap later (a fresh cluster: nothing remembered).
-    for m in masters {
-        c.kill(m);
-        c.forget(m);
-    }
-    for m in masters {
-        c.start(m);
-    }
-    let r = c.converge(
-        "formation: masters first",
+    let r = restart_forgetting(
+        &mut c,
         &masters,
+        "formation: masters first",
         grace() + bound(slack),
         settle,
-        &masters,
     );
     times.push(("formation: masters first", r));
     c.forget(b);

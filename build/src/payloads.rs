@@ -9,6 +9,7 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
+use keelson_cluster::cluster::EtcdRecords;
 use keelson_cluster::install_config::InstallConfig;
 use keelson_cluster::render::{self, NodeAssets};
 use keelson_cluster::{ClusterConfig, Role, SpecVersion, pki};
@@ -192,6 +193,8 @@ pub fn cluster_config(
 ) -> anyhow::Result<ClusterConfig> {
     let mut cluster = ic.cluster_config();
     cluster.ignition.spec = spec.as_str().into();
+    // The etcd names follow the payload's era (docs/dns.md); the patch may still say otherwise.
+    cluster.dns.etcd = Some(EtcdRecords::for_spec(spec.as_str(), ic.masters));
     if let Some(path) = patch {
         let text = std::fs::read(path).with_context(|| path.display().to_string())?;
         let mut value: serde_json::Value = serde_json::from_slice(&text)

@@ -260,6 +260,74 @@ fn the_42_era_config_builds_spec_2_2() {
         worker["ignition"]["config"]["append"][0]["source"],
         "https://10.0.0.5:22623/config/worker"
     );
+    // The 4.2-era payload: its etcd finds its peers by SRV, so the DNS serves the names.
+    let cluster: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(work.path().join("out/cluster.json")).unwrap())
+            .unwrap();
+    assert_eq!(
+        cluster["dns"]["etcd"],
+        serde_json::json!({"enabled": true, "masters": 3})
+    );
+}
+
+#[test]
+fn etcd_names_follow_the_spec_unless_patched() {
+    let work = tempfile::tempdir().unwrap();
+    let agent = fake_agent(work.path());
+    let build = |name: &str, extra: &[&str]| -> serde_json::Value {
+        let out = work.path().join(name).display().to_string();
+        let mut args = vec![
+            "build",
+            "--config",
+            EXAMPLE,
+            "--out",
+            &out,
+            "--agent",
+            &agent,
+            "--no-image",
+            "--quiet",
+        ];
+        args.extend_from_slice(extra);
+        ok(&keelson(&args));
+        serde_json::from_slice(&std::fs::read(work.path().join(name).join("cluster.json")).unwrap())
+            .unwrap()
+    };
+    let default = build("default", &[]);
+    assert_eq!(
+        default["dns"]["etcd"],
+        serde_json::json!({"enabled": false, "masters": 3}),
+        "spec 3.x: off"
+    );
+    let patch = work.path().join("etcd.json");
+    std::fs::write(&patch, r#"{"dns": {"etcd": {"enabled": true}}}"#).unwrap();
+    let patch = patch.display().to_string();
+    let on = build("on", &["--cluster-patch", &patch]);
+    assert_eq!(
+        on["dns"]["etcd"]["enabled"], true,
+        "configurable either way"
+    );
+    std::fs::write(
+        work.path().join("bad.json"),
+        r#"{"dns": {"etcd": {"masters": 0}}}"#,
+    )
+    .unwrap();
+    let out = work.path().join("bad-out").display().to_string();
+    let bad = work.path().join("bad.json").display().to_string();
+    let res = keelson(&[
+        "build",
+        "--config",
+        EXAMPLE,
+        "--out",
+        &out,
+        "--agent",
+        &agent,
+        "--no-image",
+        "--cluster-patch",
+        &bad,
+    ]);
+    assert!(!res.status.success());
+    let err = String::from_utf8_lossy(&res.stderr);
+    assert!(err.contains("dns.etcd.masters"), "{err}");
 }
 
 #[test]

@@ -383,6 +383,39 @@ pub struct DnsSettings {
     pub upstreams: Vec<SocketAddr>,
     /// Point the node's `/etc/resolv.conf` at the local server (appliance).
     pub manage_resolv_conf: bool,
+    /// The etcd discovery names of the OpenShift 4.1-4.3 era (`etcd-<i>.<zone>`,
+    /// `_etcd-server-ssl._tcp.<zone>`; docs/dns.md). Absent: on when `ignition.spec` is 2.x,
+    /// for 3 masters ([`ClusterConfig::etcd_records`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub etcd: Option<EtcdRecords>,
+}
+
+/// The etcd names the cluster DNS serves (docs/dns.md): `etcd-<i>.<zone>` for the master
+/// whose name ends in `-<i>`, and the SRV sets etcd's `--discovery-srv` reads once every
+/// master is a member.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct EtcdRecords {
+    /// Serve the names at all.
+    pub enabled: bool,
+    /// The control plane's size (`controlPlane.replicas`): the SRV sets are answered only
+    /// once this many masters are members, so no etcd forms a partial cluster.
+    pub masters: u32,
+}
+
+impl EtcdRecords {
+    /// The control plane size OpenShift 4.2 supported (and the default when a cluster.json
+    /// written before this field names none).
+    pub const DEFAULT_MASTERS: u32 = 3;
+
+    /// The default for a build of Ignition spec `spec` with `masters` masters: on for spec
+    /// 2.x payloads (RHCOS 4.2-4.5, whose etcd finds its peers by SRV), off for 3.x.
+    pub fn for_spec(spec: &str, masters: u32) -> Self {
+        Self {
+            enabled: spec.starts_with("2."),
+            masters,
+        }
+    }
 }
 
 /// The Ignition config server (docs/ignition-server.md).
@@ -550,6 +583,14 @@ impl ClusterConfig {
         Ok(patched)
     }
 
+    /// The etcd names to serve: `dns.etcd`, or when absent the default for `ignition.spec`
+    /// with [`EtcdRecords::DEFAULT_MASTERS`].
+    pub fn etcd_records(&self) -> EtcdRecords {
+        self.dns.etcd.unwrap_or_else(|| {
+            EtcdRecords::for_spec(&self.ignition.spec, EtcdRecords::DEFAULT_MASTERS)
+        })
+    }
+
     /// The cluster's DNS zone, `<name>.<baseDomain>`.
     pub fn zone(&self) -> String {
         format!("{}.{}", self.name, self.base_domain)
@@ -642,6 +683,15 @@ impl ClusterConfig {
                 "members.maxClockSkewSecs".into(),
                 "1 to 3600 seconds",
                 secs,
+            ));
+        }
+        if let Some(etcd) = &self.dns.etcd
+            && !(1..=1000).contains(&etcd.masters)
+        {
+            return Err(invalid(
+                "dns.etcd.masters".into(),
+                "1 to 1000 (controlPlane.replicas)",
+                etcd.masters,
             ));
         }
         if self.api.fall == 0 || self.api.rise == 0 {
@@ -823,6 +873,46 @@ mod tests {
             e.contains("members.maxClockSkewSecs") && e.contains("1 to 3600"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn etcd_names_default_by_spec_when_absent() {
+        let mut c = example();
+        assert_eq!(
+            c.dns.etcd,
+            Some(EtcdRecords {
+                enabled: false,
+                masters: 3
+            }),
+            "the install-config's default spec is 3.x"
+        );
+        // A cluster.json written before the field: the payload's era decides.
+        c.dns.etcd = None;
+        assert!(!c.to_json().windows(4).any(|w| w == b"etcd"));
+        assert!(!c.etcd_records().enabled);
+        c.ignition.spec = "2.2.0".into();
+        assert_eq!(
+            c.etcd_records(),
+            EtcdRecords {
+                enabled: true,
+                masters: EtcdRecords::DEFAULT_MASTERS
+            }
+        );
+        let e = c
+            .with_merge_patch(&serde_json::json!({"dns": {"etcd": {"enabled": true}}}))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("masters"),
+            "a new etcd object names its size: {e}"
+        );
+        let e = c
+            .with_merge_patch(
+                &serde_json::json!({"dns": {"etcd": {"enabled": true, "masters": 0}}}),
+            )
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("dns.etcd.masters: expected 1 to 1000"), "{e}");
     }
 
     #[test]

@@ -475,9 +475,12 @@ impl Fabric {
     }
 
     fn frr_router_conf(r: &Router) -> String {
+        // IPv6 routes via the peer's global address, as BIRD installs them (FRR prefers the
+        // link-local next hop a peer sends beside it).
         let mut s = format!(
             "frr defaults datacenter\nhostname {ns}\nlog stdout informational\n!\n\
              bfd\n profile fabric\n  detect-multiplier 3\n  receive-interval {BFD_MS}\n  transmit-interval {BFD_MS}\n exit\nexit\n!\n\
+             route-map prefer-global permit 10\n set ipv6 next-hop prefer-global\nexit\n!\n\
              router bgp {asn}\n bgp router-id {rid}\n no bgp ebgp-requires-policy\n no bgp default ipv4-unicast\n bgp bestpath as-path multipath-relax\n",
             ns = r.ns,
             asn = r.asn,
@@ -496,7 +499,9 @@ impl Fabric {
         }
         s.push_str(" exit-address-family\n address-family ipv6 unicast\n  maximum-paths 16\n");
         for (_, _, _, p6, ..) in &r.peers {
-            s.push_str(&format!("  neighbor {p6} activate\n"));
+            s.push_str(&format!(
+                "  neighbor {p6} activate\n  neighbor {p6} route-map prefer-global in\n"
+            ));
         }
         s.push_str(" exit-address-family\nexit\n!\n");
         s

@@ -17,7 +17,8 @@ pub fn curl(ns: &Netns, url: &str, timeout: Duration) -> Option<String> {
 pub fn curl_with(ns: &Netns, url: &str, timeout: Duration, extra: &[&str]) -> Option<String> {
     let out = ns
         .command("curl")
-        .args(["-sk", "--fail", "--max-time"])
+        // Straight to the address: no proxy the machine's environment may name.
+        .args(["-sk", "--noproxy", "*", "--fail", "--max-time"])
         .arg(format!("{:.1}", timeout.as_secs_f64()))
         .args(extra)
         .arg(url)
@@ -31,7 +32,16 @@ pub fn curl_with(ns: &Netns, url: &str, timeout: Duration, extra: &[&str]) -> Op
 /// The HTTP status of `url` (0 when no answer), without `--fail`.
 pub fn http_status(ns: &Netns, url: &str, timeout: Duration, extra: &[&str]) -> u16 {
     ns.command("curl")
-        .args(["-sk", "-o", "/dev/null", "-w", "%{http_code}", "--max-time"])
+        .args([
+            "-sk",
+            "--noproxy",
+            "*",
+            "-o",
+            "/dev/null",
+            "-w",
+            "%{http_code}",
+        ])
+        .arg("--max-time")
         .arg(format!("{:.1}", timeout.as_secs_f64()))
         .args(extra)
         .arg(url)

@@ -1,13 +1,16 @@
 //! VIPs by BGP through a real routing daemon (issue 21, docs/bgp.md), in namespaces: two
-//! racks behind BIRD top-of-rack routers with BGP and BFD, a BIRD spine with the client,
-//! three masters (two in rack A, one in rack B) each running keelson-agent (which starts
-//! BIRD) and a stand-in apiserver. See `keelson_qemu_tests::fabric` for the topology.
+//! racks behind top-of-rack routers with BGP and BFD, a spine with the client, three
+//! masters (two in rack A, one in rack B) each running keelson-agent and a stand-in
+//! apiserver. See `keelson_qemu_tests::fabric` for the topology. Once with BIRD 2 on every
+//! router (the masters' started by the agent), once with FRR (bgpd + bfdd + zebra; the
+//! masters' started beside the agent from the configuration it writes, as on RHCOS).
 //!
-//! One test walks the whole story in order (building the fabric takes seconds): spread
+//! Each test walks the whole story in order (building the fabric takes seconds): spread
 //! over all three masters, a failing check withdraws, a dead master is routed around, it
 //! comes back only once its checks pass and without a flap, the stale routes a dead agent
 //! left are removed, a stopped agent withdraws — for the IPv4 and the IPv6 API VIP alike.
-//! It asserts behaviour; `bench/bgp_failover.sh` measures the times.
+//! It asserts behaviour; `bench/bgp_failover.sh` measures the times. The fabric's
+//! namespaces have fixed names (`kbg-*`): the two tests take turns.
 
 use std::time::{Duration, Instant};
 
@@ -21,9 +24,32 @@ const PERIOD: Duration = Duration::from_millis(50);
 const TIMEOUT: Duration = Duration::from_secs(1);
 const CONVERGE: Duration = Duration::from_secs(30);
 
-/// Root for the namespaces, BIRD for the routers and the agents' daemon.
-fn can_run() -> bool {
-    keelson_testkit::require_root() && keelson_testkit::require("bird")
+/// Root for the namespaces, and the routing daemon.
+fn can_run(daemon: Daemon) -> bool {
+    use keelson_testkit::{require, require_file, require_root};
+    require_root()
+        && match daemon {
+            Daemon::Bird => require("bird") && require("birdc"),
+            Daemon::Frr => {
+                require("vtysh")
+                    && ["zebra", "bfdd", "bgpd"]
+                        .iter()
+                        .all(|d| require_file(format!("/usr/lib/frr/{d}"), &format!("FRR's {d}")))
+            }
+        }
+}
+
+/// One fabric at a time in this process: its namespaces have fixed names.
+static FABRIC: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+#[test]
+fn bgp_anycast_vips_through_bird() {
+    scenario(Daemon::Bird);
+}
+
+#[test]
+fn bgp_anycast_vips_through_frr() {
+    scenario(Daemon::Frr);
 }
 
 fn table(ns: &str) -> String {
@@ -71,14 +97,14 @@ fn wait_all_three(f: &Fabric) {
     }
 }
 
-#[test]
-fn bgp_anycast_vips_through_bird() {
-    if !can_run() {
+fn scenario(daemon: Daemon) {
+    if !can_run(daemon) {
         return;
     }
+    let _turn = FABRIC.lock().unwrap_or_else(|p| p.into_inner());
     let agent = fabric::find_agent().expect("keelson-agent built (make agent, or cargo build)");
     let f = Fabric::build(
-        Daemon::Bird,
+        daemon,
         &agent,
         std::path::Path::new(env!("CARGO_BIN_EXE_kube-standin")),
     )

@@ -37,8 +37,14 @@ pub fn status(out: &str) -> &str {
 
 /// The answer section as `name ttl type data` lines (the class left out).
 pub fn answers(out: &str) -> Vec<String> {
+    section(out, "ANSWER")
+}
+
+/// Section `name` (`ANSWER`, `AUTHORITY`, `ADDITIONAL`) as `name ttl type data` lines.
+pub fn section(out: &str, name: &str) -> Vec<String> {
+    let head = format!(";; {name} SECTION");
     out.lines()
-        .skip_while(|l| !l.starts_with(";; ANSWER SECTION"))
+        .skip_while(|l| !l.starts_with(&head))
         .skip(1)
         .take_while(|l| !l.trim().is_empty())
         .map(|l| {
@@ -64,5 +70,6 @@ mod tests {
         assert_eq!(answers(OUT), ["api.ocp4.example.com. 60 A 10.0.0.5"]);
         assert_eq!(status(""), "");
         assert!(answers("").is_empty());
+        assert!(section(OUT, "ADDITIONAL").is_empty());
     }
 }

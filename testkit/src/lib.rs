@@ -11,7 +11,8 @@
 //!   a closure or a future inside one; bind a listener inside one.
 //! - [`segment`]: a bridge with `n` namespaces on it (IPv4 and IPv6), address holders,
 //!   link cuts, partitions, a multicast-dropping bridge.
-//! - [`wait`]: poll a condition until a limit, failing with what was awaited.
+//! - [`wait`]: poll a condition until a limit, failing with what was awaited (and, with
+//!   [`wait_for_ok`], what was still missing).
 //! - [`port`]: a free loopback port.
 //! - [`http`]: `curl` on the host or in a namespace; a tiny route-table HTTP server; a
 //!   server that never stops sending (for bounded readers).
@@ -45,4 +46,4 @@ pub use need::{ci, require, require_env, require_file, require_root};
 pub use netns::{Netns, in_netns};
 pub use port::free_port;
 pub use segment::Segment;
-pub use wait::{wait_for, wait_for_async};
+pub use wait::{wait_for, wait_for_async, wait_for_ok};

@@ -3,6 +3,7 @@
 //! test sends goes only to addresses inside namespaces it made.
 
 use std::future::Future;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::thread::JoinHandle;
@@ -61,20 +62,24 @@ impl Netns {
 
     /// A veth pair: `here` in this namespace, `there` in `other`, both up.
     pub fn veth(&self, here: &str, other: &Netns, there: &str) {
-        self.ip(&[
-            "link",
-            "add",
-            here,
-            "type",
-            "veth",
-            "peer",
-            "name",
-            there,
-            "netns",
-            &other.name,
-        ]);
+        self.veth_pair(here, other, there);
         self.ip(&["link", "set", here, "up"]);
         other.ip(&["link", "set", there, "up"]);
+    }
+
+    /// A NIC for a program under test: a veth whose end `there` in `other` gets MAC `mac`
+    /// and is left down (the program brings it up), and whose end `here` stays here, down
+    /// too (the caller puts it on a bridge or gives it an address, then sets it up).
+    pub fn nic(&self, here: &str, other: &Netns, there: &str, mac: &str) {
+        self.veth_pair(here, other, there);
+        other.ip(&["link", "set", there, "address", mac]);
+    }
+
+    fn veth_pair(&self, here: &str, other: &Netns, there: &str) {
+        let peer = ["peer", "name", there, "netns", &other.name];
+        let mut args = vec!["link", "add", here, "type", "veth"];
+        args.extend_from_slice(&peer);
+        self.ip(&args);
     }
 
     /// Runs `f` on a thread inside the namespace.
@@ -111,6 +116,32 @@ pub fn exec_in(ns: &str, program: &str) -> Command {
     let mut cmd = Command::new("ip");
     cmd.args(["netns", "exec", ns, program]);
     cmd
+}
+
+/// A namespace's own resolver: `/etc/netns/<ns>/resolv.conf` naming `servers`, which
+/// `ip netns exec` (so [`exec_in`]) mounts over `/etc/resolv.conf` for what it runs there.
+/// The directory is removed on drop; the namespace's name is unique, so nothing else uses it.
+#[derive(Debug)]
+pub struct Resolver(PathBuf);
+
+impl Resolver {
+    /// Writes the file for namespace `ns`.
+    pub fn new(ns: &str, servers: &[std::net::IpAddr]) -> Self {
+        let dir = Path::new("/etc/netns").join(ns);
+        std::fs::create_dir_all(&dir).unwrap();
+        let text: String = servers
+            .iter()
+            .map(|s| format!("nameserver {s}\n"))
+            .collect();
+        std::fs::write(dir.join("resolv.conf"), text).unwrap();
+        Resolver(dir)
+    }
+}
+
+impl Drop for Resolver {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
 }
 
 /// Runs `f` on a thread inside namespace `ns` (a socket made there stays there, whichever

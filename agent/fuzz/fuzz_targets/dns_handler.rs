@@ -5,7 +5,9 @@
 //!   (512 bytes without EDNS, the client's EDNS size up to 1232, 65535 over TCP);
 //! - a reply to a request that decoded with one question carries that question back
 //!   (parse -> encode -> parse of the question);
-//! - a forwarded request has exactly one question; a dropped one is short or a response.
+//! - a forwarded request has exactly one question; a dropped one is short or a response;
+//! - whatever the in-place reader of plain queries (`dns::wire`) accepts, hickory decodes
+//!   to the same id, flags, question and EDNS size (the two readers agree).
 #![no_main]
 
 use std::sync::OnceLock;
@@ -15,6 +17,8 @@ use keelson_agent::dns::build_zone;
 use keelson_agent::dns::handler::{
     DropReason, OUR_UDP_PAYLOAD, Outcome, TCP_LIMIT, Transport, handle,
 };
+use hickory_proto::serialize::binary::BinEncodable;
+use keelson_agent::dns::wire;
 use keelson_agent::dns::zone::Zone;
 use keelson_agent::members::member::Member;
 use keelson_cluster::Role;
@@ -36,18 +40,17 @@ fn zone() -> &'static Zone {
                 version: "0.1.0".into(),
             })
             .collect();
-        build_zone(keelson_agent_fuzz::cluster(), &members).expect("zone")
+        build_zone(keelson_agent_fuzz::cluster(), &members)
+            .expect("zone")
+            .with_etcd(&members, 2)
     })
 }
 
 fn check(packet: &[u8], transport: Transport) {
     let request = Message::from_vec(packet).ok();
-    match handle(packet, zone(), transport) {
-        Outcome::Reply {
-            bytes,
-            rcode,
-            truncated,
-        } => {
+    let mut bytes = Vec::new();
+    match handle(packet, zone(), transport, &mut bytes) {
+        Outcome::Reply { rcode, truncated } => {
             let limit = match (transport, request.as_ref().and_then(|m| m.edns.as_ref())) {
                 (Transport::Tcp, _) => TCP_LIMIT,
                 (Transport::Udp, Some(edns)) => {
@@ -84,7 +87,28 @@ fn check(packet: &[u8], transport: Transport) {
     }
 }
 
+/// The in-place reader and hickory read a plain query the same.
+fn readers_agree(packet: &[u8]) {
+    let Some(q) = wire::read_plain_query(packet) else {
+        return;
+    };
+    let m = Message::from_vec(packet).expect("hickory decodes what the plain reader read");
+    assert_eq!(m.queries.len(), 1);
+    assert_eq!(m.metadata.message_type, MessageType::Query);
+    assert_eq!(m.metadata.id, q.id);
+    assert_eq!(m.metadata.recursion_desired, q.rd);
+    assert_eq!(m.metadata.checking_disabled, q.cd);
+    assert_eq!(m.queries[0].name().to_bytes().unwrap(), q.name);
+    assert_eq!(u16::from(m.queries[0].query_type()), q.qtype);
+    assert_eq!(u16::from(m.queries[0].query_class()), q.qclass);
+    assert_eq!(
+        m.edns.as_ref().map(|e| (e.max_payload(), e.version())),
+        q.edns.map(|e| (e.payload.max(512), e.version))
+    );
+}
+
 fuzz_target!(|packet: &[u8]| {
+    readers_agree(packet);
     check(packet, Transport::Udp);
     check(packet, Transport::Tcp);
 });

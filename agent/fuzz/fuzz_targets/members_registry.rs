@@ -1,6 +1,6 @@
 //! Unicast member requests into the registry the Ignition server hands `/keelson/` routes
 //! to (`members::registry::Registry` through its `ExtraRoutes::handle`, as the server calls
-//! it), and another registry's answer as a node takes it in (`Vec<Entry>` parsed, then
+//! it), and another registry's answer as a node takes it in (`unicast::parse_answer`, then
 //! `Registry::merge`, as the unicast client does).
 //!
 //! Input: one byte choosing the method, then the path up to the first newline, then the
@@ -90,12 +90,14 @@ fuzz_target!(|data: &[u8]| {
             "an unauthenticated registration was believed"
         );
     }
-    // The client side: another registry's answer, merged as the unicast client does.
-    if let Ok(list) = serde_json::from_slice::<Vec<Entry>>(body) {
-        let again = serde_json::to_vec(&list).expect("entries serialise");
+    // The client side: another registry's answer, read and merged as the unicast client
+    // does (elements that are no entry skipped, at most MAX_MEMBERS taken).
+    if let Ok(answer) = keelson_agent::members::unicast::parse_answer(body) {
+        assert!(answer.entries.len() <= keelson_agent::members::table::MAX_MEMBERS);
+        let again = serde_json::to_vec(&answer.entries).expect("entries serialise");
         let back: Vec<Entry> = serde_json::from_slice(&again).expect("own output parses");
-        assert_eq!(back, list, "entry list round trip");
-        registry.merge(list, std::time::Instant::now());
+        assert_eq!(back, answer.entries, "entry list round trip");
+        registry.merge(answer.entries, std::time::Instant::now());
     }
     let members = registry.list();
     assert_eq!(

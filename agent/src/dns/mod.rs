@@ -1,8 +1,10 @@
 //! The cluster DNS server: authoritative zone plus forwarding (docs/dns.md).
 //!
-//! - [`zone`]: the cluster zone as data (`api`, `api-int`, `*.apps`, node names).
+//! - [`zone`]: the cluster zone as data (`api`, `api-int`, `*.apps`, node names, the etcd
+//!   names of [`etcd`]).
 //! - [`handler`]: one request in, one decision out (reply, forward, drop); all the
 //!   malformed-input rules.
+//! - [`wire`] and [`answer`]: the plain query read in place, the zone's answer written.
 //! - [`forward`]: upstreams in order with timeout/fallback and a TTL-respecting cache.
 //! - [`server`]: the UDP and TCP loops and their counters.
 //! - [`resolv`]: `/etc/resolv.conf` on the appliance.
@@ -12,10 +14,14 @@
 //! without a hook to count them, while we answer the zone inline on one thread (the NSD
 //! bench) and count every drop and FORMERR for `status`.
 
+pub mod answer;
+pub mod etcd;
 pub mod forward;
 pub mod handler;
 pub mod resolv;
 pub mod server;
+pub mod udp;
+pub mod wire;
 pub mod zone;
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
@@ -104,13 +110,19 @@ async fn serve_cli(args: DnsArgs) -> anyhow::Result<()> {
 
 /// Builds the zone from the configuration and the members.
 pub fn build_zone(cluster: &ClusterConfig, members: &[Member]) -> anyhow::Result<Zone> {
-    Ok(Zone::new(
+    let zone = Zone::new(
         &cluster.zone(),
         cluster.dns.ttl,
         &cluster.api_vips,
         &cluster.ingress_vips,
         members,
-    )?)
+    )?;
+    let etcd = cluster.etcd_records();
+    Ok(if etcd.enabled {
+        zone.with_etcd(members, etcd.masters)
+    } else {
+        zone
+    })
 }
 
 /// Binds UDP and TCP on `addr` (the same port for both, even when `addr` has port 0)
@@ -228,7 +240,9 @@ pub async fn run_with(
         ctx.bus.views.dns.install(move || {
             let mut st = shared.stats.status();
             st.zone = zone_name.clone();
-            st.nodes = shared.zone.borrow().node_count() as u64;
+            let zone = shared.zone.borrow().clone();
+            st.nodes = zone.node_count() as u64;
+            st.etcd = zone.etcd().map(etcd::EtcdNames::status);
             st.listen = bound.clone();
             st.upstreams = forwarder.upstreams();
             st

@@ -31,6 +31,31 @@ use crate::retry::{Backoff, Transient};
 /// drivers have probed (well under a second here, even under TCG); the rest is margin.
 pub const CONFIG_DRIVE_WAIT: Duration = Duration::from_secs(3);
 
+/// Where PID 1 looks for its metadata: the places a cloud provides it
+/// ([`CloudSources::default`]); tests point them at what they built (an image file for the
+/// config drive, a shorter wait).
+#[derive(Debug, Clone)]
+pub struct CloudSources {
+    /// The config drive: every block device labelled `config-2`, or a given device or image
+    /// (attached while the file exists).
+    pub config_drive: ConfigDriveSource,
+    /// How long to look for a config drive before DHCP and the metadata service.
+    pub config_drive_wait: Duration,
+    /// The metadata service over IPv4 (reached through the ephemeral lease); over IPv6 it is
+    /// `fe80::a9fe:a9fe` on the fallback NIC ([`http::ipv6_url`]).
+    pub metadata_url: String,
+}
+
+impl Default for CloudSources {
+    fn default() -> Self {
+        CloudSources {
+            config_drive: ConfigDriveSource::default(),
+            config_drive_wait: CONFIG_DRIVE_WAIT,
+            metadata_url: http::DEFAULT_URL.into(),
+        }
+    }
+}
+
 /// The node's network once PID 1 has configured it.
 #[derive(Debug)]
 pub struct NodeNetwork {
@@ -42,18 +67,20 @@ pub struct NodeNetwork {
     pub dns: watch::Receiver<Vec<IpAddr>>,
 }
 
-/// Finds the metadata and configures the network; retries until it can, returns `None` only
-/// when `stop` is cancelled.
+/// Finds the metadata in `sources` and configures the network; retries until it can,
+/// returns `None` only when `stop` is cancelled.
 pub async fn metadata_and_network(
     netlink: &Netlink,
+    sources: &CloudSources,
     stop: &CancellationToken,
 ) -> anyhow::Result<Option<(Metadata, NodeNetwork)>> {
     let (dns_tx, dns_rx) = watch::channel(Vec::new());
     let mut ephemeral = None;
-    let metadata = match wait_for_config_drive(stop).await? {
+    let metadata = match wait_for_config_drive(sources, stop).await? {
         Some(md) => md,
         None => {
-            let Some(md) = from_metadata_service(netlink, &dns_tx, &mut ephemeral, stop).await?
+            let Some(md) =
+                from_metadata_service(netlink, sources, &dns_tx, &mut ephemeral, stop).await?
             else {
                 return Ok(None);
             };
@@ -69,37 +96,42 @@ pub async fn metadata_and_network(
     Ok(Some((metadata, network)))
 }
 
-/// Polls for a config drive for [`CONFIG_DRIVE_WAIT`]; a drive that is there but unreadable is
-/// an error (it will not fix itself).
-async fn wait_for_config_drive(stop: &CancellationToken) -> anyhow::Result<Option<Metadata>> {
+/// Polls for a config drive for `sources.config_drive_wait`; a drive that is there but
+/// unreadable is an error (it will not fix itself).
+async fn wait_for_config_drive(
+    sources: &CloudSources,
+    stop: &CancellationToken,
+) -> anyhow::Result<Option<Metadata>> {
     log(&format!(
         "looking for a config drive (label config-2) for {} s",
-        CONFIG_DRIVE_WAIT.as_secs()
+        sources.config_drive_wait.as_secs_f32()
     ));
     let start = tokio::time::Instant::now();
     loop {
-        if let Some(md) = config_drive_now().await? {
+        if let Some(md) = config_drive_now(&sources.config_drive).await? {
             return Ok(Some(md));
         }
-        if start.elapsed() >= CONFIG_DRIVE_WAIT || stop.is_cancelled() {
+        if start.elapsed() >= sources.config_drive_wait || stop.is_cancelled() {
             return Ok(None);
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
 }
 
-/// The config drive's metadata if a drive is attached right now.
-async fn config_drive_now() -> anyhow::Result<Option<Metadata>> {
-    let devices = tokio::task::spawn_blocking(config_drive::find_devices)
-        .await
-        .unwrap_or_default();
-    if devices.is_empty() {
+/// The config drive's metadata if a drive is attached right now: a block device labelled
+/// `config-2`, or the given device or image once it exists.
+async fn config_drive_now(drive: &ConfigDriveSource) -> anyhow::Result<Option<Metadata>> {
+    let attached = match &drive.device {
+        Some(device) => device.exists(),
+        None => !tokio::task::spawn_blocking(config_drive::find_devices)
+            .await
+            .unwrap_or_default()
+            .is_empty(),
+    };
+    if !attached {
         return Ok(None);
     }
-    let md = ConfigDriveSource::default()
-        .read()
-        .await
-        .context("reading the config drive")?;
+    let md = drive.read().await.context("reading the config drive")?;
     Ok(Some(md))
 }
 
@@ -132,6 +164,7 @@ impl Transient for Waiting {
 /// IPv6 link-local address), then a late config drive; forever, saying why on each retry.
 async fn from_metadata_service(
     netlink: &Netlink,
+    sources: &CloudSources,
     dns_tx: &watch::Sender<Vec<IpAddr>>,
     ephemeral: &mut Option<DhcpClient>,
     stop: &CancellationToken,
@@ -166,7 +199,7 @@ async fn from_metadata_service(
         let v6_url = v6_url.clone();
         let nic_name = nic.as_ref().map(|n| n.name.clone());
         async move {
-            if let Some(md) = config_drive_now()
+            if let Some(md) = config_drive_now(&sources.config_drive)
                 .await
                 .map_err(|e| Waiting(format!("{e:#}")))?
             {
@@ -175,7 +208,7 @@ async fn from_metadata_service(
             let mut why = Vec::new();
             let leased = lease.as_ref().is_some_and(|l| l.borrow().is_some());
             if leased {
-                match crate::metadata::http::read(http::DEFAULT_URL).await {
+                match crate::metadata::http::read(&sources.metadata_url).await {
                     Ok(md) => return Ok(md),
                     Err(e @ MetadataError::Invalid { .. }) => return Err(Waiting(e.to_string())),
                     Err(e) => why.push(e.to_string()),
@@ -330,8 +363,20 @@ async fn remove_lease(
         }
     }
     if !planned.is_some_and(|p| p.addresses.contains(&IpNet::V4(lease.address))) {
+        promote_secondaries(&link.name);
         let _ = netlink
             .del_address(link.index, IpNet::V4(lease.address))
             .await;
+    }
+}
+
+/// Linux removes an interface's secondary IPv4 addresses along with its primary one unless
+/// `promote_secondaries` is set. The plan's static address in the lease's subnet was added
+/// after the lease's, so it is a secondary: without this it would go with the lease (found
+/// by agent/tests/cloud_netns.rs), leaving the node without an address.
+fn promote_secondaries(interface: &str) {
+    let path = format!("/proc/sys/net/ipv4/conf/{interface}/promote_secondaries");
+    if let Err(e) = std::fs::write(&path, "1") {
+        log(&format!("network: {path}: {e}"));
     }
 }

@@ -130,7 +130,9 @@ async fn boot() -> anyhow::Result<()> {
         log(&format!("loopback: {e}"));
     }
 
-    let Some((metadata, network)) = cloud::metadata_and_network(&netlink, &stop).await? else {
+    let Some((metadata, network)) =
+        cloud::metadata_and_network(&netlink, &cloud::CloudSources::default(), &stop).await?
+    else {
         return Ok(());
     };
     let name = metadata

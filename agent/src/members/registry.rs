@@ -19,7 +19,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
 use super::auth::{Fields, Fresh, Op, Proof, Reject, Verifier, source_matches};
-use super::table::Table;
+use super::table::{MAX_MEMBERS, Table};
 use crate::dns_label::DnsLabel;
 use crate::members::member::Member;
 use crate::node::NodeIdentity;
@@ -183,7 +183,8 @@ impl Registry {
     }
 
     /// Takes in another registry's answer, heard at `now`. Entries naming this node, or
-    /// not naming a host, are skipped. Returns how many were taken.
+    /// not shaped as a registration must be, are skipped, and so are new ones once the table
+    /// holds [`MAX_MEMBERS`]. Returns how many were taken.
     pub fn merge(&self, entries: Vec<Entry>, now: Instant) -> usize {
         let mut taken = 0;
         let mut changed = false;
@@ -195,6 +196,9 @@ impl Registry {
                 if Some(e.member.name.as_str()) == self.own_name()
                     || check_member(&e.member).is_err()
                 {
+                    continue;
+                }
+                if !t.has_room_for(&e.member.name) {
                     continue;
                 }
                 taken += 1;
@@ -269,8 +273,18 @@ impl Registry {
         // the API VIP and at its address): answered, but it renews nothing, so a replay of
         // a dead node's last registration does not keep it alive.
         if fresh == Fresh::New {
+            let mut table = self.table();
+            if !table.has_room_for(&reg.member.name) {
+                return (
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    Bytes::from(format!(
+                        "registration: the registry is full ({MAX_MEMBERS} members)\n"
+                    )),
+                );
+            }
             verifier.accept(&reg.member.name, reg.auth.as_ref());
-            let changed = self.table().renew(reg.member, Instant::now());
+            let changed = table.renew(reg.member, Instant::now());
+            drop(table);
             self.notify(changed);
         }
         self.answer()

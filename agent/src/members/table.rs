@@ -6,6 +6,11 @@ use std::time::{Duration, Instant};
 use crate::dns_label::DnsLabel;
 use crate::members::member::Member;
 
+/// The most members a table holds (a registry's own, and what it merges from others): a
+/// cluster's every node, with room to spare; a registry that tried to make this node hold
+/// more (a bug, or a compromised server key) is held to it. `docs/agent.md`, "Limits".
+pub const MAX_MEMBERS: usize = 4096;
+
 /// Members keyed by name with the time of their last registration.
 #[derive(Debug)]
 pub struct Table {
@@ -22,8 +27,28 @@ impl Table {
         }
     }
 
-    /// Registers or renews `member` at `now`; true when it is new or its record changed.
+    /// Whether `name` may be taken in: it is there already, or there is room
+    /// ([`MAX_MEMBERS`]).
+    pub fn has_room_for(&self, name: &str) -> bool {
+        self.entries.contains_key(name) || self.entries.len() < MAX_MEMBERS
+    }
+
+    /// How many members it holds.
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// Whether it holds none.
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// Registers or renews `member` at `now`; true when it is new or its record changed. A
+    /// new member when the table is full is not taken (false).
     pub fn renew(&mut self, member: Member, now: Instant) -> bool {
+        if !self.has_room_for(&member.name) {
+            return false;
+        }
         let name = member.name.clone();
         match self.entries.insert(name, (member.clone(), now)) {
             Some((old, _)) => old != member,
@@ -32,11 +57,12 @@ impl Table {
     }
 
     /// Records `member` as last heard `age` before `now`, keeping the newer of the two
-    /// times and the record heard last; true when it is new or its record changed.
+    /// times and the record heard last; true when it is new or its record changed. A new
+    /// member when the table is full is not taken (false).
     pub fn renew_aged(&mut self, member: Member, age: Duration, now: Instant) -> bool {
         let seen = now.checked_sub(age).unwrap_or(now);
-        if now.saturating_duration_since(seen) > self.expiry {
-            // Already expired where it was heard: not news.
+        if now.saturating_duration_since(seen) > self.expiry || !self.has_room_for(&member.name) {
+            // Already expired where it was heard, or no room: not news.
             return false;
         }
         match self.entries.get_mut(&member.name) {
@@ -99,6 +125,26 @@ mod tests {
             addresses: vec!["10.0.0.1".parse().unwrap()],
             version: "1".into(),
         }
+    }
+
+    /// A full table renews what it holds and takes nothing new, however it is offered.
+    #[test]
+    fn a_full_table_takes_no_new_member() {
+        let t0 = Instant::now();
+        let mut t = Table::new(Duration::from_secs(10));
+        for i in 0..MAX_MEMBERS {
+            assert!(t.renew(m(&format!("n{i}")), t0));
+        }
+        assert_eq!(t.len(), MAX_MEMBERS);
+        assert!(!t.has_room_for("new"));
+        assert!(!t.renew(m("new"), t0));
+        assert!(!t.renew_aged(m("new"), Duration::ZERO, t0));
+        assert_eq!(t.len(), MAX_MEMBERS);
+        // Those it holds still renew (a changed record is news).
+        let mut moved = m("n7");
+        moved.addresses = vec!["10.0.0.7".parse().unwrap()];
+        assert!(t.renew(moved, t0 + Duration::from_secs(1)));
+        assert!(t.has_room_for("n7"));
     }
 
     #[test]

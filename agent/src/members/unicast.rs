@@ -27,6 +27,7 @@ use tokio_util::sync::CancellationToken;
 use super::auth::{Fields, Keys, Op, Signer};
 pub use super::registry::{Entry, Goodbye, MEMBERS_PATH, Registration, Registry};
 use super::seeds::{self, Seeds};
+use super::table::MAX_MEMBERS;
 use super::{Counters, own_member, publish};
 use crate::context::AgentContext;
 use crate::net::http_client::{HttpClient, HttpError, Request, Trust};
@@ -54,8 +55,62 @@ pub fn client_config(ca_path: &Path) -> anyhow::Result<Arc<rustls::ClientConfig>
     }
 }
 
-/// The largest answer taken from a registry (the whole cluster's member list).
-const MAX_ANSWER_BYTES: usize = 4 << 20;
+/// The largest answer taken from a registry (the whole cluster's member list: up to
+/// [`MAX_MEMBERS`] entries of at most about 1 KiB each); a longer one is refused.
+/// `docs/agent.md`, "Limits".
+pub const MAX_ANSWER_BYTES: usize = 4 << 20;
+
+/// A registry's answer as this node takes it in: at most [`MAX_MEMBERS`] entries; elements
+/// that are no entry (a name that is no DNS label, a field missing) are skipped and counted,
+/// not fatal to the rest. Read element by element, so what is kept is bounded whatever the
+/// answer holds (within [`MAX_ANSWER_BYTES`]).
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Answer {
+    /// The entries taken.
+    pub entries: Vec<Entry>,
+    /// Elements skipped: not entries, or past [`MAX_MEMBERS`].
+    pub skipped: usize,
+}
+
+/// Parses a registry's answer (a JSON array of entries); see [`Answer`].
+pub fn parse_answer(bytes: &[u8]) -> Result<Answer, serde_json::Error> {
+    serde_json::from_slice(bytes)
+}
+
+impl<'de> serde::Deserialize<'de> for Answer {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        /// One element: an entry, or anything else (skipped).
+        #[derive(serde::Deserialize)]
+        #[serde(untagged)]
+        enum Element {
+            Entry(Entry),
+            Other(serde::de::IgnoredAny),
+        }
+        struct Elements;
+        impl<'de> serde::de::Visitor<'de> for Elements {
+            type Value = Answer;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a list of member entries")
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                mut seq: A,
+            ) -> Result<Answer, A::Error> {
+                let mut answer = Answer::default();
+                while let Some(element) = seq.next_element::<Element>()? {
+                    match element {
+                        Element::Entry(e) if answer.entries.len() < MAX_MEMBERS => {
+                            answer.entries.push(e)
+                        }
+                        _ => answer.skipped += 1,
+                    }
+                }
+                Ok(answer)
+            }
+        }
+        d.deserialize_seq(Elements)
+    }
+}
 
 /// One HTTPS exchange with `addr` (an IP literal: the certificate must name that IP).
 pub async fn exchange(
@@ -154,9 +209,19 @@ async fn round(
         set.spawn(async move {
             let call = exchange_as(tls, source, addr, name, Method::POST, MEMBERS_PATH, body);
             let res = match tokio::time::timeout(EXCHANGE_TIMEOUT, call).await {
-                Ok(Ok((StatusCode::OK, list))) => {
-                    serde_json::from_slice::<Vec<Entry>>(&list).map_err(RegistrationError::BadList)
-                }
+                Ok(Ok((StatusCode::OK, list))) => match parse_answer(&list) {
+                    Ok(answer) => {
+                        if answer.skipped > 0 {
+                            tracing::warn!(
+                                %addr,
+                                skipped = answer.skipped,
+                                "members: entries of a registry's answer skipped (not entries, or over {MAX_MEMBERS})"
+                            );
+                        }
+                        Ok(answer.entries)
+                    }
+                    Err(e) => Err(RegistrationError::BadList(e)),
+                },
                 Ok(Ok((status, text))) => Err(RegistrationError::Refused {
                     status,
                     text: String::from_utf8_lossy(&text).trim().to_owned(),
@@ -372,5 +437,53 @@ fn remember(seeds: &mut Seeds, state_dir: &Path, zone: &str) {
             // Do not retry on every change.
             seeds.mark_written(now);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(name: &str) -> serde_json::Value {
+        serde_json::json!({"member": {"name": name, "role": "master",
+            "addresses": ["10.0.0.1"], "version": "1"}, "ageMs": 5})
+    }
+
+    #[test]
+    fn an_element_that_is_no_entry_is_skipped_alone() {
+        let list = serde_json::json!([
+            entry("m0"),
+            entry("not a label"),
+            {"member": {"name": "m2"}},
+            7,
+            entry("xn--bcher-kva")
+        ]);
+        let answer = parse_answer(list.to_string().as_bytes()).unwrap();
+        let names: Vec<&str> = answer
+            .entries
+            .iter()
+            .map(|e| e.member.name.as_str())
+            .collect();
+        assert_eq!(names, ["m0", "xn--bcher-kva"]);
+        assert_eq!(answer.skipped, 3);
+        assert_eq!(answer.entries[0].age_ms, 5);
+    }
+
+    #[test]
+    fn at_most_max_members_entries_are_taken() {
+        let list: Vec<serde_json::Value> = (0..MAX_MEMBERS + 10)
+            .map(|i| entry(&format!("n{i}")))
+            .collect();
+        let answer = parse_answer(&serde_json::to_vec(&list).unwrap()).unwrap();
+        assert_eq!(answer.entries.len(), MAX_MEMBERS);
+        assert_eq!(answer.skipped, 10);
+    }
+
+    #[test]
+    fn an_answer_that_is_no_list_is_an_error() {
+        for bad in [&b"{}"[..], b"", b"[", b"\"x\""] {
+            assert!(parse_answer(bad).is_err(), "{bad:?}");
+        }
+        assert_eq!(parse_answer(b"[]").unwrap(), Answer::default());
     }
 }

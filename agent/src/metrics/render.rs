@@ -1026,6 +1026,7 @@ mod tests {
                 dropped: [("short".to_string(), 0)].into(),
                 truncated: 0,
                 tcp_refused: 0,
+                etcd: None,
             }),
             discovery: Some(DiscoveryStatus {
                 transport: "mdns".into(),

@@ -304,6 +304,26 @@ pub struct DnsStatus {
     pub truncated: u64,
     /// TCP connections refused (too many).
     pub tcp_refused: u64,
+    /// The etcd names, when the cluster serves them (docs/dns.md).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub etcd: Option<EtcdNamesStatus>,
+}
+
+/// The etcd names the DNS server serves.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct EtcdNamesStatus {
+    /// `etcd-<i>` -> the master it names.
+    pub names: BTreeMap<String, String>,
+    /// Whether `_etcd-server-ssl._tcp` (and `_etcd-client-ssl._tcp`) are answered: every
+    /// master of the control plane is a member.
+    pub srv_ready: bool,
+    /// The control plane size the SRV sets wait for.
+    pub masters: u32,
+    /// Masters whose name has no index (no etcd name).
+    pub unindexed: Vec<String>,
+    /// Masters whose index a master first by name already has (no etcd name).
+    pub duplicates: Vec<String>,
 }
 
 /// Member discovery.

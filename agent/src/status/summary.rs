@@ -233,6 +233,31 @@ fn dns_lines(o: &mut String, st: &AgentStatus) {
             d.tcp_refused,
             join(&d.upstreams)
         );
+        if let Some(e) = &d.etcd {
+            let names: Vec<String> = e.names.iter().map(|(n, m)| format!("{n}={m}")).collect();
+            let _ = writeln!(
+                o,
+                "  etcd names: {}; SRV {} ({} of {} masters){}{}",
+                if names.is_empty() {
+                    "-".to_string()
+                } else {
+                    names.join(", ")
+                },
+                if e.srv_ready { "answered" } else { "NODATA" },
+                e.names.len(),
+                e.masters,
+                if e.unindexed.is_empty() {
+                    String::new()
+                } else {
+                    format!("; no index in the name: {}", e.unindexed.join(", "))
+                },
+                if e.duplicates.is_empty() {
+                    String::new()
+                } else {
+                    format!("; index taken: {}", e.duplicates.join(", "))
+                },
+            );
+        }
     }
 }
 

@@ -632,6 +632,10 @@ impl InstallConfig {
                 ttl: 60,
                 upstreams: vec![],
                 manage_resolv_conf: true,
+                etcd: Some(crate::cluster::EtcdRecords::for_spec(
+                    crate::SpecVersion::DEFAULT.as_str(),
+                    self.masters,
+                )),
             },
             ignition: IgnitionServerSettings {
                 tls_port: 22623,
