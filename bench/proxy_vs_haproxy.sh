@@ -7,16 +7,19 @@
 #   - new connections/s: wrk -c CONNS with 'Connection: close', so every request is a new
 #     client connection and, through a proxy, a new backend connection, to nginx serving a
 #     small file; p50/p99 latency of that run (under load: mostly queueing);
+#   - connect + first byte: CFB_N (default 200) `curl` runs one after another, each a new
+#     connection: p50/p99 of curl's time_starttransfer (TCP connect, request, first byte);
 #   - latency: wrk -c 1 keep-alive, one request at a time (no queueing), p50/p99, with the
 #     proxy moved onto LOAD_CPU for that run (see ka_run); the "added" latency is the
 #     proxy's p99 minus the direct p99.
 #
 # Fairness: both proxies are pinned with taskset to the same single CPU (PROXY_CPU): haproxy
-# runs one process with `nbthread 1`, keelson's tokio runtime sizes itself from the affinity
-# mask (one worker thread). Clients and backends (iperf3, wrk, nginx) share LOAD_CPU. haproxy
-# gets OpenShift's settings (mode tcp, retries 3, maxconn 20000, timeout connect 10s,
-# client/server/tunnel 86400s); keelson-agent proxy has the same defaults. Both get the same
-# lower maxconn where the descriptor limit cannot hold 20000 connections. Neither runs
+# sizes its threads from the affinity mask as OpenShift runs it (one thread), keelson's tokio
+# runtime too (one worker thread). Clients and backends (iperf3, wrk, nginx) share LOAD_CPU. haproxy
+# gets the settings OpenShift ships (machine-config-operator's on-prem haproxy.cfg: mode tcp,
+# retries 3, maxconn 40000, timeout connect 10s, client/server 1m, tunnel 5m); keelson-agent
+# proxy runs with its defaults. Both get the same maxconn where the descriptor limit cannot
+# hold 20000 connections. Neither runs
 # health checks (--check none; no `check` on the haproxy server line): a check connection
 # would disturb the single-client iperf3 server. The proxies' CPU use over each run is read
 # from /proc/PID/stat. Runs alternate keelson/haproxy ROUNDS times; medians count.
@@ -26,7 +29,7 @@
 #      ROUNDS (default 7), CONNS (wrk connections, default 32), PROXY_CPU (default 1),
 #      LOAD_CPU (default 0), QUIET_MAX / QUIET_WAIT (wait up to QUIET_WAIT s, default 60,
 #      before each run until other work uses at most QUIET_MAX %, default 10, of the machine),
-#      PARTS (which runs, default "iperf close ka"; bars of skipped runs are not judged).
+#      PARTS (which runs, default "iperf close cfb ka"; bars of skipped runs are not judged).
 # Bars (docs/architecture.md): throughput >= haproxy; connections/s >= 0.9 x haproxy; added p99
 # latency <= haproxy's. Exit 1 below a bar.
 set -euo pipefail
@@ -39,7 +42,8 @@ PROXY_CPU=${PROXY_CPU:-1}
 LOAD_CPU=${LOAD_CPU:-0}
 QUIET_MAX=${QUIET_MAX:-10}
 QUIET_WAIT=${QUIET_WAIT:-60}
-PARTS=${PARTS:-iperf close ka}
+PARTS=${PARTS:-iperf close cfb ka}
+CFB_N=${CFB_N:-200}
 # OpenShift sets maxconn 20000; haproxy needs ~2 descriptors per connection and will not
 # start when it cannot raise RLIMIT_NOFILE that far (containers often cap it at 20000).
 HARD_NOFILE=$(ulimit -Hn)
@@ -67,7 +71,8 @@ free_port() {
   local p
   while :; do
     p=$((20000 + RANDOM % 30000))
-    ss -Htln "sport = :$p" | grep -q . || { echo "$p"; return; }
+    # Any socket on the port (a TIME_WAIT left by a client run too) would stop a bind.
+    ss -Htan "sport = :$p" | grep -q . || { echo "$p"; return; }
   done
 }
 wait_port() { # port what
@@ -130,20 +135,14 @@ kproxy() { # listen-port backend-port
 kproxy "$K_IPERF" "$IPERF"
 kproxy "$K_HTTP" "$NGX"
 
-# OpenShift's haproxy.cfg (baremetal-runtimecfg), TCP part, one thread.
+# OpenShift's haproxy.cfg as the machine-config-operator ships it
+# (templates/master/00-master/on-prem/files/haproxy-haproxy.yaml), TCP part, without its log
+# and stats sockets. It sets no nbthread: haproxy runs a thread per CPU it may use, one here
+# (taskset). The global maxconn only where the descriptor limit needs it (see MAXCONN).
 cat >"$WORK/haproxy.cfg" <<EOF
 global
-  nbthread 1
   maxconn $MAXCONN
-defaults
-  maxconn $MAXCONN
-  mode tcp
-  option dontlognull
-  retries 3
-  timeout connect 10s
-  timeout client 86400s
-  timeout server 86400s
-  timeout tunnel 86400s
+$(grep -v '^#' testdata/openshift-haproxy-defaults.cfg)
 frontend iperf
   bind 127.0.0.1:$H_IPERF
   default_backend iperf
@@ -232,6 +231,13 @@ wrk_run() { # port conns extra-args... -> "rps <x>" "p50 <us>" "p99 <us>" "err <
     END {print "err", e + 0}' "$WORK/wrk.out"
 }
 
+cfb_run() { # port -> "p50 <us>" "p99 <us>"
+  wait_quiet
+  for _ in $(seq "$CFB_N"); do
+    taskset -c "$LOAD_CPU" curl -so /dev/null -w '%{time_starttransfer}\n' "http://127.0.0.1:$1/small"
+  done | sort -g | awk '{v[NR] = $1 * 1000000} END {print "p50", v[int(NR * 0.5)]; print "p99", v[int(NR * 0.99)]}'
+}
+
 # The keep-alive latency run puts the proxy on LOAD_CPU too, so a request never waits for
 # another CPU to wake up (in a VM that costs tens to thousands of µs and swamps the proxy's
 # own cost): the added latency is then the proxy's work per request and response.
@@ -250,6 +256,7 @@ measure() { # name iperf-port iperf-pid http-port http-pid
   PROXY_PID=$5
   [[ " $PARTS " == *" close "* ]] &&
     wrk_run "$4" "$CONNS" -H 'Connection: close' | sed "s/^/$name close_/" >>"$WORK/results"
+  [[ " $PARTS " == *" cfb "* ]] && cfb_run "$4" | sed "s/^/$name cfb_/" >>"$WORK/results"
   [[ " $PARTS " == *" ka "* ]] && ka_run "$4" "$5" | sed "s/^/$name ka_/" >>"$WORK/results"
   return 0
 }
@@ -282,18 +289,19 @@ echo "$(nginx -v 2>&1 | sed 's/.*\///;s/^/nginx /'), $(iperf3 -v | head -1 | awk
 echo "iperf3: 1 stream; close: wrk -t1 -c$CONNS 'Connection: close' (a new connection per request);"
 echo "ka: wrk -t1 -c1 keep-alive, proxy moved onto CPU $LOAD_CPU for it; latency in µs;"
 echo "cpu: the proxy's CPU use during the run, %; µs/conn: proxy CPU time per close-run connection"
+echo "cfb: $CFB_N curl runs one at a time, connect + first byte, µs"
 echo "runs started on a busy machine (> $QUIET_MAX % CPU after waiting ${QUIET_WAIT}s): $(cat "$WORK/noisy" 2>/dev/null | wc -l) of $((ROUNDS * 9))"
-printf '\n%-8s %9s %5s | %9s %7s %7s %5s %5s %7s | %6s %6s %6s\n' \
-  path "iperf3" cpu "close r/s" p50 p99 err cpu "µs/conn" "ka p50" "ka p99" added
+printf '\n%-8s %9s %5s | %9s %7s %7s %5s %5s %7s | %7s %7s | %6s %6s %6s\n' \
+  path "iperf3" cpu "close r/s" p50 p99 err cpu "µs/conn" "cfb p50" "cfb p99" "ka p50" "ka p99" added
 D99=$(get direct ka_p99)
 for who in direct haproxy keelson; do
   added=$(awk -v a="$(get "$who" ka_p99)" -v d="$D99" 'BEGIN {printf "%.0f", a - d}')
   per=$(awk -v c="$(get "$who" close_cpu)" -v r="$(get "$who" close_rps)" 'BEGIN {printf "%.0f", c * 10000 / r}')
-  printf '%-8s %7.2fG %5.0f | %9.0f %7.0f %7.0f %5.0f %5.0f %7s | %6.0f %6.0f %6s\n' "$who" \
+  printf '%-8s %7.2fG %5.0f | %9.0f %7.0f %7.0f %5.0f %5.0f %7s | %7.0f %7.0f | %6.0f %6.0f %6s\n' "$who" \
     "$(get "$who" iperf_gbps)" "$(get "$who" iperf_cpu)" \
     "$(get "$who" close_rps)" "$(get "$who" close_p50)" "$(get "$who" close_p99)" \
     "$(get "$who" close_err)" "$(get "$who" close_cpu)" "$per" \
-    "$(get "$who" ka_p50)" "$(get "$who" ka_p99)" "$added"
+    "$(get "$who" cfb_p50)" "$(get "$who" cfb_p99)" "$(get "$who" ka_p50)" "$(get "$who" ka_p99)" "$added"
 done
 
 ratio() { awk -v a="$(get keelson "$1")" -v b="$(get haproxy "$1")" 'BEGIN {printf "%.2f", b ? a / b : 0}'; }
@@ -309,8 +317,8 @@ printf 'keelson/haproxy: throughput %s, connections/s %s, keep-alive requests/s 
   "$R_TPUT" "$R_CPS" "$R_KA"
 printf 'added p99 (ka): keelson %.0f µs, haproxy %.0f µs\n' "$K_ADD" "$H_ADD"
 for who in direct haproxy keelson; do
-  printf 'per round %-8s iperf3 [%s] close r/s [%s] ka p99 [%s]\n' "$who" \
-    "$(rounds "$who" iperf_gbps)" "$(rounds "$who" close_rps)" "$(rounds "$who" ka_p99)"
+  printf 'per round %-8s iperf3 [%s] close r/s [%s] cfb p99 [%s] ka p99 [%s]\n' "$who" \
+    "$(rounds "$who" iperf_gbps)" "$(rounds "$who" close_rps)" "$(rounds "$who" cfb_p99)" "$(rounds "$who" ka_p99)"
 done
 fail=0
 bar() { # part description condition

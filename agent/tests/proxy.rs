@@ -982,6 +982,64 @@ async fn silent_and_vanished_clients_leak_nothing() {
     p.shutdown().await;
 }
 
+/// Timeouts of two ticks or more wait for the proxy's shared tick before they arm a timer
+/// (`proxy::lazy_timer`): they must still fire, and not before they are due.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_and_connect_timeouts_past_the_shared_tick_still_fire_when_due() {
+    use keelson_agent::proxy::lazy_timer::TICK;
+    let idle = TICK * 3;
+    let echo = echo_backend().await;
+    let p = start(
+        ProxyConfig {
+            idle_timeout: idle,
+            ..config()
+        },
+        &[echo.addr],
+    );
+    let mut quiet = TcpStream::connect(p.addr).await.unwrap();
+    let since = Instant::now();
+    ping(&mut quiet).await.unwrap();
+    let mut buf = [0u8; 1];
+    let n = tokio::time::timeout(SOON, quiet.read(&mut buf))
+        .await
+        .expect("quiet client closed by the idle timeout")
+        .unwrap_or(0);
+    assert_eq!(n, 0);
+    assert!(
+        since.elapsed() >= idle,
+        "closed after {:?}",
+        since.elapsed()
+    );
+    p.shutdown().await;
+
+    // A backend that never answers a SYN and no other to try: the client is closed once the
+    // connect timeout passes.
+    let (silent, _l, _q) = tokio::task::spawn_blocking(silent_backend).await.unwrap();
+    let connect_timeout = TICK * 3;
+    let p = start(
+        ProxyConfig {
+            connect_timeout,
+            connect_stagger: Duration::ZERO,
+            ..config()
+        },
+        &[silent],
+    );
+    let mut c = TcpStream::connect(p.addr).await.unwrap();
+    let since = Instant::now();
+    let n = tokio::time::timeout(SOON, c.read(&mut buf))
+        .await
+        .expect("client closed after the connect timeout")
+        .unwrap_or(0);
+    assert_eq!(n, 0);
+    assert!(
+        since.elapsed() >= connect_timeout - Duration::from_millis(20),
+        "closed after {:?}",
+        since.elapsed()
+    );
+    assert_eq!(p.snapshot(silent).connect_failures, 1);
+    p.shutdown().await;
+}
+
 // ---------------------------------------------------------------------------------------
 // Descriptor exhaustion, in a child process
 

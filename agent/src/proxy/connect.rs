@@ -2,7 +2,7 @@
 //! `retries` + `option redispatch`), the connect stagger, and passive health.
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use keelson_cluster::cluster::BackendCheck;
@@ -26,15 +26,15 @@ pub(crate) enum Attempt {
 /// not even be created) says nothing about the backend: it is retried on the same backend
 /// until the connect timeout, as the accept loop waits for descriptors.
 async fn attempt(sh: &Shared, b: Arc<Backend>) -> (Arc<Backend>, Attempt) {
-    let mut starved = false;
+    // Atomic only to keep the future `Send`; one task touches it.
+    let starved = AtomicBool::new(false);
     let tries = async {
         loop {
             match TcpStream::connect(b.addr).await {
                 Err(e) if is_resource_error(&e) => {
                     forward::release_spare_pipes();
-                    if !starved {
+                    if !starved.swap(true, Ordering::Relaxed) {
                         tracing::warn!(backend = %b.addr, error = %e, "connect: out of resources; retrying");
-                        starved = true;
                     }
                     tokio::time::sleep(Duration::from_millis(20)).await;
                 }
@@ -42,11 +42,16 @@ async fn attempt(sh: &Shared, b: Arc<Backend>) -> (Arc<Backend>, Attempt) {
             }
         }
     };
-    let outcome = match tokio::time::timeout(sh.cfg.connect_timeout, tries).await {
-        Ok(Ok(s)) => Attempt::Connected(s),
-        Ok(Err(e)) => Attempt::Failed(e.to_string()),
-        Err(_) if starved => Attempt::Starved,
-        Err(_) => Attempt::Failed(format!("timed out after {:?}", sh.cfg.connect_timeout)),
+    let outcome = tokio::select! {
+        r = tries => match r {
+            Ok(s) => Attempt::Connected(s),
+            Err(e) => Attempt::Failed(e.to_string()),
+        },
+        () = sh.ticker.sleep(sh.cfg.connect_timeout) => if starved.load(Ordering::Relaxed) {
+            Attempt::Starved
+        } else {
+            Attempt::Failed(format!("timed out after {:?}", sh.cfg.connect_timeout))
+        },
     };
     (b, outcome)
 }
@@ -81,7 +86,8 @@ pub(crate) async fn connect(sh: &Shared) -> Option<(Arc<Backend>, TcpStream)> {
     let stagger = sh.cfg.connect_stagger;
     let mut more = start_next(&mut pending, &mut started);
     loop {
-        let next_stagger = tokio::time::sleep(stagger);
+        // Not started (no timer, no tick) unless polled: only with backends left to try.
+        let next_stagger = sh.ticker.sleep(stagger);
         tokio::select! {
             done = pending.next() => {
                 let (b, outcome) = done?;

@@ -4,7 +4,12 @@
 //! when splicing is off, it copies with a large buffer. Each direction runs on its own; when
 //! one side sends FIN the other side's write half is shut down and the other direction keeps
 //! flowing (TCP half-close), as haproxy does.
+//!
+//! A buffer is taken from a per-thread pool when a socket has data and goes back once that
+//! data is written, as haproxy allocates its buffers: an open connection that is quiet (a
+//! watch, a kubelet between heartbeats) holds no buffer, and a short one allocates none.
 
+use std::cell::RefCell;
 use std::io;
 use std::net::Shutdown;
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -16,6 +21,8 @@ use nix::fcntl::{FcntlArg, OFlag, SpliceFFlags};
 use nix::sys::socket::{MsgFlags, recv, send};
 use tokio::io::Interest;
 use tokio::net::TcpStream;
+
+use super::lazy_timer::Ticker;
 
 /// Bytes moved per `splice` call / buffer size of the copy without splice.
 const CHUNK: usize = 256 * 1024;
@@ -51,11 +58,12 @@ impl Meter for () {
 }
 
 /// Proxies between `client` and `server` until both directions are closed, one fails, or
-/// nothing moves for `idle`. `splice` selects zero-copy forwarding.
+/// nothing moves for `idle` (timed with `ticker`). `splice` selects zero-copy forwarding.
 pub async fn forward(
     client: &TcpStream,
     server: &TcpStream,
     idle: Duration,
+    ticker: &Ticker,
     splice: bool,
     meter: &dyn Meter,
 ) -> io::Result<(End, Moved)> {
@@ -72,7 +80,7 @@ pub async fn forward(
             if since >= idle {
                 return;
             }
-            tokio::time::sleep(idle - since).await;
+            ticker.sleep(idle - since).await;
         }
     };
     tokio::select! {
@@ -105,16 +113,13 @@ async fn one_way(
     let touch = || last.store(start.elapsed().as_millis() as u64, Ordering::Relaxed);
     let mut total = 0u64;
     if splice {
-        let mut buf = vec![0u8; SMALL];
         if let Copied::Bulk =
-            copy_loop(src, dst, &mut buf, true, &touch, &mut total, up, meter).await?
+            copy_loop(src, dst, SMALL, true, &touch, &mut total, up, meter).await?
         {
-            drop(buf);
             splice_or_copy(src, dst, &touch, &mut total, up, meter).await?;
         }
     } else {
-        let mut buf = vec![0u8; CHUNK];
-        copy_loop(src, dst, &mut buf, false, &touch, &mut total, up, meter).await?;
+        copy_loop(src, dst, CHUNK, false, &touch, &mut total, up, meter).await?;
     }
     // Both directions have read EOF when this is the second: nothing is left unread, so
     // closing (right after) sends a FIN, not a reset, and the shutdown would be a wasted call.
@@ -146,8 +151,7 @@ async fn splice_or_copy(
             Err(e) => return Err(e),
         }
     }
-    let mut buf = vec![0u8; CHUNK];
-    copy_loop(src, dst, &mut buf, false, touch, total, up, meter).await?;
+    copy_loop(src, dst, CHUNK, false, touch, total, up, meter).await?;
     Ok(())
 }
 
@@ -235,18 +239,71 @@ async fn splice_loop(
     }
 }
 
-/// Reads what `src` has. A read shorter than the buffer emptied the socket: its readiness is
-/// cleared at once, so the next read waits for the next epoll event instead of trying a
-/// `recv` that would only say `EAGAIN` (one system call per request and answer saved).
-/// tokio clears only if no new event arrived since it was observed, and keeps "read
-/// closed" set, so neither new data nor a FIN can be missed.
-async fn read_drained(src: &TcpStream, buf: &mut [u8]) -> io::Result<usize> {
+/// Bytes of spare buffers kept per thread and size ([`SMALL`] and [`CHUNK`]): 32 small
+/// ones, two large ones.
+const SPARE_BYTES: usize = 512 * 1024;
+
+thread_local! {
+    static SPARE_SMALL: RefCell<Vec<Box<[u8]>>> = const { RefCell::new(Vec::new()) };
+    static SPARE_CHUNK: RefCell<Vec<Box<[u8]>>> = const { RefCell::new(Vec::new()) };
+}
+
+/// A read buffer from the current thread's pool; back to the pool of whatever thread drops
+/// it (tasks move between threads; the pools only need to stay bounded, not balanced).
+struct PooledBuf(Option<Box<[u8]>>);
+
+impl PooledBuf {
+    fn take(size: usize) -> Self {
+        let spare = |pool: &'static std::thread::LocalKey<RefCell<Vec<Box<[u8]>>>>| {
+            pool.try_with(|p| p.borrow_mut().pop()).ok().flatten()
+        };
+        let b = match size {
+            SMALL => spare(&SPARE_SMALL),
+            CHUNK => spare(&SPARE_CHUNK),
+            _ => None,
+        };
+        Self(Some(
+            b.unwrap_or_else(|| vec![0u8; size].into_boxed_slice()),
+        ))
+    }
+
+    fn get(&mut self) -> &mut [u8] {
+        self.0.as_deref_mut().unwrap_or_default()
+    }
+}
+
+impl Drop for PooledBuf {
+    fn drop(&mut self) {
+        let Some(b) = self.0.take() else { return };
+        let pool = match b.len() {
+            SMALL => &SPARE_SMALL,
+            CHUNK => &SPARE_CHUNK,
+            _ => return,
+        };
+        let _ = pool.try_with(|p| {
+            let mut p = p.borrow_mut();
+            if (p.len() + 1) * b.len() <= SPARE_BYTES {
+                p.push(b);
+            }
+        });
+    }
+}
+
+/// Waits until `src` has data (or EOF) and reads it into a buffer of `size` taken only then.
+/// A read shorter than the buffer emptied the socket: its readiness is cleared at once, so
+/// the next read waits for the next epoll event instead of trying a `recv` that would only
+/// say `EAGAIN` (one system call per request and answer saved). tokio clears only if no new
+/// event arrived since it was observed, and keeps "read closed" set, so neither new data
+/// nor a FIN can be missed. Returns the buffer and the count (0: EOF).
+async fn read_drained(src: &TcpStream, size: usize) -> io::Result<(PooledBuf, usize)> {
     loop {
         src.readable().await?;
-        let len = buf.len();
+        let mut buf = PooledBuf::take(size);
+        let b = buf.get();
+        let len = b.len();
         let mut short = None;
         let r = src.try_io(Interest::READABLE, || {
-            let n = recv(src.as_raw_fd(), buf, MsgFlags::empty()).map_err(io::Error::from)?;
+            let n = recv(src.as_raw_fd(), b, MsgFlags::empty()).map_err(io::Error::from)?;
             if n > 0 && n < len {
                 short = Some(n);
                 return Err(io::ErrorKind::WouldBlock.into());
@@ -254,8 +311,8 @@ async fn read_drained(src: &TcpStream, buf: &mut [u8]) -> io::Result<usize> {
             Ok(n)
         });
         match (r, short) {
-            (_, Some(n)) => return Ok(n),
-            (Ok(n), None) => return Ok(n),
+            (_, Some(n)) => return Ok((buf, n)),
+            (Ok(n), None) => return Ok((buf, n)),
             (Err(e), None) if e.kind() == io::ErrorKind::WouldBlock => continue,
             (Err(e), None) => return Err(e),
         }
@@ -274,7 +331,7 @@ enum Copied {
 async fn copy_loop(
     src: &TcpStream,
     dst: &TcpStream,
-    buf: &mut [u8],
+    size: usize,
     stop_on_full: bool,
     touch: &(dyn Fn() + Sync),
     total: &mut u64,
@@ -282,10 +339,11 @@ async fn copy_loop(
     meter: &dyn Meter,
 ) -> io::Result<Copied> {
     loop {
-        let n = read_drained(src, buf).await?;
+        let (mut buf, n) = read_drained(src, size).await?;
         if n == 0 {
             return Ok(Copied::Eof);
         }
+        let buf = buf.get();
         touch();
         let mut off = 0;
         while off < n {
@@ -303,8 +361,31 @@ async fn copy_loop(
             meter.add(up, m as u64);
             touch();
         }
-        if stop_on_full && n == buf.len() {
+        if stop_on_full && n == size {
             return Ok(Copied::Bulk);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_returned_buffer_is_reused_and_the_pool_stays_bounded() {
+        let first = PooledBuf::take(SMALL);
+        let ptr = first.0.as_ref().map(|b| b.as_ptr());
+        drop(first);
+        let again = PooledBuf::take(SMALL);
+        assert_eq!(again.0.as_ref().map(|b| b.as_ptr()), ptr, "spare reused");
+        assert_eq!(again.0.as_ref().map(|b| b.len()), Some(SMALL));
+        drop(again);
+
+        let many: Vec<_> = (0..100).map(|_| PooledBuf::take(CHUNK)).collect();
+        drop(many);
+        let kept = SPARE_CHUNK.with(|p| p.borrow().len());
+        assert_eq!(kept, SPARE_BYTES / CHUNK);
+        let kept = SPARE_SMALL.with(|p| p.borrow().len());
+        assert!(kept <= SPARE_BYTES / SMALL);
     }
 }

@@ -5,6 +5,8 @@
 //! - [`health`]: the checks (TCP connect, TLS `GET /readyz` without verification).
 //! - `checks`: one checking task per backend, with the fast interval while in doubt.
 //! - `connect`: connection setup with retries, the connect stagger, passive health.
+//! - [`lazy_timer`]: per-connection timeouts that arm a timer only for connections that
+//!   outlive a shared tick.
 //! - [`forward`]: byte moving with `splice(2)` or a buffered copy, half-close aware.
 //! - [`monitor`]: `/healthz` and `/stats`.
 //! - [`vip`]: the `VIP:6443` frontend, bound or redirected with nftables.
@@ -17,6 +19,7 @@ mod checks;
 mod connect;
 pub mod forward;
 pub mod health;
+pub mod lazy_timer;
 pub mod monitor;
 pub mod vip;
 
@@ -209,6 +212,8 @@ struct Shared {
     drained: AtomicU64,
     /// Of those, cut at the drain deadline.
     drain_cut: AtomicU64,
+    /// The shared tick of the connections' timeouts.
+    ticker: lazy_timer::Ticker,
 }
 
 impl Shared {
@@ -280,6 +285,7 @@ impl Proxy {
             frontends: Mutex::new(BTreeMap::new()),
             drained: AtomicU64::new(0),
             drain_cut: AtomicU64::new(0),
+            ticker: lazy_timer::Ticker::default(),
         });
         for &a in &local {
             shared.frontend_stats(a, FrontendKind::Node);
@@ -393,6 +399,11 @@ impl Proxy {
         }
         let aux_stop = CancellationToken::new();
         let mut aux = Vec::new();
+        // Connections' timeouts wait for its ticks: it stops only after the last one ends.
+        aux.push(tokio::spawn({
+            let (sh, stop) = (sh.clone(), aux_stop.clone());
+            async move { sh.ticker.run(stop).await }
+        }));
         if let Some(m) = self
             .monitor
             .lock()
@@ -462,16 +473,22 @@ async fn accept_loop(
     stop: CancellationToken,
 ) {
     let mut pressure = 0u32;
+    // One wait for the stop for the loop's life: a new one per client would take the
+    // token's lock to join and leave its wait list each time.
+    let stopped = stop.cancelled();
+    tokio::pin!(stopped);
     loop {
         let permit = tokio::select! {
-            () = stop.cancelled() => return,
+            biased;
+            () = &mut stopped => return,
             p = sh.limit.clone().acquire_owned() => match p {
                 Ok(p) => p,
                 Err(_) => return,
             },
         };
         let accepted = tokio::select! {
-            () = stop.cancelled() => return,
+            biased;
+            () = &mut stopped => return,
             r = listener.accept() => r,
         };
         let (client, peer) = match accepted {
@@ -489,7 +506,7 @@ async fn accept_loop(
                 }
                 pressure += 1;
                 tokio::select! {
-                    () = stop.cancelled() => return,
+                    () = &mut stopped => return,
                     () = tokio::time::sleep(Duration::from_millis(20)) => {}
                 }
                 continue;
@@ -535,7 +552,7 @@ async fn handle(sh: &Shared, client: TcpStream, peer: SocketAddr) -> bool {
         }
     };
     tokio::select! {
-        r = forward::forward(&client, &server, sh.cfg.idle_timeout, sh.cfg.splice, &*b) => match r {
+        r = forward::forward(&client, &server, sh.cfg.idle_timeout, &sh.ticker, sh.cfg.splice, &*b) => match r {
             Ok((forward::End::Idle, _)) => tracing::debug!(%peer, "idle timeout"),
             Ok(_) => {}
             Err(e) => tracing::debug!(%peer, backend = %b.addr, error = %e, "connection ended"),
