@@ -112,25 +112,9 @@ fn apt_sources() -> Result<PathBuf> {
     bail!("no apt sources (/etc/apt/sources.list.d/debian.sources or /etc/apt/sources.list)")
 }
 
-/// `qemu-img convert` of a raw disk to qcow2 (v3).
+/// `qemu-img convert` of a raw disk to qcow2 (v3): the appliance image's conversion.
 fn raw_to_qcow2(raw: &Path, qcow2: &Path) -> Result<()> {
-    tool_output(
-        Command::new("qemu-img")
-            .args([
-                "convert",
-                "-q",
-                "-f",
-                "raw",
-                "-O",
-                "qcow2",
-                "-o",
-                "compat=1.1",
-            ])
-            .arg(raw)
-            .arg(qcow2),
-        "qemu-img convert",
-    )?;
-    Ok(())
+    Ok(keelson_image::disk::convert_to_qcow2(raw, qcow2)?)
 }
 
 fn tool_output(cmd: &mut Command, what: &str) -> Result<String> {
