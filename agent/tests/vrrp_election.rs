@@ -320,6 +320,60 @@ fn wait_neighbour(seg: &Segment, i: usize, addr: &str, mac: &str, limit: Duratio
     }
 }
 
+/// The MAC address of node `i`'s `eth0`.
+fn mac_of(seg: &Segment, i: usize) -> String {
+    let out = Command::new("ip")
+        .args(["-n", &seg.nodes[i], "-o", "link", "show", "eth0"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    let mut words = text.split_whitespace();
+    words.find(|w| *w == "link/ether").unwrap();
+    words.next().unwrap().to_string()
+}
+
+/// A host whose ARP entry for the VIP names another MAC just after a takeover (the loser's
+/// gratuitous ARP of a double takeover arrived last, or the winner's was lost) is put right
+/// by the new master's repeated announcements, long before the minute-long refresh. Adverts
+/// 2 s apart, so the repeats (2, 4 and 6 s after the takeover) leave the test time to plant
+/// the wrong entry after the first announcement.
+#[test]
+fn a_host_left_on_a_wrong_mac_after_a_takeover_is_put_right_by_the_repeats() {
+    if !require_root() {
+        return;
+    }
+    let seg = Segment::new("kvr-w", 2, 68);
+    let dir = tempfile::tempdir().unwrap();
+    let vip = seg.vip4(100);
+    let mut inst = vrrp_instance("api", &vip, 52);
+    inst["advertIntervalMs"] = 2000.into();
+    inst["garpRefreshSecs"] = 60.into();
+    let cluster = vrrp_cluster_json(serde_json::json!([inst]));
+    let mac0 = mac_of(&seg, 0);
+    let _agent = start_agent(&seg, dir.path(), &cluster, 0, "master");
+    // Master_Down at start: 3 x 2 s + skew.
+    seg.wait_sole_holder(0, &vip, Duration::from_secs(20));
+    let wrong = "02:00:5e:00:00:99";
+    sh(&[
+        "ip",
+        "-n",
+        &seg.nodes[1],
+        "neigh",
+        "replace",
+        &vip,
+        "lladdr",
+        wrong,
+        "dev",
+        "eth0",
+        "nud",
+        "stale",
+    ]);
+    assert_eq!(neighbour(&seg, 1, &vip).as_deref(), Some(wrong));
+    // Only a repeat can correct it: no traffic goes to the VIP (a stale entry is not probed
+    // without it) and the refresh is a minute away.
+    wait_neighbour(&seg, 1, &vip, &mac0, Duration::from_secs(10));
+}
+
 #[test]
 fn gratuitous_arp_and_unsolicited_na_reach_the_segment_and_repeat() {
     if !require_root() {
@@ -344,14 +398,7 @@ fn gratuitous_arp_and_unsolicited_na_reach_the_segment_and_repeat() {
     i4["garpRefreshSecs"] = 1.into();
     i6["garpRefreshSecs"] = 1.into();
     let cluster = vrrp_cluster_json(serde_json::json!([i4, i6]));
-    let out = Command::new("ip")
-        .args(["-n", &seg.nodes[0], "-o", "link", "show", "eth0"])
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout).to_string();
-    let mut words = text.split_whitespace();
-    words.find(|w| *w == "link/ether").unwrap();
-    let mac0 = words.next().unwrap().to_string();
+    let mac0 = mac_of(&seg, 0);
 
     let agent = start_agent(&seg, dir.path(), &cluster, 0, "master");
     seg.wait_sole_holder(0, &vip4, Duration::from_secs(5));

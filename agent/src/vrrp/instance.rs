@@ -37,6 +37,14 @@ const PORT_CHECK_EVERY: Duration = Duration::from_secs(10);
 /// advert and the successor's gratuitous ARP go out together; hosts need a moment.
 const HANDOVER_GRACE: Duration = Duration::from_millis(200);
 
+/// Announcements repeated, one advert interval apart, after each announcement as master.
+/// One gratuitous ARP is not enough: when two backups take over at once (equal priorities
+/// time out together), the loser's announcement can reach a host after the winner's, and a
+/// lost frame does the same; the host then sends to a MAC that no longer holds the VIP until
+/// its ARP entry is probed again (10-40 s on Linux) or the refresh (a minute) comes. keepalived
+/// repeats its gratuitous ARPs for the same reason (`garp_master_repeat`, `garp_master_delay`).
+const ANNOUNCE_FOLLOWUPS: u8 = 3;
+
 /// Per-instance counters.
 #[derive(Debug, Clone, Default, Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -316,6 +324,9 @@ struct Runner {
         tokio::sync::mpsc::Sender<Vec<portsec::Paths>>,
         tokio::sync::mpsc::Receiver<Vec<portsec::Paths>>,
     ),
+    /// While master: when the next repeat of the last announcement is due, and how many
+    /// remain ([`ANNOUNCE_FOLLOWUPS`]).
+    followups: Option<(Instant, u8)>,
 }
 
 impl Runner {
@@ -687,7 +698,11 @@ impl Runner {
                         s.remove(&v);
                     });
                 }
-                Action::Announce => self.announce(),
+                Action::Announce => {
+                    self.announce();
+                    self.followups =
+                        Some((Instant::now() + self.advert_interval(), ANNOUNCE_FOLLOWUPS));
+                }
             }
         }
         self.counters.transitions = self.machine.transitions();
@@ -732,6 +747,23 @@ impl Runner {
                 Err(e) => tracing::warn!("vrrp {}: {e}", self.spec.config.name),
             }
         }
+    }
+
+    fn advert_interval(&self) -> Duration {
+        Duration::from_millis(u64::from(self.spec.interval_cs()) * 10)
+    }
+
+    /// One repeat of the last announcement ([`ANNOUNCE_FOLLOWUPS`]); the next is scheduled
+    /// while some remain.
+    fn follow_up(&mut self) {
+        let Some((_, left)) = self.followups.take() else {
+            return;
+        };
+        self.announce();
+        if left > 1 {
+            self.followups = Some((Instant::now() + self.advert_interval(), left - 1));
+        }
+        self.publish();
     }
 
     fn announce(&mut self) {
@@ -887,6 +919,7 @@ pub async fn run(
         vip_check: VipCheck::default(),
         findings: BTreeMap::new(),
         rounds: tokio::sync::mpsc::channel(4),
+        followups: None,
     };
     let now = r.now();
     let actions = r.machine.startup(now);
@@ -905,6 +938,7 @@ pub async fn run(
         let master = r.machine.state() == State::Master;
         if !master {
             next_refresh = None;
+            r.followups = None;
         } else if next_refresh.is_none() && !refresh.is_zero() {
             next_refresh = Some(Instant::now() + refresh);
         }
@@ -961,6 +995,7 @@ pub async fn run(
                 r.start_port_round();
             }
             Some(paths) = r.rounds.1.recv() => r.on_port_round(&paths).await,
+            _ = sleep_until(r.followups.map(|(at, _)| at)) => r.follow_up(),
             _ = sleep_until(next_refresh) => {
                 next_refresh = None;
                 r.announce();
