@@ -514,7 +514,7 @@ fn unicast_cluster_converges_in_every_phase_without_multicast() {
         assert_eq!(auth["authenticated"], true, "{}: {auth}", c.name(i));
         assert_eq!(
             auth["drops"],
-            serde_json::json!({"noMac": 0, "badMac": 0, "stale": 0, "replay": 0, "addressMismatch": 0}),
+            serde_json::json!({"noMac": 0, "badMac": 0, "unknownKey": 0, "stale": 0, "replay": 0, "addressMismatch": 0}),
             "{}: genuine records dropped",
             c.name(i)
         );

@@ -199,12 +199,19 @@ impl RunCluster {
 
     /// Starts `keelson-agent run --only <services>` as node `i` (`name`, `role`, IPv4
     /// `address` on `eth0`) in namespace `ns`, its log in the cluster's directory.
-    pub fn start(
+    pub fn start(&self, ns: &str, i: usize, node: (&str, &str, &str), services: &str) -> RunNode {
+        self.start_with(ns, i, node, services, (&self.cluster, &self.tls))
+    }
+
+    /// [`RunCluster::start`] with this node's own `cluster.json` and TLS directory (a
+    /// node of a key rotation, whose files differ from the others' for a while).
+    pub fn start_with(
         &self,
         ns: &str,
         i: usize,
         (name, role, address): (&str, &str, &str),
         services: &str,
+        (cluster, tls): (&Path, &Path),
     ) -> RunNode {
         let npath = self.dir.path().join(format!("node-{i}.json"));
         let node = serde_json::json!({
@@ -216,12 +223,12 @@ impl RunCluster {
             Command::new("ip")
                 .args(["netns", "exec", ns, &self.agent, "run"])
                 .arg("--cluster")
-                .arg(&self.cluster)
+                .arg(cluster)
                 .arg("--node")
                 .arg(&npath)
                 .args(["--only", services])
                 .arg("--tls-dir")
-                .arg(&self.tls)
+                .arg(tls)
                 .arg("--state-dir")
                 .arg(self.state_dir(i))
                 .arg("--status-socket")
@@ -275,6 +282,8 @@ pub struct RunNet {
     pub nodes: Vec<Option<RunNode>>,
     names: Vec<(String, String)>,
     services: String,
+    /// Node files other than the shared ones: `cluster.json` and TLS directory, by index.
+    own_files: Vec<Option<(PathBuf, PathBuf)>>,
 }
 
 impl RunNet {
@@ -297,7 +306,14 @@ impl RunNet {
                 .map(|(n, r)| (n.to_string(), r.to_string()))
                 .collect(),
             services: services.to_owned(),
+            own_files: nodes.iter().map(|_| None).collect(),
         }
+    }
+
+    /// From its next start on, node `i` runs with its own `cluster` and `tls` directory
+    /// instead of the shared ones.
+    pub fn set_files(&mut self, i: usize, cluster: PathBuf, tls: PathBuf) {
+        self.own_files[i] = Some((cluster, tls));
     }
 
     /// Node `i`'s name.
@@ -309,11 +325,16 @@ impl RunNet {
     pub fn start(&mut self, i: usize) {
         let (name, role) = &self.names[i];
         let address = self.seg.v4(i);
-        let node = self.files.start(
+        let files = match &self.own_files[i] {
+            Some((c, t)) => (c.as_path(), t.as_path()),
+            None => (self.files.cluster.as_path(), self.files.tls.as_path()),
+        };
+        let node = self.files.start_with(
             &self.seg.nodes[i],
             i,
             (name, role, &address),
             &self.services,
+            files,
         );
         self.nodes[i] = Some(node);
     }
