@@ -724,7 +724,7 @@ mod tests {
         assert!(auth.authenticated);
         assert_eq!(
             serde_json::to_value(&auth.drops).unwrap(),
-            serde_json::json!({"noMac": 2, "badMac": 1, "stale": 0, "replay": 1, "addressMismatch": 1})
+            serde_json::json!({"noMac": 2, "badMac": 1, "unknownKey": 0, "stale": 0, "replay": 1, "addressMismatch": 1})
         );
     }
 
