@@ -40,6 +40,7 @@
 # Usage (root): bench/api_outage.sh [rounds=3] [cases="kill stop"]
 #   KEELSON_AGENT, KUBE_STANDIN: binaries (default: the static release ones of `make agent`)
 #   KEELSON_AGENT_NEW: the binary `roll` restarts keelson with (default: KEELSON_AGENT)
+#   BENCH_PREFIX: the namespaces' prefix (default kao; two runs at once need two)
 #   STACKS (default "keelson openshift-new openshift-old"), AFTER (seconds watched, 35),
 #   NEW_SETTINGS / OLD_SETTINGS (haproxy server lines), KEEP=DIR (keep each run's samples)
 set -euo pipefail
@@ -55,7 +56,7 @@ NEW_SETTINGS=${NEW_SETTINGS:-"inter 5s fastinter 2s fall 2 rise 3 on-marked-down
 OLD_SETTINGS=${OLD_SETTINGS:-"inter 5s fall 3 rise 1"}
 AFTER=${AFTER:-35}   # seconds watched after the event
 STACKS=${STACKS:-"keelson openshift-new openshift-old"}
-P=kao
+P=${BENCH_PREFIX:-kao}   # namespace prefix: two runs at once need different ones
 BR=$P-br
 C=$P-c
 VIP=10.85.0.5
@@ -282,9 +283,9 @@ one_run() { # stack case -> one JSON line
     settle || { tail -n 20 "$WORK"/run/*/*.log >&2; return 1; }
     # Let every backend be up everywhere (rise 3 x 5 s at the newest settings).
     sleep 16
-    ip netns exec $C $CLIENT new $VIP 6443 "$WORK/run/new.txt" &
+    setsid ip netns exec $C $CLIENT new $VIP 6443 "$WORK/run/new.txt" &
     local cnew=$!
-    ip netns exec $C $CLIENT long $VIP 6443 "$WORK/run/long.txt" &
+    setsid ip netns exec $C $CLIENT long $VIP 6443 "$WORK/run/long.txt" &
     local clong=$!
     sleep 3
     h=$(holder)

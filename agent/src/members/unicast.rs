@@ -119,27 +119,14 @@ pub async fn exchange(
     path: &str,
     body: Vec<u8>,
 ) -> Result<(StatusCode, Bytes), HttpError> {
-    exchange_as(tls, None, addr, addr.ip(), method, path, body).await
+    let answer = exchange_as(tls, None, addr, addr.ip(), method, path, body).await?;
+    Ok((answer.status, answer.body))
 }
 
 /// One HTTPS exchange with `addr` from `source` (when given), verifying the certificate
 /// for `name`. A registry takes a registration only from an address it registers, so a
 /// node sends from its own address, whatever the kernel would have chosen.
 pub async fn exchange_as(
-    tls: Arc<rustls::ClientConfig>,
-    source: Option<IpAddr>,
-    addr: SocketAddr,
-    name: IpAddr,
-    method: Method,
-    path: &str,
-    body: Vec<u8>,
-) -> Result<(StatusCode, Bytes), HttpError> {
-    let answer = exchange_full(tls, source, addr, name, method, path, body).await?;
-    Ok((answer.status, answer.body))
-}
-
-/// [`exchange_as`], with the answer's headers.
-async fn exchange_full(
     tls: Arc<rustls::ClientConfig>,
     source: Option<IpAddr>,
     addr: SocketAddr,
@@ -235,7 +222,7 @@ async fn register_one(
 ) -> Exchange {
     let started = Instant::now();
     let source = source_for(&own, addr);
-    let call = exchange_full(tls, source, addr, name, Method::POST, MEMBERS_PATH, body);
+    let call = exchange_as(tls, source, addr, name, Method::POST, MEMBERS_PATH, body);
     let res = match tokio::time::timeout(EXCHANGE_TIMEOUT, call).await {
         Ok(Ok(answer)) if answer.status == StatusCode::OK => {
             match other_key(&answer.headers, keys.as_deref().map(Vec::as_slice)) {
