@@ -45,20 +45,13 @@ fn can_run() -> bool {
 /// `keelson build`'s cluster.json for examples/install-config.yaml, timers shortened,
 /// the etcd names on (three masters).
 fn cluster_json() -> serde_json::Value {
-    let text = include_str!("../../examples/install-config.yaml");
-    let ic = keelson_cluster::install_config::InstallConfig::parse(text).unwrap();
-    let mut c = serde_json::to_value(ic.cluster_config()).unwrap();
-    assert_eq!(c["members"]["transport"], "unicast", "the default: {c}");
+    let mut c = keelson_testkit::agent::example_cluster_json(100, RENEW_S, EXPIRY_S);
     for inst in c["vrrp"]["instances"].as_array_mut().unwrap() {
-        assert_eq!(inst["transport"], "unicast", "the default: {inst}");
-        inst["advertIntervalMs"] = 100.into();
         // No health checks: a check that times out on a loaded machine changes a
         // priority and moves the VIP (issue 27's ground); here the VIP moves only when
         // membership or a stop moves it, which is what these tests watch.
         inst["checks"] = serde_json::json!([]);
     }
-    c["members"]["renewIntervalSecs"] = RENEW_S.into();
-    c["members"]["expirySecs"] = EXPIRY_S.into();
     c["members"]["forgetAfterSecs"] = FORGET_S.into();
     c["dns"]["etcd"] = serde_json::json!({"enabled": true, "masters": 3});
     // The namespaces share the host's /etc/resolv.conf: leave it alone.

@@ -123,6 +123,23 @@ pub fn master_down(interval_ms: u64, prio: u64) -> Duration {
     Duration::from_micros(3 * interval_ms * 1000 + (256 - prio) * interval_ms * 1000 / 256)
 }
 
+/// `keelson build`'s cluster.json for `examples/install-config.yaml` (unicast VRRP and
+/// members, its defaults, checked), with the timers of a test: `advert_ms` on every VRRP
+/// instance, members renewed every `renew_s` and expired after `expiry_s`.
+pub fn example_cluster_json(advert_ms: u64, renew_s: u64, expiry_s: u64) -> serde_json::Value {
+    let text = include_str!("../../examples/install-config.yaml");
+    let ic = keelson_cluster::install_config::InstallConfig::parse(text).unwrap();
+    let mut c = serde_json::to_value(ic.cluster_config()).unwrap();
+    assert_eq!(c["members"]["transport"], "unicast", "the default: {c}");
+    for inst in c["vrrp"]["instances"].as_array_mut().unwrap() {
+        assert_eq!(inst["transport"], "unicast", "the default: {inst}");
+        inst["advertIntervalMs"] = advert_ms.into();
+    }
+    c["members"]["renewIntervalSecs"] = renew_s.into();
+    c["members"]["expirySecs"] = expiry_s.into();
+    c
+}
+
 /// The files `keelson-agent run` nodes of one test cluster share, as `keelson build` writes
 /// them: `cluster.json` naming the membership key (member records authenticated), and
 /// `tls/` with the CA, the server pair and that key. Each node's node.json, log, status
