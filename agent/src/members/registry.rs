@@ -640,7 +640,22 @@ mod tests {
             StatusCode::SERVICE_UNAVAILABLE,
             "before the key is loaded"
         );
+        assert!(r.headers().is_empty(), "no key yet, no key header");
         r.set_verifier(Arc::new(Verifier::new(Some(keys.clone()))));
+        // Every answer names the key this registry's node signs with.
+        assert_eq!(
+            r.headers(),
+            [(
+                http::HeaderName::from_static(KEY_HEADER),
+                http::HeaderValue::from_str(keys.signing_id()).unwrap()
+            )]
+        );
+        assert!(
+            Registry::new("c.example", Duration::from_secs(10))
+                .headers()
+                .is_empty(),
+            "an unauthenticated registry names none"
+        );
         let signer = Signer::new(keys, SystemTime::now());
         let m = member("m0", "10.0.0.1");
         let fields = Fields {
