@@ -25,7 +25,12 @@
 # Cases: `kill` — the holder's link is cut on the bridge side and every process in its
 # namespace stopped and killed (no goodbye); `stop` — a clean stop: the holder's load
 # balancer stack gets SIGTERM (keelson: the agent; OpenShift: keepalived and haproxy), then
-# its apiserver is stopped and its link cut, as in a reboot.
+# its apiserver is stopped and its link cut, as in a reboot; `roll` — a rolling restart
+# of the load balancer stack on every master, one at a time, the backups first and the
+# VIP's holder last (docs/operations.md, "Upgrading the agent"): SIGTERM, wait until it is
+# gone, start it again (keelson: `$KEELSON_AGENT_NEW`, an upgrade, when set), wait until
+# the VIP answers steadily, next. Requests are counted from the first stop to $AFTER s
+# after the last start.
 #
 # Printed per run: requests sent after the event, how many failed, when the VIP answered
 # again (the first request after the event that succeeded), the last failure, failures of
@@ -34,6 +39,8 @@
 #
 # Usage (root): bench/api_outage.sh [rounds=3] [cases="kill stop"]
 #   KEELSON_AGENT, KUBE_STANDIN: binaries (default: the static release ones of `make agent`)
+#   KEELSON_AGENT_NEW: the binary `roll` restarts keelson with (default: KEELSON_AGENT)
+#   BENCH_PREFIX: the namespaces' prefix (default kao; two runs at once need two)
 #   STACKS (default "keelson openshift-new openshift-old"), AFTER (seconds watched, 35),
 #   NEW_SETTINGS / OLD_SETTINGS (haproxy server lines), KEEP=DIR (keep each run's samples)
 set -euo pipefail
@@ -42,13 +49,14 @@ ROUNDS=${1:-3}
 CASES=${2:-"kill stop"}
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 AGENT=${KEELSON_AGENT:-$ROOT/target/x86_64-unknown-linux-gnu/release/keelson-agent}
+AGENT_NEW=${KEELSON_AGENT_NEW:-$AGENT}
 STANDIN=${KUBE_STANDIN:-$ROOT/target/x86_64-unknown-linux-gnu/release/kube-standin}
 CLIENT="python3 $ROOT/bench/api_client.py"
 NEW_SETTINGS=${NEW_SETTINGS:-"inter 5s fastinter 2s fall 2 rise 3 on-marked-down shutdown-sessions slowstart 10s"}
 OLD_SETTINGS=${OLD_SETTINGS:-"inter 5s fall 3 rise 1"}
 AFTER=${AFTER:-35}   # seconds watched after the event
 STACKS=${STACKS:-"keelson openshift-new openshift-old"}
-P=kao
+P=${BENCH_PREFIX:-kao}   # namespace prefix: two runs at once need different ones
 BR=$P-br
 C=$P-c
 VIP=10.85.0.5
@@ -202,16 +210,39 @@ start_keelson() {
  "members":{"transport":"mdns","renewIntervalSecs":10,"expirySecs":35},
  "metrics":{"port":22625}}
 EOF
-    for m in "${MASTERS[@]}"; do
-        local n d
-        n=$(ns "$m")
-        d="$WORK/run/$n"
-        mkdir -p "$d"
-        echo "{\"name\":\"master-$m\",\"role\":\"master\",\"interface\":\"eth0\",\"addresses\":[\"$(ip_of "$m")/24\"]}" >"$d/node.json"
-        ip netns exec "$n" "$AGENT" run --cluster "$WORK/run/cluster.json" --node "$d/node.json" \
-            --only members,vrrp,proxy --status-socket "$d/agent.sock" >/dev/null 2>"$d/agent.log" &
-        echo $! >"$d/lb.pids"
+    for m in "${MASTERS[@]}"; do start_keelson_node "$m" "$AGENT"; done
+}
+
+start_keelson_node() { # master binary
+    local n d
+    n=$(ns "$1")
+    d="$WORK/run/$n"
+    mkdir -p "$d"
+    echo "{\"name\":\"master-$1\",\"role\":\"master\",\"interface\":\"eth0\",\"addresses\":[\"$(ip_of "$1")/24\"]}" >"$d/node.json"
+    ip netns exec "$n" "$2" run --cluster "$WORK/run/cluster.json" --node "$d/node.json" \
+        --only members,vrrp,proxy --status-socket "$d/agent.sock" >/dev/null 2>>"$d/agent.log" &
+    echo $! >"$d/lb.pids"
+}
+
+# SIGTERM to master $2's load balancer stack, waits until it is gone, starts it again.
+restart_lb() { # stack master
+    local n d
+    n=$(ns "$2")
+    d="$WORK/run/$n"
+    kill -TERM $(cat "$d/lb.pids") 2>/dev/null || true
+    for pid in $(cat "$d/lb.pids"); do
+        while kill -0 "$pid" 2>/dev/null; do sleep 0.05; done
     done
+    case $1 in
+        keelson) start_keelson_node "$2" "$AGENT_NEW" ;;
+        *)
+            ip netns exec "$n" haproxy -db -f "$d/haproxy.cfg" >/dev/null 2>>"$d/haproxy.log" &
+            echo $! >"$d/lb.pids"
+            ip netns exec "$n" keepalived -n -l -P -f "$d/keepalived.conf" -p "$d/ka.pid" \
+                -r "$d/vrrp.pid" -c "$d/chk.pid" >/dev/null 2>>"$d/keepalived.log" &
+            echo $! >>"$d/lb.pids"
+            ;;
+    esac
 }
 
 holder() {
@@ -252,9 +283,9 @@ one_run() { # stack case -> one JSON line
     settle || { tail -n 20 "$WORK"/run/*/*.log >&2; return 1; }
     # Let every backend be up everywhere (rise 3 x 5 s at the newest settings).
     sleep 16
-    ip netns exec $C $CLIENT new $VIP 6443 "$WORK/run/new.txt" &
+    setsid ip netns exec $C $CLIENT new $VIP 6443 "$WORK/run/new.txt" &
     local cnew=$!
-    ip netns exec $C $CLIENT long $VIP 6443 "$WORK/run/long.txt" &
+    setsid ip netns exec $C $CLIENT long $VIP 6443 "$WORK/run/long.txt" &
     local clong=$!
     sleep 3
     h=$(holder)
@@ -262,7 +293,20 @@ one_run() { # stack case -> one JSON line
     local n d
     n=$(ns "$h")
     d="$WORK/run/$n"
-    if [ "$case" = kill ]; then
+    if [ "$case" = roll ]; then
+        t0=$(now_ms)
+        local order=() m
+        for m in "${MASTERS[@]}"; do [ "$m" = "$h" ] || order+=("$m"); done
+        order+=("$h")
+        for m in "${order[@]}"; do
+            restart_lb "$stack" "$m"
+            settle >/dev/null || { tail -n 20 "$WORK"/run/*/*.log >&2; return 1; }
+            # Every backend up everywhere again before the next one goes (rise 3 x 5 s
+            # at OpenShift's newest settings; keelson's slowstart 10 s).
+            sleep 16
+        done
+        echo "  roll: $stack restarted $(printf 'm%s ' "${order[@]}")(holder m$h last) in $((($(now_ms) - t0) / 1000)) s" >&2
+    elif [ "$case" = kill ]; then
         ip -n $BR link set "${P}v$h" down
         # The clock starts once the link is cut (forking ip takes tens of ms under load).
         t0=$(now_ms)
@@ -301,7 +345,7 @@ for case in $CASES; do
     for r in $(seq 1 "$ROUNDS"); do
         for stack in $STACKS; do
             # The old settings take the longest and add nothing to the clean-stop case.
-            [ "$case" = stop ] && [ "$stack" = openshift-old ] && continue
+            [ "$case" != kill ] && [ "$stack" = openshift-old ] && continue
             line=$(one_run $stack "$case")
             echo "$line" >>"$RESULTS"
             echo "$line" | jq -r --arg r "$r" '"  \(.case) round \($r) \(.stack|.+"             "|.[0:13]): \(.failed)/\(.requests) failed, VIP back \(.vip_back_ms) ms, last failure \(.last_failure_ms) ms, failed after VIP back \(.failed_after_vip_back), long-lived served again \(.long_reconnect_ms) ms (\(.long_failed) failed)"'

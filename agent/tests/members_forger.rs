@@ -580,8 +580,7 @@ fn unicast_forger_without_the_key_changes_nothing() {
     net.wait_ready(&[M0, M1]);
     net.wait_settled("cluster up");
     // Genuine traffic is never dropped.
-    let zero =
-        serde_json::json!({"noMac": 0, "badMac": 0, "stale": 0, "replay": 0, "addressMismatch": 0});
+    let zero = serde_json::json!({"noMac": 0, "badMac": 0, "unknownKey": 0, "stale": 0, "replay": 0, "addressMismatch": 0});
     assert_eq!(net.drops_now(M0), zero);
     assert_eq!(net.auth(M1)["drops"], zero);
     // A registration (not one queued since the start), then the one that makes it no
@@ -645,7 +644,7 @@ fn unicast_forger_without_the_key_changes_nothing() {
     eprintln!("master-0 drops: {drops}");
     assert_eq!(
         drops,
-        serde_json::json!({"noMac": 2, "badMac": 2, "stale": 1, "replay": 1, "addressMismatch": 1}),
+        serde_json::json!({"noMac": 2, "badMac": 2, "unknownKey": 0, "stale": 1, "replay": 1, "addressMismatch": 1}),
         "every attempt under its reason"
     );
     assert_eq!(net.auth(M1)["drops"], zero, "master-1 was not attacked");
@@ -861,8 +860,7 @@ fn mdns_forger_without_the_key_changes_nothing() {
     net.wait_ready(&[M0, M1]);
     net.wait_settled("cluster up");
     // Genuine announcements are never dropped (IPv4 and IPv6 copies included).
-    let zero =
-        serde_json::json!({"noMac": 0, "badMac": 0, "stale": 0, "replay": 0, "addressMismatch": 0});
+    let zero = serde_json::json!({"noMac": 0, "badMac": 0, "unknownKey": 0, "stale": 0, "replay": 0, "addressMismatch": 0});
     assert_eq!(net.drops_now(M0), zero, "genuine announcements dropped");
     assert_eq!(net.auth(M1)["drops"], zero, "genuine announcements dropped");
     // An announcement, then the one that makes it no longer one of the last few master-0
@@ -899,13 +897,13 @@ fn mdns_forger_without_the_key_changes_nothing() {
     eprintln!("master-0 drops: {drops} (b was seq {b_seq})");
     assert_eq!(
         drops,
-        serde_json::json!({"noMac": 1, "badMac": 2, "stale": 1, "replay": 1, "addressMismatch": 1}),
+        serde_json::json!({"noMac": 1, "badMac": 2, "unknownKey": 0, "stale": 1, "replay": 1, "addressMismatch": 1}),
         "every attempt under its reason"
     );
     // master-1 heard the fake master too (its own records it ignores).
     assert_eq!(
         net.auth(M1)["drops"],
-        serde_json::json!({"noMac": 1, "badMac": 1, "stale": 0, "replay": 0, "addressMismatch": 0})
+        serde_json::json!({"noMac": 1, "badMac": 1, "unknownKey": 0, "stale": 0, "replay": 0, "addressMismatch": 0})
     );
 
     // master-1 dies; the forger replays its last announcement from its address over and

@@ -46,17 +46,7 @@ fn grace() -> Duration {
 
 /// `keelson build`'s cluster.json for examples/install-config.yaml, timers shortened.
 fn cluster_json() -> serde_json::Value {
-    let text = include_str!("../../examples/install-config.yaml");
-    let ic = keelson_cluster::install_config::InstallConfig::parse(text).unwrap();
-    let mut c = serde_json::to_value(ic.cluster_config()).unwrap();
-    assert_eq!(c["members"]["transport"], "unicast", "the default: {c}");
-    for inst in c["vrrp"]["instances"].as_array_mut().unwrap() {
-        assert_eq!(inst["transport"], "unicast", "the default: {inst}");
-        inst["advertIntervalMs"] = ADVERT_MS.into();
-    }
-    c["members"]["renewIntervalSecs"] = RENEW_S.into();
-    c["members"]["expirySecs"] = EXPIRY_S.into();
-    c
+    keelson_testkit::agent::example_cluster_json(ADVERT_MS, RENEW_S, EXPIRY_S)
 }
 
 /// What [`Phases::converge`] saw.
@@ -514,7 +504,7 @@ fn unicast_cluster_converges_in_every_phase_without_multicast() {
         assert_eq!(auth["authenticated"], true, "{}: {auth}", c.name(i));
         assert_eq!(
             auth["drops"],
-            serde_json::json!({"noMac": 0, "badMac": 0, "stale": 0, "replay": 0, "addressMismatch": 0}),
+            serde_json::json!({"noMac": 0, "badMac": 0, "unknownKey": 0, "stale": 0, "replay": 0, "addressMismatch": 0}),
             "{}: genuine records dropped",
             c.name(i)
         );

@@ -465,9 +465,28 @@ pub struct MembersSettings {
     /// captured record can be replayed to a node that has not heard it yet.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_clock_skew_secs: Option<u32>,
+    /// Seconds after which a master that is no longer heard is forgotten: it leaves the
+    /// unicast peer set (the addresses this node registers with) and `members.json`
+    /// (default 86400, one day). Counted from its last sighting, or from the agent's start
+    /// when that is later (a cluster shut down for a weekend still finds its masters).
+    /// The live lists (DNS, proxy backends, VRRP peers) drop it much earlier, at
+    /// `expirySecs`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub forget_after_secs: Option<u32>,
 }
 
 impl MembersSettings {
+    /// The default of [`MembersSettings::forget_after_secs`]: one day.
+    pub const DEFAULT_FORGET_AFTER_SECS: u32 = 86_400;
+
+    /// [`MembersSettings::forget_after_secs`] or its default.
+    pub fn forget_after(&self) -> std::time::Duration {
+        std::time::Duration::from_secs(u64::from(
+            self.forget_after_secs
+                .unwrap_or(Self::DEFAULT_FORGET_AFTER_SECS),
+        ))
+    }
+
     /// The default of [`MembersSettings::max_clock_skew_secs`].
     pub const DEFAULT_MAX_CLOCK_SKEW_SECS: u32 = 120;
 
@@ -685,6 +704,15 @@ impl ClusterConfig {
                 secs,
             ));
         }
+        if let Some(secs) = self.members.forget_after_secs
+            && secs < self.members.expiry_secs
+        {
+            return Err(invalid(
+                "members.forgetAfterSecs".into(),
+                "at least members.expirySecs",
+                secs,
+            ));
+        }
         if let Some(etcd) = &self.dns.etcd
             && !(1..=1000).contains(&etcd.masters)
         {
@@ -871,6 +899,28 @@ mod tests {
             .to_string();
         assert!(
             e.contains("members.maxClockSkewSecs") && e.contains("1 to 3600"),
+            "{e}"
+        );
+        assert!(!json.contains("forgetAfterSecs"));
+        assert_eq!(
+            base.members.forget_after(),
+            std::time::Duration::from_secs(86_400)
+        );
+        let short = base
+            .with_merge_patch(&serde_json::json!({"members": {"forgetAfterSecs": 600}}))
+            .unwrap();
+        assert_eq!(
+            short.members.forget_after(),
+            std::time::Duration::from_secs(600)
+        );
+        let e = base
+            .with_merge_patch(
+                &serde_json::json!({"members": {"expirySecs": 35, "forgetAfterSecs": 10}}),
+            )
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("members.forgetAfterSecs") && e.contains("at least members.expirySecs"),
             "{e}"
         );
     }

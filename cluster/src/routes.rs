@@ -16,4 +16,9 @@ pub trait ExtraRoutes: Send + Sync + 'static {
         peer: SocketAddr,
         body: Bytes,
     ) -> Option<(http::StatusCode, Bytes)>;
+
+    /// Headers added to every answer of [`ExtraRoutes::handle`] (default: none).
+    fn headers(&self) -> Vec<(http::HeaderName, http::HeaderValue)> {
+        Vec::new()
+    }
 }

@@ -120,7 +120,8 @@ async fn start(edit: impl FnOnce(&mut ServerOptions, &Path)) -> Running {
     }
 }
 
-/// `/keelson/echo` answers 201 with what it got; other `/keelson/` paths are not its.
+/// `/keelson/echo` answers 201 with what it got, and the header `x-echo: yes`; other
+/// `/keelson/` paths are not its.
 struct Echo;
 impl ExtraRoutes for Echo {
     fn handle(
@@ -138,6 +139,13 @@ impl ExtraRoutes for Echo {
             );
             (http::StatusCode::CREATED, Bytes::from(out))
         })
+    }
+
+    fn headers(&self) -> Vec<(http::HeaderName, http::HeaderValue)> {
+        vec![(
+            http::HeaderName::from_static("x-echo"),
+            http::HeaderValue::from_static("yes"),
+        )]
     }
 }
 
@@ -311,6 +319,8 @@ async fn status_codes() {
     .await;
     assert_eq!(r.status, 201);
     assert_eq!(r.body, br#"{"method":"POST","peer":"127.0.0.1","len":5}"#);
+    // With the handler's own headers (the registry names its membership key so).
+    assert_eq!(r.header("x-echo").as_deref(), Some("yes"));
     s.stop().await;
 }
 

@@ -123,6 +123,23 @@ pub fn master_down(interval_ms: u64, prio: u64) -> Duration {
     Duration::from_micros(3 * interval_ms * 1000 + (256 - prio) * interval_ms * 1000 / 256)
 }
 
+/// `keelson build`'s cluster.json for `examples/install-config.yaml` (unicast VRRP and
+/// members, its defaults, checked), with the timers of a test: `advert_ms` on every VRRP
+/// instance, members renewed every `renew_s` and expired after `expiry_s`.
+pub fn example_cluster_json(advert_ms: u64, renew_s: u64, expiry_s: u64) -> serde_json::Value {
+    let text = include_str!("../../examples/install-config.yaml");
+    let ic = keelson_cluster::install_config::InstallConfig::parse(text).unwrap();
+    let mut c = serde_json::to_value(ic.cluster_config()).unwrap();
+    assert_eq!(c["members"]["transport"], "unicast", "the default: {c}");
+    for inst in c["vrrp"]["instances"].as_array_mut().unwrap() {
+        assert_eq!(inst["transport"], "unicast", "the default: {inst}");
+        inst["advertIntervalMs"] = advert_ms.into();
+    }
+    c["members"]["renewIntervalSecs"] = renew_s.into();
+    c["members"]["expirySecs"] = expiry_s.into();
+    c
+}
+
 /// The files `keelson-agent run` nodes of one test cluster share, as `keelson build` writes
 /// them: `cluster.json` naming the membership key (member records authenticated), and
 /// `tls/` with the CA, the server pair and that key. Each node's node.json, log, status
@@ -199,12 +216,19 @@ impl RunCluster {
 
     /// Starts `keelson-agent run --only <services>` as node `i` (`name`, `role`, IPv4
     /// `address` on `eth0`) in namespace `ns`, its log in the cluster's directory.
-    pub fn start(
+    pub fn start(&self, ns: &str, i: usize, node: (&str, &str, &str), services: &str) -> RunNode {
+        self.start_with(ns, i, node, services, (&self.cluster, &self.tls))
+    }
+
+    /// [`RunCluster::start`] with this node's own `cluster.json` and TLS directory (a
+    /// node of a key rotation, whose files differ from the others' for a while).
+    pub fn start_with(
         &self,
         ns: &str,
         i: usize,
         (name, role, address): (&str, &str, &str),
         services: &str,
+        (cluster, tls): (&Path, &Path),
     ) -> RunNode {
         let npath = self.dir.path().join(format!("node-{i}.json"));
         let node = serde_json::json!({
@@ -216,12 +240,12 @@ impl RunCluster {
             Command::new("ip")
                 .args(["netns", "exec", ns, &self.agent, "run"])
                 .arg("--cluster")
-                .arg(&self.cluster)
+                .arg(cluster)
                 .arg("--node")
                 .arg(&npath)
                 .args(["--only", services])
                 .arg("--tls-dir")
-                .arg(&self.tls)
+                .arg(tls)
                 .arg("--state-dir")
                 .arg(self.state_dir(i))
                 .arg("--status-socket")
@@ -275,6 +299,8 @@ pub struct RunNet {
     pub nodes: Vec<Option<RunNode>>,
     names: Vec<(String, String)>,
     services: String,
+    /// Node files other than the shared ones: `cluster.json` and TLS directory, by index.
+    own_files: Vec<Option<(PathBuf, PathBuf)>>,
 }
 
 impl RunNet {
@@ -297,7 +323,14 @@ impl RunNet {
                 .map(|(n, r)| (n.to_string(), r.to_string()))
                 .collect(),
             services: services.to_owned(),
+            own_files: nodes.iter().map(|_| None).collect(),
         }
+    }
+
+    /// From its next start on, node `i` runs with its own `cluster` and `tls` directory
+    /// instead of the shared ones.
+    pub fn set_files(&mut self, i: usize, cluster: PathBuf, tls: PathBuf) {
+        self.own_files[i] = Some((cluster, tls));
     }
 
     /// Node `i`'s name.
@@ -309,11 +342,16 @@ impl RunNet {
     pub fn start(&mut self, i: usize) {
         let (name, role) = &self.names[i];
         let address = self.seg.v4(i);
-        let node = self.files.start(
+        let files = match &self.own_files[i] {
+            Some((c, t)) => (c.as_path(), t.as_path()),
+            None => (self.files.cluster.as_path(), self.files.tls.as_path()),
+        };
+        let node = self.files.start_with(
             &self.seg.nodes[i],
             i,
             (name, role, &address),
             &self.services,
+            files,
         );
         self.nodes[i] = Some(node);
     }

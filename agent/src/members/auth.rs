@@ -119,8 +119,12 @@ pub fn canonical(f: &Fields<'_>, time_ms: u64, seq: u64) -> Vec<u8> {
 pub enum Reject {
     /// No proof where one is required.
     NoMac,
-    /// A MAC that does not verify, or a key this node does not hold.
+    /// A MAC that does not verify with the key it names.
     BadMac,
+    /// Signed with a key ID this node does not hold: a node still on a retired key, or
+    /// one already on a key this node has not been given yet (a rotation done out of
+    /// order, docs/operations.md).
+    UnknownKey,
     /// A time too far from ours.
     Stale,
     /// A sequence number not above the last one accepted from that node, and not one of
@@ -132,9 +136,10 @@ pub enum Reject {
 
 impl Reject {
     /// Every reason, in counter order.
-    pub const ALL: [Reject; 5] = [
+    pub const ALL: [Reject; 6] = [
         Reject::NoMac,
         Reject::BadMac,
+        Reject::UnknownKey,
         Reject::Stale,
         Reject::Replay,
         Reject::AddressMismatch,
@@ -145,6 +150,7 @@ impl Reject {
         match self {
             Reject::NoMac => "noMac",
             Reject::BadMac => "badMac",
+            Reject::UnknownKey => "unknownKey",
             Reject::Stale => "stale",
             Reject::Replay => "replay",
             Reject::AddressMismatch => "addressMismatch",
@@ -262,6 +268,11 @@ impl Keys {
         &self.signing_id
     }
 
+    /// The IDs of every key this node verifies with, the signing one first.
+    pub fn ids(&self) -> Vec<String> {
+        self.by_id.iter().map(|(id, _)| id.clone()).collect()
+    }
+
     /// A proof for `fields` at `time_ms` with `seq` (with no key at all, one that never
     /// verifies).
     pub fn sign(&self, fields: &Fields<'_>, time_ms: u64, seq: u64) -> Proof {
@@ -285,7 +296,7 @@ impl Keys {
             .iter()
             .find(|(id, _)| *id == proof.key_id)
             .map(|(_, k)| k)
-            .ok_or(Reject::BadMac)?;
+            .ok_or(Reject::UnknownKey)?;
         let tag = hex::decode(&proof.mac).map_err(|_| Reject::BadMac)?;
         hmac::verify(key, &canonical(fields, proof.time_ms, proof.seq), &tag)
             .map_err(|_| Reject::BadMac)
@@ -323,7 +334,7 @@ impl Signer {
 
 /// Drops counted by reason.
 #[derive(Debug, Default)]
-pub struct Drops([AtomicU64; 5]);
+pub struct Drops([AtomicU64; 6]);
 
 impl Drops {
     /// Counts one drop.
@@ -346,6 +357,22 @@ impl Drops {
         let i = Reject::ALL.iter().position(|x| *x == r).unwrap_or(0);
         self.0[i].load(Ordering::Relaxed)
     }
+}
+
+/// Whether a warning last given at `*last` is due again at `now` (at most once every
+/// [`STALE_WARNING_EVERY`]); if so, records `now`.
+fn due(last: &Mutex<Option<SystemTime>>, now: SystemTime) -> bool {
+    let mut warned = last.lock().unwrap_or_else(|e| e.into_inner());
+    let due = match *warned {
+        Some(t) => now
+            .duration_since(t)
+            .map_or(true, |d| d >= STALE_WARNING_EVERY),
+        None => true,
+    };
+    if due {
+        *warned = Some(now);
+    }
+    due
 }
 
 /// What [`Verifier::check`] made of a record that passed.
@@ -373,6 +400,8 @@ pub struct Verifier {
     last: Mutex<HashMap<String, std::collections::VecDeque<(u64, String)>>>,
     /// When a stale record was last logged as a warning.
     stale_warned: Mutex<Option<SystemTime>>,
+    /// When a record signed with a key this node does not hold was last logged.
+    unknown_key_warned: Mutex<Option<SystemTime>>,
     /// Drops by reason.
     pub drops: Drops,
 }
@@ -392,6 +421,7 @@ impl Verifier {
             window: DEFAULT_WINDOW,
             last: Mutex::new(HashMap::new()),
             stale_warned: Mutex::new(None),
+            unknown_key_warned: Mutex::new(None),
             drops: Drops::default(),
         }
     }
@@ -405,6 +435,11 @@ impl Verifier {
     /// Whether records are authenticated.
     pub fn enabled(&self) -> bool {
         self.keys.is_some()
+    }
+
+    /// The ID of the key this node signs with (none: not authenticated).
+    pub fn signing_id(&self) -> Option<&str> {
+        self.keys.as_ref().map(|k| k.signing_id())
     }
 
     /// Checks a record at `now` without recording it, in this order: a proof is there,
@@ -423,7 +458,12 @@ impl Verifier {
             return Ok(Fresh::New);
         };
         let proof = proof.ok_or(Reject::NoMac)?;
-        keys.check_mac(fields, proof)?;
+        if let Err(r) = keys.check_mac(fields, proof) {
+            if r == Reject::UnknownKey {
+                self.warn_unknown_key(fields.name, &proof.key_id, keys, now);
+            }
+            return Err(r);
+        }
         if !from_its_node {
             return Err(Reject::AddressMismatch);
         }
@@ -449,18 +489,28 @@ impl Verifier {
         }
     }
 
+    /// A node on a key this node does not hold is cut off from the cluster: the one
+    /// failure of a key rotation an operator must see (at most once a minute, as a
+    /// forger can send any key ID).
+    fn warn_unknown_key(&self, name: &str, key_id: &str, keys: &Keys, now: SystemTime) {
+        if !due(&self.unknown_key_warned, now) {
+            return;
+        }
+        // Only the record's claims: a key ID is no secret, but keep a forger's bytes short.
+        let shown: String = key_id.chars().take(32).collect();
+        tracing::warn!(
+            "members: dropped a record of {name} signed with membership key {shown:?}, which \
+             this node does not hold (it verifies with {}): that node is on a retired key, or \
+             on a new one this node has not been given yet; it is not a member until both \
+             share a key (docs/operations.md, \"Rotating the membership key\")",
+            keys.ids().join(", ")
+        );
+    }
+
     /// A record with a good MAC but a time far from ours is a replay or a clock problem;
     /// the second breaks membership silently, so it is said (at most once a minute).
     fn warn_stale(&self, name: &str, now_ms: u64, time_ms: u64, now: SystemTime) {
-        let mut warned = self.stale_warned.lock().unwrap_or_else(|e| e.into_inner());
-        let due = match *warned {
-            Some(t) => now
-                .duration_since(t)
-                .map_or(true, |d| d >= STALE_WARNING_EVERY),
-            None => true,
-        };
-        if due {
-            *warned = Some(now);
+        if due(&self.stale_warned, now) {
             let (dir, by) = if time_ms > now_ms {
                 ("ahead of", time_ms - now_ms)
             } else {
@@ -593,7 +643,15 @@ mod tests {
         let other = Signer::new(keys(2), t(0)).sign(&fields(&addrs), t(2));
         assert_eq!(
             v.check(&fields(&addrs), Some(&other), true, t(2)),
-            Err(Reject::BadMac)
+            Err(Reject::UnknownKey),
+            "a key this node does not hold (a retired one) is told from a bad MAC"
+        );
+        let mut claimed = other.clone();
+        claimed.key_id = keys(1).signing_id().to_owned();
+        assert_eq!(
+            v.check(&fields(&addrs), Some(&claimed), true, t(2)),
+            Err(Reject::BadMac),
+            "another key's MAC under our key's ID"
         );
         let moved: Vec<IpAddr> = vec!["10.0.0.66".parse().unwrap()];
         assert_eq!(
@@ -687,6 +745,14 @@ mod tests {
         assert_eq!(
             both.signing_id(),
             keelson_cluster::membership::key_id(&[1; 32])
+        );
+        assert_eq!(both.ids().len(), 2);
+        // Retired: key 2 removed; a node still signing with it is refused as such.
+        let retired = Verifier::new(Some(keys(1)));
+        let late = Signer::new(keys(2), t(0)).sign(&fields(&addrs), t(1));
+        assert_eq!(
+            retired.check(&fields(&addrs), Some(&late), true, t(1)),
+            Err(Reject::UnknownKey)
         );
     }
 

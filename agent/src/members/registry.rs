@@ -28,6 +28,14 @@ use keelson_cluster::ClusterConfig;
 /// The registration path on the Ignition server.
 pub const MEMBERS_PATH: &str = "/keelson/v1/members";
 
+/// The header of every registry answer naming the membership key its node signs with (an
+/// authenticated cluster only). A client that does not hold that key ignores the answer:
+/// the records in an answer carry no proof of their own, so without it a node left on a
+/// retired key would still list itself, through its own registry, on every node that
+/// registers with it (docs/operations.md). Older registries send none; their answers are
+/// believed as before.
+pub const KEY_HEADER: &str = "keelson-membership-key";
+
 /// What a node sends to register or renew.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -116,6 +124,13 @@ impl Registry {
             .read()
             .unwrap_or_else(|e| e.into_inner())
             .clone()
+    }
+
+    /// Counts a record (or a registry's answer) dropped by this node's client side.
+    pub fn count_drop(&self, r: Reject) {
+        if let Some(v) = self.verifier() {
+            v.drops.count(r);
+        }
     }
 
     /// Whether records are authenticated, and the drops by reason (for `status`).
@@ -352,6 +367,14 @@ fn refuse(v: &Verifier, r: Reject, name: &str, peer: SocketAddr) -> (StatusCode,
 }
 
 impl ExtraRoutes for Registry {
+    fn headers(&self) -> Vec<(http::HeaderName, http::HeaderValue)> {
+        self.verifier()
+            .and_then(|v| v.signing_id().map(str::to_owned))
+            .and_then(|id| http::HeaderValue::from_str(&id).ok())
+            .map(|id| vec![(http::HeaderName::from_static(KEY_HEADER), id)])
+            .unwrap_or_default()
+    }
+
     fn handle(
         &self,
         method: &Method,
@@ -617,7 +640,22 @@ mod tests {
             StatusCode::SERVICE_UNAVAILABLE,
             "before the key is loaded"
         );
+        assert!(r.headers().is_empty(), "no key yet, no key header");
         r.set_verifier(Arc::new(Verifier::new(Some(keys.clone()))));
+        // Every answer names the key this registry's node signs with.
+        assert_eq!(
+            r.headers(),
+            [(
+                http::HeaderName::from_static(KEY_HEADER),
+                http::HeaderValue::from_str(keys.signing_id()).unwrap()
+            )]
+        );
+        assert!(
+            Registry::new("c.example", Duration::from_secs(10))
+                .headers()
+                .is_empty(),
+            "an unauthenticated registry names none"
+        );
         let signer = Signer::new(keys, SystemTime::now());
         let m = member("m0", "10.0.0.1");
         let fields = Fields {
@@ -701,7 +739,7 @@ mod tests {
         assert!(auth.authenticated);
         assert_eq!(
             serde_json::to_value(&auth.drops).unwrap(),
-            serde_json::json!({"noMac": 2, "badMac": 1, "stale": 0, "replay": 1, "addressMismatch": 1})
+            serde_json::json!({"noMac": 2, "badMac": 1, "unknownKey": 0, "stale": 0, "replay": 1, "addressMismatch": 1})
         );
     }
 

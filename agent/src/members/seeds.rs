@@ -9,6 +9,12 @@
 //!   forgotten once it is gone, as it leaves for good at the pivot);
 //! - the masters remembered in `<state dir>/members.json` from an earlier run, for a cold
 //!   restart of every master (entries unheard for [`RETENTION`] are dropped).
+//!
+//! A master is forgotten (it leaves the peer set and `members.json`) when it has not been
+//! heard for `members.forgetAfterSecs`, counted from its last sighting or from this
+//! agent's start, whichever is later, or at once when another member now announces one of
+//! its addresses (a replacement reusing it). That is how a master deleted for good stops
+//! being registered with; the live lists (DNS, proxy, VRRP) drop it at `expirySecs`.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
@@ -66,6 +72,30 @@ pub struct Seeds {
     vips: Vec<IpAddr>,
     learned: BTreeMap<DnsLabel, Learned>,
     written: Option<(BTreeMap<DnsLabel, Vec<IpAddr>>, SystemTime)>,
+    /// A quiet master is forgotten this long after max(last sighting, `started`).
+    forget_after: Duration,
+    /// When this agent started.
+    started: SystemTime,
+}
+
+/// A master [`Seeds`] forgot, and why (for the log line).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Forgotten {
+    /// Its name.
+    pub name: DnsLabel,
+    /// The addresses it had.
+    pub addresses: Vec<IpAddr>,
+    /// Why: not heard for `forgetAfterSecs`, or its address taken by another member.
+    pub reason: ForgetReason,
+}
+
+/// Why a master was forgotten.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ForgetReason {
+    /// Not heard for this long (since its last sighting or the agent's start).
+    Quiet(Duration),
+    /// Another member (named) announces one of its addresses.
+    AddressTaken(DnsLabel),
 }
 
 fn unix(t: SystemTime) -> u64 {
@@ -75,18 +105,77 @@ fn unix(t: SystemTime) -> u64 {
 }
 
 impl Seeds {
-    /// Seeds from the configuration: static peers and the API VIPs.
+    /// Seeds from the configuration: static peers and the API VIPs (masters forgotten
+    /// after [`RETENTION`] until [`Seeds::forgetting`] says otherwise).
     pub fn new(configured: Vec<IpAddr>, vips: Vec<IpAddr>) -> Self {
         Self {
             configured,
             vips,
             learned: BTreeMap::new(),
             written: None,
+            forget_after: RETENTION,
+            started: UNIX_EPOCH,
         }
     }
 
-    /// Takes in the live member list at `now` (this node, `own_name`, excluded).
-    pub fn update(&mut self, live: &[Member], own_name: &str, now: SystemTime) {
+    /// The same, forgetting a quiet master `after` it was last heard or after `started`
+    /// (this agent's start), whichever is later (`members.forgetAfterSecs`).
+    pub fn forgetting(mut self, after: Duration, started: SystemTime) -> Self {
+        self.forget_after = after;
+        self.started = started;
+        self
+    }
+
+    /// Forgets, at `now`, the masters not heard for the forget time; returns them. A live
+    /// master is heard at every [`Seeds::update`]: call it with the live list first.
+    pub fn forget_quiet(&mut self, now: SystemTime) -> Vec<Forgotten> {
+        let (after, started) = (self.forget_after, self.started);
+        let mut gone = Vec::new();
+        self.learned.retain(|name, l| {
+            let quiet = now
+                .duration_since(l.last_seen.max(started))
+                .unwrap_or_default();
+            let keep = quiet <= after;
+            if !keep {
+                gone.push(Forgotten {
+                    name: name.clone(),
+                    addresses: l.addresses.clone(),
+                    reason: ForgetReason::Quiet(quiet),
+                });
+            }
+            keep
+        });
+        gone
+    }
+
+    /// Takes in the live member list at `now` (this node, `own_name`, excluded); returns
+    /// the quiet masters forgotten because a live member now has one of their addresses.
+    pub fn update(&mut self, live: &[Member], own_name: &str, now: SystemTime) -> Vec<Forgotten> {
+        let mut gone = Vec::new();
+        // An address now announced by another live member no longer reaches a quiet
+        // master: its replacement (or any new node) took it.
+        let quiet: Vec<DnsLabel> = self
+            .learned
+            .keys()
+            .filter(|n| !live.iter().any(|m| m.name == **n))
+            .cloned()
+            .collect();
+        for name in quiet {
+            let Some(l) = self.learned.get(&name) else {
+                continue;
+            };
+            let taker = live
+                .iter()
+                .find(|m| m.name != name && m.addresses.iter().any(|a| l.addresses.contains(a)));
+            if let Some(taker) = taker {
+                gone.push(Forgotten {
+                    name: name.clone(),
+                    addresses: l.addresses.clone(),
+                    reason: ForgetReason::AddressTaken(taker.name.clone()),
+                });
+                self.learned.remove(&name);
+            }
+        }
         let mut live_names = BTreeSet::new();
         for m in live {
             if m.name == own_name || m.role == Role::Worker || m.addresses.is_empty() {
@@ -104,6 +193,7 @@ impl Seeds {
         }
         self.learned
             .retain(|name, l| l.role != Role::Bootstrap || live_names.contains(name));
+        gone
     }
 
     /// Where to register now: configured peers, the API VIPs this node does not hold, and
@@ -340,6 +430,104 @@ mod tests {
             [ip("10.0.0.5"), ip("10.0.0.12")],
             "a partition must not make the other side unknown"
         );
+    }
+
+    #[test]
+    fn a_quiet_master_is_forgotten_after_the_forget_time() {
+        let day = Duration::from_secs(86_400);
+        let mut s = Seeds::new(vec![], vec![ip("10.0.0.5")]).forgetting(day, t(0));
+        s.update(
+            &[
+                m("master-1", Role::Master, &["10.0.0.12"]),
+                m("master-2", Role::Master, &["10.0.0.13"]),
+            ],
+            "master-0",
+            t(0),
+        );
+        // master-2 dies: master-1 keeps renewing.
+        s.update(
+            &[m("master-1", Role::Master, &["10.0.0.12"])],
+            "master-0",
+            t(86_000),
+        );
+        assert!(
+            s.forget_quiet(t(86_400)).is_empty(),
+            "not quiet long enough"
+        );
+        // master-1 is still live a day later: heard at every update, never forgotten.
+        s.update(
+            &[m("master-1", Role::Master, &["10.0.0.12"])],
+            "master-0",
+            t(86_401),
+        );
+        let gone = s.forget_quiet(t(86_401));
+        assert_eq!(
+            gone,
+            [Forgotten {
+                name: "master-2".parse().unwrap(),
+                addresses: vec![ip("10.0.0.13")],
+                reason: ForgetReason::Quiet(Duration::from_secs(86_401)),
+            }]
+        );
+        assert_eq!(
+            s.targets(&[], &BTreeSet::new()),
+            [ip("10.0.0.5"), ip("10.0.0.12")]
+        );
+        assert!(s.needs_write(t(86_401)), "members.json must lose it too");
+        assert_eq!(s.remembered("c.example").members.len(), 1);
+    }
+
+    #[test]
+    fn remembered_masters_get_the_forget_time_after_a_long_shutdown() {
+        let doc = Remembered {
+            cluster: "c.example".into(),
+            members: vec![RememberedMember {
+                name: "master-1".parse().unwrap(),
+                addresses: vec![ip("10.0.0.12")],
+                last_seen_unix: unix(t(0)),
+            }],
+        };
+        // Started 3 days after the file was written, forgetting after 1 day.
+        let start = t(3 * 86_400);
+        let mut s = Seeds::new(vec![], vec![]).forgetting(Duration::from_secs(86_400), start);
+        s.remember(&doc, "c.example", "master-0", start).unwrap();
+        assert!(s.forget_quiet(start + Duration::from_secs(60)).is_empty());
+        assert_eq!(s.targets(&[], &BTreeSet::new()), [ip("10.0.0.12")]);
+        assert_eq!(s.forget_quiet(start + Duration::from_secs(86_401)).len(), 1);
+        assert!(s.targets(&[], &BTreeSet::new()).is_empty());
+    }
+
+    #[test]
+    fn a_replacement_taking_the_address_makes_the_old_master_forgotten() {
+        let mut s = Seeds::new(vec![], vec![]);
+        s.update(
+            &[m("master-2", Role::Master, &["10.0.0.13"])],
+            "master-0",
+            t(0),
+        );
+        // master-2 is gone; master-3 boots on its address.
+        let gone = s.update(
+            &[m("master-3", Role::Master, &["10.0.0.13"])],
+            "master-0",
+            t(10),
+        );
+        assert_eq!(gone.len(), 1);
+        assert_eq!(gone[0].name.as_str(), "master-2");
+        assert_eq!(
+            gone[0].reason,
+            ForgetReason::AddressTaken("master-3".parse().unwrap())
+        );
+        let doc = s.remembered("c.example");
+        assert_eq!(doc.members.len(), 1);
+        assert_eq!(doc.members[0].name.as_str(), "master-3");
+        // A master that moved to a new address under its own name just moves.
+        let gone = s.update(
+            &[m("master-3", Role::Master, &["10.0.0.14"])],
+            "master-0",
+            t(20),
+        );
+        assert!(gone.is_empty());
+        assert_eq!(s.targets(&[], &BTreeSet::new()), [ip("10.0.0.14")]);
     }
 
     #[test]

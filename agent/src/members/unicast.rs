@@ -12,7 +12,7 @@
 //! are the API VIPs and `api-int`: a registry reached at a node's own address is verified
 //! against the first API VIP, which proves it holds the cluster's server key.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -21,11 +21,10 @@ use std::time::{Duration, Instant, SystemTime};
 use anyhow::Context as _;
 use bytes::Bytes;
 use http::{Method, StatusCode};
-use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use super::auth::{Fields, Keys, Op, Signer};
-pub use super::registry::{Entry, Goodbye, MEMBERS_PATH, Registration, Registry};
+pub use super::registry::{Entry, Goodbye, KEY_HEADER, MEMBERS_PATH, Registration, Registry};
 use super::seeds::{self, Seeds};
 use super::table::MAX_MEMBERS;
 use super::{Counters, own_member, publish};
@@ -120,7 +119,8 @@ pub async fn exchange(
     path: &str,
     body: Vec<u8>,
 ) -> Result<(StatusCode, Bytes), HttpError> {
-    exchange_as(tls, None, addr, addr.ip(), method, path, body).await
+    let answer = exchange_as(tls, None, addr, addr.ip(), method, path, body).await?;
+    Ok((answer.status, answer.body))
 }
 
 /// One HTTPS exchange with `addr` from `source` (when given), verifying the certificate
@@ -134,7 +134,7 @@ pub async fn exchange_as(
     method: Method,
     path: &str,
     body: Vec<u8>,
-) -> Result<(StatusCode, Bytes), HttpError> {
+) -> Result<crate::net::http_client::Response, HttpError> {
     let url = format!("https://{addr}{path}");
     let long = Duration::from_secs(3600);
     let client = HttpClient::new()
@@ -146,8 +146,7 @@ pub async fn exchange_as(
     req.body = Bytes::from(body);
     req.source = source;
     req.server_name = Some(name);
-    let answer = client.send(req).await?;
-    Ok((answer.status, answer.body))
+    client.send(req).await
 }
 
 /// Why a registration with one registry brought nothing back.
@@ -171,6 +170,13 @@ pub enum RegistrationError {
     /// No answer in time.
     #[error("no answer within {0:?}")]
     NoAnswer(Duration),
+    /// The registry's node signs with a membership key this node does not hold (a node
+    /// left on a retired key, or this node is): its answer is ignored.
+    #[error(
+        "answer ignored: the registry signs with membership key {0:?}, which this node does \
+         not hold (a node on a retired key, or this node is: docs/operations.md)"
+    )]
+    OtherKey(String),
 }
 
 impl RegistrationError {
@@ -179,13 +185,15 @@ impl RegistrationError {
     pub fn is_refusal(&self) -> bool {
         matches!(
             self,
-            RegistrationError::Refused { .. } | RegistrationError::BadList(_)
+            RegistrationError::Refused { .. }
+                | RegistrationError::BadList(_)
+                | RegistrationError::OtherKey(_)
         )
     }
 }
 
-/// What one registration round brought back, per registry.
-type RoundResult = Vec<(SocketAddr, Result<Vec<Entry>, RegistrationError>)>;
+/// One registration's registry, when it began, and what it brought back.
+type Exchange = (SocketAddr, Instant, Result<Vec<Entry>, RegistrationError>);
 
 /// This node's address of `target`'s family, if it has one.
 fn source_for(own: &[IpAddr], target: SocketAddr) -> Option<IpAddr> {
@@ -194,59 +202,55 @@ fn source_for(own: &[IpAddr], target: SocketAddr) -> Option<IpAddr> {
         .find(|a| a.is_ipv4() == target.is_ipv4())
 }
 
-/// Registers with every target at once.
-async fn round(
-    tls: Arc<rustls::ClientConfig>,
-    own: Vec<IpAddr>,
-    name: IpAddr,
-    targets: Vec<SocketAddr>,
-    body: Vec<u8>,
-) -> RoundResult {
-    let mut set = tokio::task::JoinSet::new();
-    for addr in targets {
-        let (tls, body) = (tls.clone(), body.clone());
-        let source = source_for(&own, addr);
-        set.spawn(async move {
-            let call = exchange_as(tls, source, addr, name, Method::POST, MEMBERS_PATH, body);
-            let res = match tokio::time::timeout(EXCHANGE_TIMEOUT, call).await {
-                Ok(Ok((StatusCode::OK, list))) => match parse_answer(&list) {
-                    Ok(answer) => {
-                        if answer.skipped > 0 {
-                            tracing::warn!(
-                                %addr,
-                                skipped = answer.skipped,
-                                "members: entries of a registry's answer skipped (not entries, or over {MAX_MEMBERS})"
-                            );
-                        }
-                        Ok(answer.entries)
-                    }
-                    Err(e) => Err(RegistrationError::BadList(e)),
-                },
-                Ok(Ok((status, text))) => Err(RegistrationError::Refused {
-                    status,
-                    text: String::from_utf8_lossy(&text).trim().to_owned(),
-                }),
-                Ok(Err(e)) => Err(e.into()),
-                Err(_) => Err(RegistrationError::NoAnswer(EXCHANGE_TIMEOUT)),
-            };
-            (addr, res)
-        });
-    }
-    let mut out = Vec::new();
-    while let Some(r) = set.join_next().await {
-        if let Ok(r) = r {
-            out.push(r);
-        }
-    }
-    out.sort_by_key(|(a, _)| *a);
-    out
+/// The membership key a registry's answer names ([`KEY_HEADER`]), when this node holds
+/// keys (`ours`) and not that one.
+fn other_key(headers: &http::HeaderMap, ours: Option<&[String]>) -> Option<String> {
+    let theirs = headers.get(KEY_HEADER)?.to_str().unwrap_or("?");
+    let ours = ours?;
+    (!ours.iter().any(|k| k == theirs)).then(|| theirs.chars().take(32).collect())
 }
 
-async fn join_round(h: &mut Option<JoinHandle<RoundResult>>) -> RoundResult {
-    match h {
-        Some(h) => h.await.unwrap_or_default(),
-        None => std::future::pending().await,
+/// Registers with `addr`, from this node's address of its family; `keys`: the IDs this
+/// node holds (authenticated clusters). Returns when the exchange began, with its outcome.
+async fn register_one(
+    tls: Arc<rustls::ClientConfig>,
+    own: Arc<Vec<IpAddr>>,
+    name: IpAddr,
+    addr: SocketAddr,
+    body: Vec<u8>,
+    keys: Option<Arc<Vec<String>>>,
+) -> Exchange {
+    let started = Instant::now();
+    let source = source_for(&own, addr);
+    let call = exchange_as(tls, source, addr, name, Method::POST, MEMBERS_PATH, body);
+    let res = match tokio::time::timeout(EXCHANGE_TIMEOUT, call).await {
+        Ok(Ok(answer)) if answer.status == StatusCode::OK => {
+            match other_key(&answer.headers, keys.as_deref().map(Vec::as_slice)) {
+                Some(id) => Err(RegistrationError::OtherKey(id)),
+                None => answer_entries(addr, &answer.body),
+            }
+        }
+        Ok(Ok(answer)) => Err(RegistrationError::Refused {
+            status: answer.status,
+            text: String::from_utf8_lossy(&answer.body).trim().to_owned(),
+        }),
+        Ok(Err(e)) => Err(e.into()),
+        Err(_) => Err(RegistrationError::NoAnswer(EXCHANGE_TIMEOUT)),
+    };
+    (addr, started, res)
+}
+
+/// The entries of registry `addr`'s answer `list`.
+fn answer_entries(addr: SocketAddr, list: &[u8]) -> Result<Vec<Entry>, RegistrationError> {
+    let answer = parse_answer(list).map_err(RegistrationError::BadList)?;
+    if answer.skipped > 0 {
+        tracing::warn!(
+            %addr,
+            skipped = answer.skipped,
+            "members: entries of a registry's answer skipped (not entries, or over {MAX_MEMBERS})"
+        );
     }
+    Ok(answer.entries)
 }
 
 /// Runs the unicast client until `stop`, trusting the CA at `ca_path` and remembering the
@@ -262,6 +266,7 @@ pub async fn run(
     keys: Option<Arc<Keys>>,
 ) -> anyhow::Result<()> {
     let tls = client_config(&ca_path)?;
+    let key_ids = keys.as_ref().map(|k| Arc::new(k.ids()));
     let signer = keys.map(|k| Signer::new(k, SystemTime::now()));
     let me = own_member(&ctx);
     let zone = ctx.cluster.zone();
@@ -274,7 +279,8 @@ pub async fn run(
     for inst in &ctx.cluster.vrrp.instances {
         configured.extend(inst.unicast_peers.iter().copied());
     }
-    let mut seeds = Seeds::new(configured, ctx.cluster.api_vips.clone());
+    let mut seeds = Seeds::new(configured, ctx.cluster.api_vips.clone())
+        .forgetting(ctx.cluster.members.forget_after(), SystemTime::now());
     match seeds::load(&state_dir) {
         Ok(Some(doc)) => match seeds.remember(&doc, &zone, &me.name, SystemTime::now()) {
             Ok(n) => tracing::info!(
@@ -318,76 +324,114 @@ pub async fn run(
 
     let mut housekeeping = tokio::time::interval(Duration::from_secs(1));
     housekeeping.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut pending: Option<JoinHandle<RoundResult>> = None;
+    // Each registry has at most one exchange in flight, and a round starts every renewal
+    // interval whatever is still in flight: a registry that does not answer (a dead
+    // master, until it is forgotten) must not hold back the renewals with the live ones,
+    // which would let this node expire there (seen with a 5 s exchange timeout beside a
+    // 4 s expiry: the survivors of a dead master flapped).
+    let mut exchanges: tokio::task::JoinSet<Exchange> = tokio::task::JoinSet::new();
+    let mut in_flight: BTreeMap<tokio::task::Id, SocketAddr> = BTreeMap::new();
     let mut next_round = Instant::now();
-    let mut answered: Vec<SocketAddr> = Vec::new();
+    let mut answered: BTreeSet<SocketAddr> = BTreeSet::new();
+    let mut status: BTreeMap<SocketAddr, String> = BTreeMap::new();
     let mut last_errors: BTreeMap<SocketAddr, String> = BTreeMap::new();
+    let own = Arc::new(me.addresses.clone());
     loop {
         tokio::select! {
             _ = stop.cancelled() => break,
-            _ = tokio::time::sleep_until(next_round.into()), if pending.is_none() => {
-                let own: Vec<IpAddr> = me.addresses.clone();
-                let targets: Vec<SocketAddr> = seeds
+            _ = tokio::time::sleep_until(next_round.into()) => {
+                let targets: BTreeSet<SocketAddr> = seeds
                     .targets(&own, &vips.borrow_and_update())
                     .into_iter()
                     .map(|a| SocketAddr::new(a, port))
                     .collect();
+                // Registries no longer targeted leave the status (a forgotten master).
+                status.retain(|a, _| targets.contains(a));
+                answered.retain(|a| targets.contains(a));
+                last_errors.retain(|a, _| targets.contains(a));
+                *counters.registries.lock().unwrap_or_else(|e| e.into_inner()) =
+                    status.iter().map(|(a, s)| (a.to_string(), s.clone())).collect();
                 let body = registration(SystemTime::now());
-                pending = Some(tokio::spawn(round(tls.clone(), me.addresses.clone(), name, targets, body)));
-            }
-            results = join_round(&mut pending) => {
-                pending = None;
-                let now = Instant::now();
-                answered.clear();
-                let mut status = BTreeMap::new();
-                for (addr, res) in results {
-                    match res {
-                        Ok(entries) => {
-                            registry.merge(entries, now);
-                            answered.push(addr);
-                            last_errors.remove(&addr);
-                            status.insert(addr.to_string(), "ok".to_string());
-                        }
-                        Err(e) => {
-                            let text = e.to_string();
-                            if last_errors.get(&addr) != Some(&text) {
-                                tracing::debug!(%addr, error = %text, "members: registration failed");
-                            }
-                            if e.is_refusal() {
-                                counters.refused.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                                tracing::warn!(%addr, "members: registration {text}");
-                            }
-                            status.insert(addr.to_string(), text.clone());
-                            last_errors.insert(addr, text);
-                        }
-                    }
+                let busy: BTreeSet<SocketAddr> = in_flight.values().copied().collect();
+                for addr in targets.into_iter().filter(|a| !busy.contains(a)) {
+                    let task = register_one(tls.clone(), own.clone(), name, addr, body.clone(), key_ids.clone());
+                    let id = exchanges.spawn(task).id();
+                    in_flight.insert(id, addr);
                 }
-                *counters.registries.lock().unwrap_or_else(|e| e.into_inner()) = status;
                 let alone = registry.list().iter().all(|m| m.name == me.name);
                 next_round = Instant::now() + if alone { ALONE_RETRY } else { renew };
+            }
+            Some(joined) = exchanges.join_next_with_id(), if !exchanges.is_empty() => {
+                let (addr, started, res) = match joined {
+                    Ok((id, exchange)) => {
+                        in_flight.remove(&id);
+                        exchange
+                    }
+                    Err(e) => {
+                        in_flight.remove(&e.id());
+                        continue;
+                    }
+                };
+                match res {
+                    Ok(entries) => {
+                        // The ages count from when the registry answered, somewhere between
+                        // the exchange's start and now: counted from its start a relayed
+                        // record only grows older. Counted from now, it would grow younger
+                        // by the exchange's time at every hop, and a dead node bounced
+                        // between two registries would outlive the expiry (seen: back in
+                        // the lists seconds after it had left them).
+                        registry.merge(entries, started);
+                        answered.insert(addr);
+                        last_errors.remove(&addr);
+                        status.insert(addr, "ok".to_string());
+                    }
+                    Err(e) => {
+                        let text = e.to_string();
+                        if last_errors.get(&addr) != Some(&text) {
+                            tracing::debug!(%addr, error = %text, "members: registration failed");
+                        }
+                        if matches!(e, RegistrationError::OtherKey(_)) {
+                            registry.count_drop(super::auth::Reject::UnknownKey);
+                        }
+                        if e.is_refusal() {
+                            counters.refused.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                            tracing::warn!(%addr, "members: registration {text}");
+                        }
+                        answered.remove(&addr);
+                        status.insert(addr, text.clone());
+                        last_errors.insert(addr, text);
+                    }
+                }
+                *counters.registries.lock().unwrap_or_else(|e| e.into_inner()) =
+                    status.iter().map(|(a, s)| (a.to_string(), s.clone())).collect();
             }
             _ = changes.changed() => {
                 changes.borrow_and_update();
                 let list = registry.list();
                 publish(&ctx, &me, list.clone());
-                seeds.update(&list, &me.name, SystemTime::now());
+                log_forgotten(&seeds.update(&list, &me.name, SystemTime::now()));
                 remember(&mut seeds, &state_dir, &zone);
             }
             _ = vips.changed() => {
                 // A VIP moved to or away from this node: the holder to reach through it
                 // changed. Register now rather than at the next renewal.
-                if pending.is_none() {
-                    next_round = Instant::now();
-                }
+                next_round = Instant::now();
             }
             _ = housekeeping.tick() => {
                 registry.expire(Instant::now());
+                // The live masters are heard now (the list only changes when one comes
+                // or goes, so `changes` alone would leave their sighting times behind).
+                let now = SystemTime::now();
+                let mut forgotten = seeds.update(&registry.list(), &me.name, now);
+                forgotten.extend(seeds.forget_quiet(now));
+                if !forgotten.is_empty() {
+                    log_forgotten(&forgotten);
+                    remember(&mut seeds, &state_dir, &zone);
+                }
             }
         }
     }
-    if let Some(p) = pending.take() {
-        p.abort();
-    }
+    exchanges.abort_all();
     // Goodbye, best effort: the registries drop us now rather than at the expiry.
     let path = format!("{MEMBERS_PATH}/{}", me.name);
     let goodbyes = answered.into_iter().map(|addr| {
@@ -420,6 +464,28 @@ pub async fn run(
     Ok(())
 }
 
+/// Says which masters left the peer set and `members.json`, and why.
+fn log_forgotten(gone: &[seeds::Forgotten]) {
+    for f in gone {
+        let addrs: Vec<String> = f.addresses.iter().map(IpAddr::to_string).collect();
+        match &f.reason {
+            seeds::ForgetReason::Quiet(d) => tracing::info!(
+                "members: forgetting master {} ({}): not heard for {} s \
+                 (members.forgetAfterSecs); no longer registered with nor remembered",
+                f.name,
+                addrs.join(", "),
+                d.as_secs()
+            ),
+            seeds::ForgetReason::AddressTaken(by) => tracing::info!(
+                "members: forgetting master {} ({}): {by} now has its address; no longer \
+                 registered with nor remembered",
+                f.name,
+                addrs.join(", ")
+            ),
+        }
+    }
+}
+
 /// Writes the remembered masters when they changed; a failure is logged, not fatal (the
 /// node works without, it only loses the fast cold restart).
 fn remember(seeds: &mut Seeds, state_dir: &Path, zone: &str) {
@@ -443,6 +509,42 @@ fn remember(seeds: &mut Seeds, state_dir: &Path, zone: &str) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_answer_under_a_key_this_node_does_not_hold_is_told() {
+        let mut h = http::HeaderMap::new();
+        let ours = vec![
+            "aaaaaaaaaaaaaaaa".to_string(),
+            "bbbbbbbbbbbbbbbb".to_string(),
+        ];
+        assert_eq!(
+            other_key(&h, Some(&ours)),
+            None,
+            "an older registry names none"
+        );
+        h.insert(
+            KEY_HEADER,
+            http::HeaderValue::from_static("bbbbbbbbbbbbbbbb"),
+        );
+        assert_eq!(
+            other_key(&h, Some(&ours)),
+            None,
+            "a key we hold (mid-rotation)"
+        );
+        assert_eq!(
+            other_key(&h, None),
+            None,
+            "an unauthenticated node believes all"
+        );
+        h.insert(
+            KEY_HEADER,
+            http::HeaderValue::from_static("cccccccccccccccc"),
+        );
+        assert_eq!(
+            other_key(&h, Some(&ours)).as_deref(),
+            Some("cccccccccccccccc")
+        );
+    }
 
     fn entry(name: &str) -> serde_json::Value {
         serde_json::json!({"member": {"name": name, "role": "master",

@@ -355,6 +355,8 @@ impl<'a> Request<'a> {
 pub struct Response {
     /// Status.
     pub status: StatusCode,
+    /// Headers.
+    pub headers: http::HeaderMap,
     /// Body (empty for HEAD).
     pub body: Bytes,
 }
@@ -546,9 +548,11 @@ impl HttpClient {
                 .map_err(|_| timeout("answer", self.answer_timeout))?
                 .map_err(http_err)?;
             let status = response.status();
+            let headers = response.headers().clone();
             if !read_body {
                 return Ok(Response {
                     status,
+                    headers,
                     body: Bytes::new(),
                 });
             }
@@ -577,6 +581,7 @@ impl HttpClient {
             })?;
             Ok(Response {
                 status,
+                headers,
                 body: body.to_bytes(),
             })
         }

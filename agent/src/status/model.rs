@@ -368,7 +368,7 @@ pub struct DiscoveryStatus {
 pub struct MembersAuth {
     /// Records are signed and checked (`cluster.json` names a key).
     pub authenticated: bool,
-    /// Records dropped, by reason (`noMac`, `badMac`, `addressMismatch`, `stale`, `replay`).
+    /// Records dropped, by reason (`noMac`, `badMac`, `unknownKey`, `addressMismatch`, `stale`, `replay`).
     pub drops: BTreeMap<String, u64>,
 }
 

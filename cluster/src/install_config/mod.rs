@@ -649,6 +649,7 @@ impl InstallConfig {
                 expiry_secs: 35,
                 key_id: None,
                 max_clock_skew_secs: None,
+                forget_after_secs: None,
             },
             metrics: crate::cluster::MetricsSettings::default(),
             ssh_authorized_keys: self.ssh_keys.clone(),

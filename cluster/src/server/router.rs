@@ -162,12 +162,17 @@ impl Router {
             );
         }
         if let Route::Keelson(path) = route {
-            return match self
-                .extra
-                .as_ref()
-                .and_then(|x| x.handle(method, path, peer, body))
-            {
-                Some((status, body)) => respond(status, "application/json", body),
+            let Some(extra) = self.extra.as_ref() else {
+                return text(StatusCode::NOT_FOUND, "not found");
+            };
+            return match extra.handle(method, path, peer, body) {
+                Some((status, body)) => {
+                    let mut r = respond(status, "application/json", body);
+                    for (name, value) in extra.headers() {
+                        r.headers_mut().insert(name, value);
+                    }
+                    r
+                }
                 None => text(StatusCode::NOT_FOUND, "not found"),
             };
         }
