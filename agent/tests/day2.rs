@@ -31,9 +31,9 @@ const ZONE: &str = "ocp4.osd2019.local";
 const VIP: &str = "10.0.0.5";
 /// Members renewal interval and expiry of the test (s).
 const RENEW_S: u64 = 1;
-const EXPIRY_S: u64 = 4;
+const EXPIRY_S: u64 = 6;
 /// `members.forgetAfterSecs` of the test.
-const FORGET_S: u64 = 8;
+const FORGET_S: u64 = 12;
 /// How long any list may take to follow an event on a loaded 2-core machine: the expiry
 /// plus generous slack (the bound is not what is measured; the times are printed).
 const LIMIT: Duration = Duration::from_secs(EXPIRY_S + 40);
@@ -45,7 +45,9 @@ fn can_run() -> bool {
 /// `keelson build`'s cluster.json for examples/install-config.yaml, timers shortened,
 /// the etcd names on (three masters).
 fn cluster_json() -> serde_json::Value {
-    let mut c = keelson_testkit::agent::example_cluster_json(100, RENEW_S, EXPIRY_S);
+    // The product's 1 s adverts: with 100 ms ones a backup's Master_Down (0.56 s) ran out
+    // under a loaded CI machine's scheduling stalls and the VIP moved when nothing died.
+    let mut c = keelson_testkit::agent::example_cluster_json(1000, RENEW_S, EXPIRY_S);
     for inst in c["vrrp"]["instances"].as_array_mut().unwrap() {
         // No health checks: a check that times out on a loaded machine changes a
         // priority and moves the VIP (issue 27's ground); here the VIP moves only when
@@ -572,14 +574,19 @@ fn key_rotation_accepts_two_keys_and_refuses_a_node_left_on_the_retired_one() {
     let backups: Vec<usize> = (0..3).filter(|&i| i != holder).collect();
     let (kept, late) = (backups[0], backups[1]);
     rolling(&mut net, &files, &[kept], "switch");
-    let zero = serde_json::json!({"noMac": 0, "badMac": 0, "unknownKey": 0, "stale": 0, "replay": 0, "addressMismatch": 0});
+    // No record refused for its key. Other drops say nothing of the keys: a record the
+    // restarted agent's old process still had in flight arrives after the new one's
+    // (a replay by its sequence number) on a loaded machine.
     for i in 0..3 {
-        assert_eq!(
-            drops(&net, i),
-            zero,
-            "{} dropped a record while two keys were in use",
-            net.name(i)
-        );
+        let d = drops(&net, i);
+        for reason in ["noMac", "badMac", "unknownKey"] {
+            assert_eq!(
+                d[reason],
+                0,
+                "{} dropped a record ({reason}) while two keys were in use: {d}",
+                net.name(i)
+            );
+        }
     }
     rolling(&mut net, &files, &[holder], "switch");
     // 3. Retire, everywhere but `late`, which still signs with the old key.
