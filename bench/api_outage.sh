@@ -35,7 +35,7 @@ STANDIN=${KUBE_STANDIN:-$ROOT/target/x86_64-unknown-linux-gnu/release/kube-stand
 CLIENT="python3 $ROOT/bench/api_client.py"
 AFTER=${AFTER:-30}   # seconds watched after the event
 STACKS=${STACKS:-"keelson ocp-4.2 ocp-2020 ocp-2024"}
-P=kao
+P=kao$$
 WORK=$(mktemp -d)
 # shellcheck source=bench/lib/stacks.sh
 . "$ROOT/bench/lib/stacks.sh"
@@ -71,7 +71,7 @@ one_run() { # stack case -> one JSON line
         kill_ns "$n"
     elif [ "$case" = apiserver ]; then
         t0=$(now_ms)
-        kill -9 "$(cat "$WORK/run/standin-$h.pid")"
+        kill_standin "$h"
     else
         t0=$(now_ms)
         # A clean stop of the load balancer stack, then the rest of the node goes away.
@@ -84,7 +84,7 @@ one_run() { # stack case -> one JSON line
     fi
     sleep "$AFTER"
     local after
-    after=$(holder)
+    if [ "$case" = apiserver ]; then after=$(holder); else after=$(holder_except "$h"); fi
     kill -TERM $cnew $clong
     wait $cnew $clong 2>/dev/null || true
     report=$($CLIENT report "$t0" "$WORK/run/new.txt" "$WORK/run/long.txt" "m$h")

@@ -29,7 +29,7 @@ KEELSON=${KEELSON:-$ROOT/target/release/keelson}
 STANDIN=${KUBE_STANDIN:-$ROOT/target/x86_64-unknown-linux-gnu/release/kube-standin}
 CLIENT="python3 $ROOT/bench/api_client.py"
 STACKS=${STACKS:-"keelson ocp-2024"}
-P=kso
+P=kso$$
 WORK=$(mktemp -d)
 # shellcheck source=bench/lib/stacks.sh
 . "$ROOT/bench/lib/stacks.sh"
@@ -111,7 +111,7 @@ one_soak() { # stack condition -> one JSON line
     local holder_now dead_ms=null t1
     holder_now=$(holder)
     if [ "$holder_now" != none ]; then
-        kill -9 "$(cat "$WORK/run/standin-$holder_now.pid")"
+        kill_standin "$holder_now"
         t1=$(now_ms)
         while [ $(($(now_ms) - t1)) -lt 30000 ]; do
             cur=$(holders)

@@ -79,7 +79,6 @@ setup() {
     for m in "${MASTERS[@]}"; do
         ip netns exec "$(ns "$m")" "$STANDIN" --listen 0.0.0.0:6443 --name "m$m" \
             --slow-readyz-if "$WORK/run/slow-$m" >/dev/null 2>"$WORK/run/standin-$m.log" &
-        echo $! >"$WORK/run/standin-$m.pid"
     done
 }
 
@@ -316,3 +315,24 @@ settle() {
 
 median() { sort -n | awk '{a[NR]=$1} END{ if (NR==0) print "-"; else if (NR%2) print a[(NR+1)/2]; else print (a[NR/2]+a[NR/2+1])/2 }'; }
 spread() { sort -n | awk 'NR==1{lo=$1} {hi=$1} END{ if (NR==0) print "-"; else print lo "-" hi }'; }
+
+# SIGKILL to master $1's apiserver stand-in, found by name among its namespace's processes
+# (not by a pid file: pids wrap quickly on a busy machine).
+kill_standin() {
+    local pid
+    for pid in $(ip netns pids "$(ns "$1")"); do
+        if [ "$(cat "/proc/$pid/comm" 2>/dev/null)" = kube-standin ]; then kill -9 "$pid"; return 0; fi
+    done
+    echo "no kube-standin in $(ns "$1")" >&2
+    return 1
+}
+
+# The master other than $1 holding the VIP, or none (a killed node keeps the address on
+# its interface: it is not a holder anyone reaches).
+holder_except() {
+    for m in "${MASTERS[@]}"; do
+        [ "$m" != "$1" ] || continue
+        if [[ $(ip -n "$(ns "$m")" -o addr show dev eth0) == *" $VIP/"* ]]; then echo "$m"; return; fi
+    done
+    echo none
+}
