@@ -29,20 +29,13 @@ set -euo pipefail
 ROUNDS=${1:-3}
 CASES=${2:-"kill apiserver stop"}
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
-AGENT=${KEELSON_AGENT:-$ROOT/target/x86_64-unknown-linux-gnu/release/keelson-agent}
-KEELSON=${KEELSON:-$ROOT/target/release/keelson}
-STANDIN=${KUBE_STANDIN:-$ROOT/target/x86_64-unknown-linux-gnu/release/kube-standin}
-CLIENT="python3 $ROOT/bench/api_client.py"
 AFTER=${AFTER:-30}   # seconds watched after the event
 STACKS=${STACKS:-"keelson ocp-4.2 ocp-2020 ocp-2024"}
 P=kao$$
 WORK=$(mktemp -d)
 # shellcheck source=bench/lib/stacks.sh
 . "$ROOT/bench/lib/stacks.sh"
-
-[ "$(id -u)" = 0 ] || { echo "needs root" >&2; exit 1; }
-for b in "$AGENT" "$KEELSON" "$STANDIN"; do [ -x "$b" ] || { echo "build first: make agent build ($b)" >&2; exit 1; }; done
-for c in keepalived haproxy nft curl python3 jq; do command -v $c >/dev/null || { echo "$c not installed (scripts/setup.sh)" >&2; exit 1; }; done
+require_bench
 
 trap 'teardown; rm -rf "$WORK"' EXIT
 

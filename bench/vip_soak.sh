@@ -18,25 +18,18 @@
 #
 # Usage (root): bench/vip_soak.sh [secs=600] [conditions="slow netem"]
 #   KEELSON_AGENT, KEELSON, KUBE_STANDIN: binaries (as bench/api_outage.sh), STACKS
-#   (default "keelson ocp-2024"); stacks alternate within each condition.
+#   (default "keelson ocp-2024"), one after the other in each condition.
 set -euo pipefail
 
 SECS=${1:-600}
 CONDITIONS=${2:-"slow netem"}
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
-AGENT=${KEELSON_AGENT:-$ROOT/target/x86_64-unknown-linux-gnu/release/keelson-agent}
-KEELSON=${KEELSON:-$ROOT/target/release/keelson}
-STANDIN=${KUBE_STANDIN:-$ROOT/target/x86_64-unknown-linux-gnu/release/kube-standin}
-CLIENT="python3 $ROOT/bench/api_client.py"
 STACKS=${STACKS:-"keelson ocp-2024"}
 P=kso$$
 WORK=$(mktemp -d)
 # shellcheck source=bench/lib/stacks.sh
 . "$ROOT/bench/lib/stacks.sh"
-
-[ "$(id -u)" = 0 ] || { echo "needs root" >&2; exit 1; }
-for b in "$AGENT" "$KEELSON" "$STANDIN"; do [ -x "$b" ] || { echo "build first: make agent build ($b)" >&2; exit 1; }; done
-for c in keepalived haproxy nft curl python3 jq stress-ng tc; do command -v $c >/dev/null || { echo "$c not installed (scripts/setup.sh)" >&2; exit 1; }; done
+require_bench stress-ng tc
 
 STRESS=""
 NETEM="tc netem delay 50ms 50ms loss 10%"

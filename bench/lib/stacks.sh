@@ -22,7 +22,22 @@
 #             on every master throughout (the monitor drops them only after 11 failed polls
 #             6 s apart of "haproxy has no backend", which no case here reaches).
 #
-# Needs: P (namespace prefix), WORK (scratch directory), AGENT, KEELSON, STANDIN (binaries).
+# Needs: ROOT (the repository), P (namespace prefix, unique per run), WORK (scratch
+# directory). The binaries: KEELSON_AGENT, KEELSON, KUBE_STANDIN (default: the static
+# release ones of `make agent` / `make build`).
+
+AGENT=${KEELSON_AGENT:-$ROOT/target/x86_64-unknown-linux-gnu/release/keelson-agent}
+KEELSON=${KEELSON:-$ROOT/target/release/keelson}
+STANDIN=${KUBE_STANDIN:-$ROOT/target/x86_64-unknown-linux-gnu/release/kube-standin}
+CLIENT="python3 $ROOT/bench/api_client.py"
+
+# Exits unless root, the binaries and the commands "$@" are there.
+require_bench() {
+    [ "$(id -u)" = 0 ] || { echo "needs root" >&2; exit 1; }
+    local b c
+    for b in "$AGENT" "$KEELSON" "$STANDIN"; do [ -x "$b" ] || { echo "build first: make agent build ($b)" >&2; exit 1; }; done
+    for c in keepalived haproxy nft curl python3 jq "$@"; do command -v "$c" >/dev/null || { echo "$c not installed (scripts/setup.sh)" >&2; exit 1; }; done
+}
 
 VIP=10.85.0.5
 MASTERS=(0 1 2)
