@@ -77,6 +77,10 @@ REQUIRED=(
   "promtool prometheus"
   "wrk wrk"
   "iperf3 iperf3"
+  # bench/vip_soak.sh: both cores saturated while the VIP holder's apiserver is slow; the
+  # segment's loss and jitter (tc netem).
+  "stress-ng stress-ng"
+  "tc iproute2"
   # PROFILE=1 of bench/dns_vs_nsd.sh: system calls per query and a profile.
   "perf linux-perf"
 )

@@ -1,9 +1,9 @@
 //! Health checks against real loopback servers: TCP connect, HTTP and HTTPS (self-signed,
-//! not verified) GET with the expected status, the bus-fed checks, and rise/fall through
-//! `health::spawn`.
+//! not verified) GET with the expected status, the bus-fed checks, rise/fall through
+//! `health::spawn`, and the local-apiserver check telling a slow `/readyz` from a dead one.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU16, Ordering};
+use std::sync::atomic::{AtomicU16, AtomicU64, Ordering};
 use std::time::Duration;
 
 use keelson_agent::context::Bus;
@@ -17,6 +17,15 @@ const T: Duration = Duration::from_secs(2);
 
 /// A minimal HTTP/1.1 server answering every request with the status in `status`.
 async fn http_server(status: Arc<AtomicU16>, tls: Option<tokio_rustls::TlsAcceptor>) -> u16 {
+    slow_http_server(status, tls, Arc::new(AtomicU64::new(0))).await
+}
+
+/// [`http_server`] that reads the request, then waits `delay` ms before answering.
+async fn slow_http_server(
+    status: Arc<AtomicU16>,
+    tls: Option<tokio_rustls::TlsAcceptor>,
+    delay: Arc<AtomicU64>,
+) -> u16 {
     let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let port = l.local_addr().unwrap().port();
     tokio::spawn(async move {
@@ -24,6 +33,7 @@ async fn http_server(status: Arc<AtomicU16>, tls: Option<tokio_rustls::TlsAccept
             let Ok((s, _)) = l.accept().await else { return };
             let status = status.load(Ordering::SeqCst);
             let tls = tls.clone();
+            let delay = Duration::from_millis(delay.load(Ordering::SeqCst));
             tokio::spawn(async move {
                 let reply = format!(
                     "HTTP/1.1 {status} X\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
@@ -35,12 +45,14 @@ async fn http_server(status: Arc<AtomicU16>, tls: Option<tokio_rustls::TlsAccept
                             return;
                         };
                         let _ = s.read(&mut buf).await;
+                        tokio::time::sleep(delay).await;
                         let _ = s.write_all(reply.as_bytes()).await;
                         let _ = s.shutdown().await;
                     }
                     None => {
                         let mut s = s;
                         let _ = s.read(&mut buf).await;
+                        tokio::time::sleep(delay).await;
                         let _ = s.write_all(reply.as_bytes()).await;
                     }
                 }
@@ -55,9 +67,9 @@ async fn tcp_connect_passes_and_fails() {
     let bus = Bus::default();
     let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let address = l.local_addr().unwrap();
-    assert!(health::probe(&HealthCheckKind::Tcp { address }, &bus, T).await);
+    assert!(health::probe(&HealthCheckKind::Tcp { address }, &bus, None, T).await);
     drop(l);
-    assert!(!health::probe(&HealthCheckKind::Tcp { address }, &bus, T).await);
+    assert!(!health::probe(&HealthCheckKind::Tcp { address }, &bus, None, T).await);
 }
 
 #[tokio::test]
@@ -74,13 +86,19 @@ async fn http_and_https_expect_the_status() {
             url: format!("{scheme}://127.0.0.1:{port}/readyz"),
             expect_status,
         };
-        assert!(health::probe(&kind(200), &bus, T).await, "{scheme} 200");
         assert!(
-            !health::probe(&kind(204), &bus, T).await,
+            health::probe(&kind(200), &bus, None, T).await,
+            "{scheme} 200"
+        );
+        assert!(
+            !health::probe(&kind(204), &bus, None, T).await,
             "{scheme} wrong status"
         );
         status.store(503, Ordering::SeqCst);
-        assert!(!health::probe(&kind(200), &bus, T).await, "{scheme} 503");
+        assert!(
+            !health::probe(&kind(200), &bus, None, T).await,
+            "{scheme} 503"
+        );
     }
     // Nobody listening, and a malformed URL: failing, not panicking.
     let free = TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -96,20 +114,20 @@ async fn http_and_https_expect_the_status() {
             url,
             expect_status: 200,
         };
-        assert!(!health::probe(&kind, &bus, T).await);
+        assert!(!health::probe(&kind, &bus, None, T).await);
     }
 }
 
 #[tokio::test]
 async fn bus_checks_follow_the_bus() {
     let bus = Bus::default();
-    assert!(!health::probe(&HealthCheckKind::ProxyHealthyBackend, &bus, T).await);
-    assert!(!health::probe(&HealthCheckKind::IgnitionServer, &bus, T).await);
+    assert!(!health::probe(&HealthCheckKind::ProxyHealthyBackend, &bus, None, T).await);
+    assert!(!health::probe(&HealthCheckKind::IgnitionServer, &bus, None, T).await);
     bus.proxy_healthy.send_replace(true);
-    assert!(health::probe(&HealthCheckKind::ProxyHealthyBackend, &bus, T).await);
-    assert!(!health::probe(&HealthCheckKind::IgnitionServer, &bus, T).await);
+    assert!(health::probe(&HealthCheckKind::ProxyHealthyBackend, &bus, None, T).await);
+    assert!(!health::probe(&HealthCheckKind::IgnitionServer, &bus, None, T).await);
     bus.ignition_running.send_replace(true);
-    assert!(health::probe(&HealthCheckKind::IgnitionServer, &bus, T).await);
+    assert!(health::probe(&HealthCheckKind::IgnitionServer, &bus, None, T).await);
 }
 
 async fn wait_weight(rx: &mut tokio::sync::watch::Receiver<Vec<CheckState>>, want: i32) {
@@ -141,6 +159,7 @@ async fn spawned_checks_rise_and_fall_into_the_weight() {
             rise: 3,
             fall: 2,
             weight: 50,
+            timeout_ms: None,
         },
         HealthCheckConfig {
             name: "proxy".into(),
@@ -149,10 +168,11 @@ async fn spawned_checks_rise_and_fall_into_the_weight() {
             rise: 1,
             fall: 1,
             weight: 7,
+            timeout_ms: None,
         },
     ];
     let stop = CancellationToken::new();
-    let mut rx = health::spawn(&checks, bus.clone(), stop.clone());
+    let mut rx = health::spawn(&checks, bus.clone(), None, stop.clone());
     assert_eq!(health::weight(&rx.borrow()), 0, "checks start failing");
     wait_weight(&mut rx, 50).await;
     bus.proxy_healthy.send_replace(true);
@@ -162,4 +182,48 @@ async fn spawned_checks_rise_and_fall_into_the_weight() {
     status.store(200, Ordering::SeqCst);
     wait_weight(&mut rx, 57).await;
     stop.cancel();
+}
+
+/// Slow is not dead: the local-apiserver check (TLS `GET /readyz`, the proxy's check) passes
+/// an answer that takes 1.5 s within its 10 s timeout; the same answer fails the default
+/// 1 s timeout; a 503, a refused connect and no address at all fail — the refusal at once.
+#[tokio::test]
+async fn local_apiserver_passes_slow_and_fails_dead() {
+    let bus = Bus::default();
+    let status = Arc::new(AtomicU16::new(200));
+    let delay = Arc::new(AtomicU64::new(1500));
+    let tls = Some(keelson_testkit::tls::self_signed_acceptor());
+    let port = slow_http_server(status.clone(), tls, delay.clone()).await;
+    let addr: std::net::SocketAddr = ([127, 0, 0, 1], port).into();
+    let kind = HealthCheckKind::LocalApiserver;
+    let generous = Duration::from_secs(10);
+    assert!(
+        health::probe(&kind, &bus, Some(addr), generous).await,
+        "a 1.5 s answer within 10 s passes"
+    );
+    delay.store(3000, Ordering::SeqCst);
+    assert!(
+        !health::probe(&kind, &bus, Some(addr), Duration::from_secs(1)).await,
+        "a 3 s answer fails a 1 s timeout (the check a slow apiserver would flap)"
+    );
+    delay.store(0, Ordering::SeqCst);
+    status.store(503, Ordering::SeqCst);
+    assert!(
+        !health::probe(&kind, &bus, Some(addr), generous).await,
+        "503"
+    );
+    assert!(
+        !health::probe(&kind, &bus, None, generous).await,
+        "no address"
+    );
+    let free = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let refused = free.local_addr().unwrap();
+    drop(free);
+    let t = std::time::Instant::now();
+    assert!(!health::probe(&kind, &bus, Some(refused), generous).await);
+    assert!(
+        t.elapsed() < generous / 2,
+        "a refused connect fails at once, not after the timeout: {:?}",
+        t.elapsed()
+    );
 }

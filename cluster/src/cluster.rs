@@ -254,6 +254,25 @@ pub struct HealthCheckConfig {
     pub fall: u32,
     /// Added to the priority while the check passes (may be negative).
     pub weight: i32,
+    /// Milliseconds one probe may take before it counts as a failure; an answer within it
+    /// counts as healthy however slow (docs/vrrp.md, "Slow is not dead"). Absent: the
+    /// interval, clamped to 1–5 s.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout_ms: Option<u32>,
+}
+
+impl HealthCheckConfig {
+    /// How long one probe may take: `timeoutMs`, or the interval clamped to 1–5 s (a TLS
+    /// handshake on a loaded machine needs about a second; a check that waits longer than
+    /// 5 s by default would hide a dead target).
+    pub fn timeout(&self) -> std::time::Duration {
+        use std::time::Duration;
+        match self.timeout_ms {
+            Some(ms) => Duration::from_millis(u64::from(ms)),
+            None => Duration::from_millis(u64::from(self.interval_ms.max(1)))
+                .clamp(Duration::from_secs(1), Duration::from_secs(5)),
+        }
+    }
 }
 
 /// The kinds of health check.
@@ -281,6 +300,11 @@ pub enum HealthCheckKind {
     ProxyHealthyBackend,
     /// The local Ignition server is running.
     IgnitionServer,
+    /// This node's kube-apiserver answers `GET /readyz` with 200 over TLS (not verified), at
+    /// the node's own address of the VIP's family and `api.backendPort`: the proxy's backend
+    /// check, aimed at this node alone. Give it a generous `timeoutMs`: a slow answer is
+    /// an apiserver under load, not a dead one (docs/vrrp.md).
+    LocalApiserver,
 }
 
 /// The API load balancer (docs/proxy.md).
@@ -684,6 +708,15 @@ impl ClusterConfig {
                         ),
                     ));
                 }
+                if let Some(ms) = check.timeout_ms
+                    && !(100..=60_000).contains(&ms)
+                {
+                    return Err(invalid(
+                        field(&format!("checks[{}].timeoutMs", check.name)),
+                        "100 to 60000",
+                        ms,
+                    ));
+                }
             }
         }
         if let Some(id) = &self.members.key_id
@@ -980,6 +1013,55 @@ mod tests {
         );
         let k: HealthCheckKind = serde_json::from_str(r#"{"type":"proxyHealthyBackend"}"#).unwrap();
         assert_eq!(k, HealthCheckKind::ProxyHealthyBackend);
+        let k: HealthCheckKind = serde_json::from_str(r#"{"type":"localApiserver"}"#).unwrap();
+        assert_eq!(k, HealthCheckKind::LocalApiserver);
+    }
+
+    #[test]
+    fn check_timeout_defaults_to_the_clamped_interval() {
+        let c = |interval_ms, timeout_ms| HealthCheckConfig {
+            name: "c".into(),
+            check: HealthCheckKind::LocalApiserver,
+            interval_ms,
+            rise: 1,
+            fall: 1,
+            weight: 0,
+            timeout_ms,
+        };
+        let s = std::time::Duration::from_secs;
+        assert_eq!(c(1000, None).timeout(), s(1));
+        assert_eq!(c(100, None).timeout(), s(1));
+        assert_eq!(c(2000, None).timeout(), s(2));
+        assert_eq!(c(60_000, None).timeout(), s(5));
+        assert_eq!(c(2000, Some(10_000)).timeout(), s(10));
+        assert_eq!(c(5000, Some(300)).timeout().as_millis(), 300);
+    }
+
+    #[test]
+    fn check_timeout_is_bounded() {
+        let with = |t: u32| {
+            let mut c = crate::install_config::InstallConfig::parse(include_str!(
+                "../../examples/install-config.yaml"
+            ))
+            .unwrap()
+            .cluster_config();
+            let check = c.vrrp.instances[0]
+                .checks
+                .iter_mut()
+                .find(|c| c.check == HealthCheckKind::LocalApiserver)
+                .expect("keelson build writes a local-apiserver check");
+            check.timeout_ms = Some(t);
+            c.check()
+        };
+        for bad in [0, 99, 60_001] {
+            let e = with(bad).unwrap_err().to_string();
+            assert!(
+                e.contains("checks[local-apiserver].timeoutMs") && e.contains("100 to 60000"),
+                "{bad}: {e}"
+            );
+        }
+        with(100).unwrap();
+        with(60_000).unwrap();
     }
 
     #[test]

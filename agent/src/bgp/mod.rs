@@ -258,7 +258,12 @@ pub async fn run(ctx: AgentContext, stop: CancellationToken) -> anyhow::Result<(
         .iter()
         .map(|v| Vip {
             plan: v.clone(),
-            checks: health::spawn(&v.checks, ctx.bus.clone(), check_stop.clone()),
+            checks: health::spawn(
+                &v.checks,
+                ctx.bus.clone(),
+                health::local_apiserver(&ctx, v.vip),
+                check_stop.clone(),
+            ),
             checks_alive: !v.checks.is_empty(),
             installed: false,
         })

@@ -1,21 +1,25 @@
 //! Health checks whose results move VRRP priorities (docs/vrrp.md), like keepalived's
 //! `track_script` but in-process: TCP connect, HTTP(S) GET expecting a status (HTTPS
 //! without certificate verification), "the local proxy has a healthy backend" and "the
-//! local Ignition server runs" (both read from the bus).
+//! local Ignition server runs" (both read from the bus), and "this node's kube-apiserver
+//! answers `/readyz`" (the proxy's backend check, aimed at this node).
 //!
-//! Each check has an interval, rise and fall; it starts failing (a node does not claim
-//! weight it has not shown) and its state is published on a watch channel from which the
-//! VRRP instance sums the weights of passing checks.
+//! Each check has an interval, rise and fall, and a timeout: an answer within it passes
+//! however slow, so a slow target is not taken for a dead one (docs/vrrp.md, "Slow is not
+//! dead"). A check starts failing (a node does not claim weight it has not shown) and its
+//! state is published on a watch channel from which the VRRP instance sums the weights of
+//! passing checks.
 
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 
-use keelson_cluster::cluster::{HealthCheckConfig, HealthCheckKind};
+use keelson_cluster::cluster::{BackendCheck, HealthCheckConfig, HealthCheckKind};
 use serde::Serialize;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use crate::context::Bus;
+use crate::context::{AgentContext, Bus};
 
 pub mod http;
 
@@ -81,8 +85,24 @@ pub fn weight(states: &[CheckState]) -> i32 {
     states.iter().filter(|s| s.passing).map(|s| s.weight).sum()
 }
 
+/// Where this node's own kube-apiserver answers for a VIP: the node's address of the VIP's
+/// family, at `api.backendPort` (the address the proxies check it at). `None` when the node
+/// has no such address.
+pub fn local_apiserver(ctx: &AgentContext, vip: IpAddr) -> Option<SocketAddr> {
+    ctx.node
+        .address(vip.is_ipv6())
+        .map(|a| SocketAddr::new(a, ctx.cluster.api.backend_port))
+}
+
 /// Runs one probe; `true` when healthy. Never panics, never waits past `timeout`.
-pub async fn probe(kind: &HealthCheckKind, bus: &Bus, timeout: Duration) -> bool {
+/// `local_apiserver` is where a `localApiserver` check looks ([`local_apiserver`]); without
+/// it that check fails.
+pub async fn probe(
+    kind: &HealthCheckKind,
+    bus: &Bus,
+    local_apiserver: Option<SocketAddr>,
+    timeout: Duration,
+) -> bool {
     match kind {
         HealthCheckKind::Tcp { address } => {
             matches!(
@@ -102,6 +122,20 @@ pub async fn probe(kind: &HealthCheckKind, bus: &Bus, timeout: Duration) -> bool
         }
         HealthCheckKind::ProxyHealthyBackend => *bus.proxy_healthy.borrow(),
         HealthCheckKind::IgnitionServer => *bus.ignition_running.borrow(),
+        HealthCheckKind::LocalApiserver => {
+            let Some(addr) = local_apiserver else {
+                return false;
+            };
+            let checker = crate::proxy::health::Checker::new(BackendCheck::TlsReadyz, timeout)
+                .user_agent("keelson-vrrp-check");
+            match checker.check(addr).await {
+                Ok(()) => true,
+                Err(e) => {
+                    tracing::debug!("local apiserver {addr}: {e}");
+                    false
+                }
+            }
+        }
     }
 }
 
@@ -110,6 +144,7 @@ pub async fn probe(kind: &HealthCheckKind, bus: &Bus, timeout: Duration) -> bool
 pub fn spawn(
     checks: &[HealthCheckConfig],
     bus: Arc<Bus>,
+    local_apiserver: Option<SocketAddr>,
     stop: CancellationToken,
 ) -> watch::Receiver<Vec<CheckState>> {
     let initial: Vec<CheckState> = checks
@@ -129,9 +164,9 @@ pub fn spawn(
         let stop = stop.clone();
         tokio::spawn(async move {
             let interval = Duration::from_millis(u64::from(check.interval_ms.max(1)));
-            // A probe may take up to the interval, at least 1 s (TLS in a loaded box), at
-            // most 5 s.
-            let timeout = interval.clamp(Duration::from_secs(1), Duration::from_secs(5));
+            // `timeoutMs`, else the interval clamped to 1-5 s. A probe that outlasts the
+            // interval delays the next one rather than overlapping it.
+            let timeout = check.timeout();
             let mut rf = RiseFall::new(check.rise, check.fall);
             let mut tick = tokio::time::interval(interval);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -142,7 +177,7 @@ pub fn spawn(
                 }
                 let ok = tokio::select! {
                     _ = stop.cancelled() => return,
-                    ok = probe(&check.check, &bus, timeout) => ok,
+                    ok = probe(&check.check, &bus, local_apiserver, timeout) => ok,
                 };
                 if rf.record(ok) {
                     tracing::info!(

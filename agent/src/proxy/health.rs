@@ -61,6 +61,7 @@ pub struct Checker {
     kind: BackendCheck,
     timeout: Duration,
     tls: Option<tokio_rustls::TlsConnector>,
+    user_agent: &'static str,
 }
 
 impl std::fmt::Debug for Checker {
@@ -77,7 +78,19 @@ impl Checker {
     pub fn new(kind: BackendCheck, timeout: Duration) -> Self {
         let tls = (kind == BackendCheck::TlsReadyz)
             .then(|| tokio_rustls::TlsConnector::from(crate::net::http_client::any_certificate()));
-        Self { kind, timeout, tls }
+        Self {
+            kind,
+            timeout,
+            tls,
+            user_agent: "keelson-proxy-check",
+        }
+    }
+
+    /// The same checker sending another `User-Agent` (so an apiserver's log tells the
+    /// proxy's checks from VRRP's).
+    pub fn user_agent(mut self, user_agent: &'static str) -> Self {
+        self.user_agent = user_agent;
+        self
     }
 
     /// The check kind.
@@ -105,7 +118,8 @@ impl Checker {
         let name = ServerName::IpAddress(addr.ip().into());
         let mut s = tls.connect(name, tcp).await.map_err(io("TLS handshake"))?;
         let req = format!(
-            "GET /readyz HTTP/1.1\r\nHost: {addr}\r\nUser-Agent: keelson-proxy-check\r\nConnection: close\r\n\r\n"
+            "GET /readyz HTTP/1.1\r\nHost: {addr}\r\nUser-Agent: {}\r\nConnection: close\r\n\r\n",
+            self.user_agent
         );
         s.write_all(req.as_bytes()).await.map_err(io("send"))?;
         let mut head = Vec::with_capacity(256);

@@ -871,7 +871,12 @@ pub async fn run(
         cfg.transport == VrrpTransport::Multicast,
     )?;
     let check_stop = stop.child_token();
-    let checks = health::spawn(&cfg.checks, ctx.bus.clone(), check_stop.clone());
+    let checks = health::spawn(
+        &cfg.checks,
+        ctx.bus.clone(),
+        health::local_apiserver(&ctx, cfg.vip),
+        check_stop.clone(),
+    );
     let priority = effective_priority(spec.base, health::weight(&checks.borrow()));
     let machine = Machine::new(
         Params {

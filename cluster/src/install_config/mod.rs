@@ -284,6 +284,12 @@ struct PlatformVips {
 }
 
 /// The platform keys keelson reads.
+/// Weight of the API instance's `local-apiserver` check: a master whose own kube-apiserver
+/// is dead (refused, failing, or silent for 10 s) falls 20 below the masters whose
+/// apiservers answer, so one of them takes the VIP; below the bootstrap's lead over a master
+/// (70 − 40 = 30), so the bootstrap keeps the VIP while it serves Ignition.
+pub const LOCAL_APISERVER_WEIGHT: i32 = 20;
+
 const USED_PLATFORM: &[&str] = &[
     "apiVIPs",
     "apiVIP",
@@ -516,7 +522,7 @@ impl InstallConfig {
 
     /// The agent's `cluster.json` with OpenShift's defaults (docs/vrrp.md): VRIDs from
     /// Fletcher-8 of `<name>-api`/`-ingress`, API priorities bootstrap 70 / masters 40 with
-    /// the proxy and Ignition checks, ingress on the workers at 20, 1 s adverts, VRRPv3
+    /// the proxy, Ignition and local-apiserver checks, ingress on the workers at 20, 1 s adverts, VRRPv3
     /// unicast with unicast members (OpenShift's default since 4.11; docs/decisions.md),
     /// garp refresh 60 s.
     // Over 100 lines on purpose: one struct literal, OpenShift's defaults field by field, read top to bottom against docs/cluster-json.md.
@@ -553,6 +559,7 @@ impl InstallConfig {
                         rise: 1,
                         fall: 3,
                         weight: 50,
+                        timeout_ms: None,
                     },
                     HealthCheckConfig {
                         name: "ignition-server".into(),
@@ -561,6 +568,20 @@ impl InstallConfig {
                         rise: 1,
                         fall: 3,
                         weight: 10,
+                        timeout_ms: None,
+                    },
+                    // Slow is not dead (docs/vrrp.md): an answer within 10 s passes
+                    // (haproxy's `timeout check 10s`, OCPBUGS-43428), a refused or failed
+                    // probe counts at once. Weight 20 < 30 (bootstrap minus master) so it
+                    // never moves the VIP off the bootstrap by itself.
+                    HealthCheckConfig {
+                        name: "local-apiserver".into(),
+                        check: HealthCheckKind::LocalApiserver,
+                        interval_ms: 2000,
+                        rise: 3,
+                        fall: 2,
+                        weight: LOCAL_APISERVER_WEIGHT,
+                        timeout_ms: Some(10_000),
                     },
                 ],
             });
@@ -599,6 +620,7 @@ impl InstallConfig {
                     rise: 1,
                     fall: 3,
                     weight: 50,
+                    timeout_ms: None,
                 }],
             });
         }

@@ -1,4 +1,5 @@
 use super::*;
+use crate::cluster::{ClusterConfig, Role};
 
 const EXAMPLE: &str = include_str!("../../../examples/install-config.yaml");
 const EXAMPLE_42: &str = include_str!("../../../examples/install-config-4.2.yaml");
@@ -28,6 +29,49 @@ fn current_example() {
         Some(70)
     );
     assert_eq!(cluster.zone(), "ocp4.osd2019.local");
+}
+
+/// The API instance's priorities with every check passing except those named.
+fn api_priority(cluster: &ClusterConfig, role: Role, failing: &[&str]) -> i32 {
+    let api = cluster.instance("api").unwrap();
+    let base = i32::from(api.priorities.for_role(role).unwrap());
+    let weights: i32 = api
+        .checks
+        .iter()
+        .filter(|c| !failing.contains(&c.name.as_str()))
+        .map(|c| c.weight)
+        .sum();
+    base + weights
+}
+
+#[test]
+fn a_dead_local_apiserver_moves_the_vip_between_masters_only() {
+    let cluster = InstallConfig::parse(EXAMPLE).unwrap().cluster_config();
+    let check = cluster
+        .instance("api")
+        .unwrap()
+        .checks
+        .iter()
+        .find(|c| c.name == "local-apiserver")
+        .expect("the local-apiserver check");
+    assert_eq!(check.check, HealthCheckKind::LocalApiserver);
+    // Slow is not dead: a 1-3 s /readyz passes; a dead one fails within 2 probes (4 s).
+    assert_eq!(check.timeout().as_secs(), 10);
+    assert_eq!((check.interval_ms, check.fall), (2000, 2));
+    let master = api_priority(&cluster, Role::Master, &[]);
+    let master_dead_api = api_priority(&cluster, Role::Master, &["local-apiserver"]);
+    let bootstrap_dead_api = api_priority(&cluster, Role::Bootstrap, &["local-apiserver"]);
+    assert_eq!(master, 120);
+    assert!(
+        master_dead_api < master,
+        "a healthy master takes the VIP over"
+    );
+    assert!(
+        bootstrap_dead_api > master,
+        "the bootstrap keeps the VIP (it serves Ignition) whatever its apiserver does"
+    );
+    // A master whose proxy has no backend loses to one whose apiserver alone is dead.
+    assert!(api_priority(&cluster, Role::Master, &["api-proxy"]) < master_dead_api);
 }
 
 #[test]

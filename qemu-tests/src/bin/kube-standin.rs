@@ -6,6 +6,9 @@
 //! naming the node, so the harness can see which node answered through a VIP. Shipped in the
 //! test image and started by the agent's supervisor as an operator service (`cluster.json`
 //! `services`). Blocking, a thread per connection: it serves a test, not a cluster.
+//!
+//! `--slow-readyz-if FILE`: while FILE exists, `/readyz` answers after 1, 2, 3 s in turn —
+//! an overloaded apiserver that is slow but alive (`bench/vip_soak.sh`).
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpListener;
@@ -19,15 +22,19 @@ fn main() -> Result<()> {
         .map(|s| s.trim().to_owned())
         .unwrap_or_default();
     let mut plain = false;
+    let mut slow_if: Option<std::path::PathBuf> = None;
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
         match arg.as_str() {
             "--listen" => listen = args.next().context("--listen needs ADDR:PORT")?,
             "--name" => name = args.next().context("--name needs a node name")?,
             "--plain" => plain = true,
-            other => {
-                anyhow::bail!("unknown argument {other:?} (expected --listen, --name, --plain)")
+            "--slow-readyz-if" => {
+                slow_if = Some(args.next().context("--slow-readyz-if needs a file")?.into())
             }
+            other => anyhow::bail!(
+                "unknown argument {other:?} (expected --listen, --name, --plain, --slow-readyz-if)"
+            ),
         }
     }
     if let Ok(env_name) = std::env::var("KEELSON_NODE_NAME") {
@@ -44,6 +51,10 @@ fn main() -> Result<()> {
         rustls::pki_types::PrivateKeyDer::Pkcs8(cert.signing_key.serialize_der().into()),
     )?;
     let config = Arc::new(config);
+    let slow = Arc::new(Slow {
+        file: slow_if,
+        turn: std::sync::atomic::AtomicUsize::new(0),
+    });
     let listener = TcpListener::bind(&listen).with_context(|| format!("binding {listen}"))?;
     let scheme = if plain { "http" } else { "https" };
     eprintln!("kube-standin: serving {scheme}://{listen} as {name}");
@@ -51,22 +62,47 @@ fn main() -> Result<()> {
         let Ok(mut tcp) = stream else { continue };
         let config = config.clone();
         let name = name.clone();
+        let slow = slow.clone();
         std::thread::spawn(move || -> Result<()> {
             tcp.set_read_timeout(Some(std::time::Duration::from_secs(10)))?;
             if plain {
-                return serve(&mut tcp, &name, |_| {});
+                return serve(&mut tcp, &name, &slow, |_| {});
             }
             let mut conn = rustls::ServerConnection::new(config)?;
             let mut tls = rustls::Stream::new(&mut conn, &mut tcp);
-            serve(&mut tls, &name, |tls| tls.conn.send_close_notify())
+            serve(&mut tls, &name, &slow, |tls| tls.conn.send_close_notify())
         });
     }
     Ok(())
 }
 
+/// `--slow-readyz-if`: the file, and whose turn of the 1/2/3 s delays is next.
+struct Slow {
+    file: Option<std::path::PathBuf>,
+    turn: std::sync::atomic::AtomicUsize,
+}
+
+impl Slow {
+    /// How long `/readyz` waits now.
+    fn delay(&self) -> std::time::Duration {
+        match &self.file {
+            Some(f) if f.exists() => {
+                let t = self.turn.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                std::time::Duration::from_secs(1 + (t % 3) as u64)
+            }
+            _ => std::time::Duration::ZERO,
+        }
+    }
+}
+
 /// Answers requests on one connection until the client closes or asks to;
 /// `close_notify` ends the transport's session before the last flush.
-fn serve<S: Read + Write>(stream: &mut S, name: &str, close_notify: impl Fn(&mut S)) -> Result<()> {
+fn serve<S: Read + Write>(
+    stream: &mut S,
+    name: &str,
+    slow: &Slow,
+    close_notify: impl Fn(&mut S),
+) -> Result<()> {
     let mut reader = BufReader::new(stream);
     loop {
         let mut request_line = String::new();
@@ -84,6 +120,9 @@ fn serve<S: Read + Write>(stream: &mut S, name: &str, close_notify: impl Fn(&mut
             }
         }
         let path = request_line.split_whitespace().nth(1).unwrap_or("/");
+        if path == "/readyz" {
+            std::thread::sleep(slow.delay());
+        }
         let (status, body) = match path {
             "/readyz" | "/healthz" | "/livez" | "/healthz/ready" => ("200 OK", "ok".to_owned()),
             "/version" => (
