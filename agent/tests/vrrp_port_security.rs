@@ -39,6 +39,11 @@ fn cluster_json() -> serde_json::Value {
     c
 }
 
+/// Node `i`'s log.
+fn log(net: &RunNet, i: usize) -> String {
+    std::fs::read_to_string(&net.nodes[i].as_ref().unwrap().log).unwrap_or_default()
+}
+
 /// The `api` instance in node `i`'s status.
 fn vrrp_api(net: &RunNet, i: usize) -> serde_json::Value {
     let st = net.status(i);
@@ -95,6 +100,43 @@ fn port(seg: &Segment, i: usize, vip_allowed: bool) {
     nft(ns, &rules);
 }
 
+/// Protocol 112 blocked on a cluster that runs as it should (issue 25's P2, alone): the
+/// backup must not claim the VIP its holder keeps answering ARP for.
+#[test]
+fn a_backup_never_claims_beside_a_holder_whose_adverts_are_dropped() {
+    if !require_root() || !require("nft") {
+        return;
+    }
+    let seg = Segment::new("kpb", 2, 0);
+    let mut net = RunNet::new(
+        AGENT,
+        seg,
+        cluster_json(),
+        &[("bootstrap", "bootstrap"), ("master-1", "master")],
+        "vrrp,members,ignition",
+    );
+    net.start(0);
+    net.start(1);
+    net.wait("both agents ready", Duration::from_secs(90), || {
+        net.is_ready(0) && net.is_ready(1)
+    });
+    port(&net.seg, 0, true);
+    port(&net.seg, 1, true);
+    net.seg.wait_sole_holder(0, VIP, Duration::from_secs(30));
+    // Adverts flowing: the backup knows its master.
+    net.wait(
+        "master-1 hears the bootstrap",
+        Duration::from_secs(30),
+        || {
+            vrrp_api(&net, 1)["adverts_received"].as_u64() > Some(0)
+                || vrrp_api(&net, 1)["advertsReceived"].as_u64() > Some(0)
+        },
+    );
+    vrrp_blocked(&net, 0, 1);
+    net.stop(0);
+    net.stop(1);
+}
+
 #[test]
 fn port_security_is_found_and_handled_safely() {
     if !require_root() || !require("nft") {
@@ -110,9 +152,6 @@ fn port_security_is_found_and_handled_safely() {
     );
     net.start(0);
     net.start(1);
-    let log = |net: &RunNet, i: usize| {
-        std::fs::read_to_string(&net.nodes[i].as_ref().unwrap().log).unwrap_or_default()
-    };
     net.wait("both agents ready", Duration::from_secs(90), || {
         net.is_ready(0) && net.is_ready(1)
     });
@@ -151,14 +190,22 @@ fn port_security_is_found_and_handled_safely() {
     port(&net.seg, 0, true);
     net.seg.assert_stable(1, VIP, Duration::from_secs(3));
 
-    // 2. The security group of both ports without protocol 112: no advert arrives
-    //    anywhere. The backup's Master_Down runs out as if the master had died, but the
-    //    master still answers the ARP probes the backup sends once adverts go quiet: the
-    //    backup must not claim the VIP at all (not even for a moment: two holders is the
-    //    split brain this exists to prevent), holds its claim and reports. Before issue 25's
-    //    fix it claimed at the first Master_Down and the ARP conflict rule then left the
-    //    VIP with the lower MAC, on a real OpenStack the bootstrap's.
-    let before = vrrp_api(&net, 0);
+    // 2. The security group of both ports without protocol 112 (the master holds the VIP).
+    vrrp_blocked(&net, 1, 0);
+    net.stop(0);
+    net.stop(1);
+}
+
+/// Drops IP protocol 112 coming into both ports (a security group without it) while node
+/// `holder` holds the VIP and `backup` is its backup, for 15 s, then lets it in again.
+fn vrrp_blocked(net: &RunNet, holder: usize, backup: usize) {
+    // No advert arrives anywhere. The backup's Master_Down runs out as if the master had
+    // died, but the master still answers the ARP probes the backup sends once adverts go
+    // quiet: the backup must not claim the VIP at all (not even for a moment: two holders
+    // is the split brain this exists to prevent), holds its claim and reports. Before
+    // issue 25's fix it claimed at the first Master_Down and the ARP conflict rule then
+    // left the VIP with the lower MAC, on a real OpenStack the bootstrap's.
+    let before = vrrp_api(net, backup);
     for ns in &net.seg.nodes {
         nft(
             ns,
@@ -171,31 +218,37 @@ fn port_security_is_found_and_handled_safely() {
         let h = net.seg.holders(VIP);
         assert_eq!(
             h,
-            [1],
-            "{:.1} s after VRRP was blocked the VIP is held by {h:?}, expected master-1 alone",
-            t.elapsed().as_secs_f64()
+            [holder],
+            "{:.1} s after VRRP was blocked the VIP is held by {h:?}, expected {} alone",
+            t.elapsed().as_secs_f64(),
+            net.name(holder)
         );
-        if seen.is_none() && findings(&net, 0).contains(&"vrrpBlocked".to_owned()) {
+        if seen.is_none() && findings(net, backup).contains(&"vrrpBlocked".to_owned()) {
             seen = Some(t.elapsed());
         }
         std::thread::sleep(Duration::from_millis(50));
     }
-    let after = vrrp_api(&net, 0);
+    let after = vrrp_api(net, backup);
     assert_eq!(
-        after["state"], "backup",
-        "the bootstrap's api instance: {after}"
+        after["state"],
+        "backup",
+        "{}'s api instance: {after}",
+        net.name(backup)
     );
     assert_eq!(
-        after["transitions"], before["transitions"],
-        "the bootstrap changed state while VRRP was blocked (it claimed the VIP)"
+        after["transitions"],
+        before["transitions"],
+        "{} changed state while VRRP was blocked (it claimed the VIP)",
+        net.name(backup)
     );
-    let (holder, backup) = (1, 0);
     let seen = seen.expect("the backup reports that adverts do not arrive");
     assert!(
-        log(&net, backup)
+        log(net, backup)
             .lines()
             .any(|l| l.contains("no VRRP advert has arrived") && l.contains("--protocol 112")),
-        "a log line naming protocol 112"
+        "a log line naming protocol 112 in {}'s log:\n{}",
+        net.name(backup),
+        log(net, backup)
     );
     for ns in &net.seg.nodes {
         sh(&[
@@ -205,7 +258,7 @@ fn port_security_is_found_and_handled_safely() {
     let cleared = net.wait(
         "the finding clears once adverts arrive",
         Duration::from_secs(10),
-        || !findings(&net, backup).contains(&"vrrpBlocked".to_owned()),
+        || !findings(net, backup).contains(&"vrrpBlocked".to_owned()),
     );
     std::thread::sleep(Duration::from_secs(1));
     let after = net.seg.holders(VIP);
@@ -217,6 +270,4 @@ fn port_security_is_found_and_handled_safely() {
         seen.as_secs_f64(),
         cleared.as_secs_f64()
     );
-    net.stop(0);
-    net.stop(1);
 }
