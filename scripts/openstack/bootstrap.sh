@@ -76,6 +76,56 @@ keystone() {
   touch "$m"
 }
 
+# Whether Placement has a resource provider with VCPU, MEMORY_MB and DISK_GB inventory (what
+# nova-compute reports once it has talked to libvirt).
+placement_inventory() {
+  local token
+  token=$(openstack token issue -f value -c id) || return 1
+  python3 - "$token" "http://$OS_HOST:8778" <<'PY'
+import json, sys, urllib.request
+token, base = sys.argv[1], sys.argv[2]
+def get(path):
+    req = urllib.request.Request(base + path, headers={
+        "X-Auth-Token": token, "OpenStack-API-Version": "placement 1.10"})
+    with urllib.request.urlopen(req, timeout=10) as r:
+        return json.load(r)
+for rp in get("/resource_providers")["resource_providers"]:
+    inv = get("/resource_providers/%s/inventories" % rp["uuid"])["inventories"]
+    if all(inv.get(c, {}).get("total", 0) > 0 for c in ("VCPU", "MEMORY_MB", "DISK_GB")):
+        sys.exit(0)
+sys.exit(1)
+PY
+}
+
+# The newest heartbeat of nova-compute on this host ("Updated At", UTC, ISO 8601).
+compute_heartbeat() {
+  openstack compute service list --service nova-compute --host "$(hostname)" \
+    -f value -c 'Updated At' | sort | tail -n 1
+}
+
+# Whether that heartbeat is later than $1 (a record that never reported says "None").
+heartbeat_after() {
+  local h
+  h=$(compute_heartbeat)
+  [[ $h == [0-9]* && $h > $1 ]]
+}
+
+# Nova schedules only onto a compute host whose service heartbeat is fresh (the scheduler's
+# ComputeFilter) and whose resource provider has inventory in Placement; otherwise `server
+# create` ends in NoValidHost. A service record's "up" is no proof: after a restart it still
+# shows the previous process's last heartbeat for up to 60 s (service_down_time), and the new
+# process may take longer than that to report under load. So: wait for a heartbeat newer
+# than this wait, then for the inventory.
+compute_ready() {
+  local since t0=$SECONDS
+  since=$(date -u +%Y-%m-%dT%H:%M:%S)
+  wait_for 180 "a fresh nova-compute heartbeat" heartbeat_after "$since" ||
+    die "nova-compute sent no heartbeat within 180 s (last: $(compute_heartbeat)); see /var/log/nova/nova-compute.log"
+  wait_for 120 "nova-compute's inventory in Placement" placement_inventory ||
+    die "no resource provider with VCPU, MEMORY_MB and DISK_GB inventory in Placement; see /var/log/nova/nova-compute.log and /var/log/placement/placement-api.log"
+  log "nova-compute: fresh heartbeat and inventory in Placement after $((SECONDS - t0)) s"
+}
+
 cloud() {
   os_admin_env
   # The compute host in cell1 (once nova-compute has reported to the conductor).
@@ -85,6 +135,7 @@ cloud() {
       die "nova-compute never reported up; see /var/log/nova/nova-compute.log"
     as nova nova-manage cell_v2 discover_hosts >/dev/null
   fi
+  compute_ready
   # The flavors: the appliance (it needs 384 MiB; its disk is the image's, grown by Nova),
   # and the RHCOS stand-in's masters (systemd and a 35 MiB initramfs unpacked in memory).
   # hw_rng:allowed lets an image ask for a virtio-rng device (docs/image.md).

@@ -380,13 +380,29 @@ impl Runner {
     /// Unicast backup that has heard no advert for two intervals: it probes ARP for the VIP
     /// so that it sees a holder whose adverts do not arrive ([`portsec::hold_claim`]).
     fn adverts_quiet(&self) -> bool {
-        let quiet_after =
-            Duration::from_millis(2 * u64::from(self.spec.config.advert_interval_ms.max(1)));
         self.unicast()
             && self.machine.state() == State::Backup
             && self
                 .last_other_advert
-                .is_none_or(|t| self.now().saturating_sub(t) > quiet_after)
+                .is_none_or(|t| self.now().saturating_sub(t) > self.quiet_after())
+    }
+
+    /// How long without an advert before a unicast backup probes ARP for the VIP: two
+    /// intervals, well inside Master_Down (three and the skew).
+    fn quiet_after(&self) -> Duration {
+        Duration::from_millis(2 * u64::from(self.spec.config.advert_interval_ms.max(1)))
+    }
+
+    /// A unicast backup that still hears adverts: when they turn quiet unless another one
+    /// arrives. The first probe must go then, not at the next event that happens to wake
+    /// the loop: its answer must be in before Master_Down runs out
+    /// ([`portsec::hold_claim`]), or the backup claims the VIP beside its holder.
+    fn quiet_at(&self) -> Option<Duration> {
+        if !self.unicast() || self.machine.state() != State::Backup {
+            return None;
+        }
+        self.last_other_advert
+            .map(|t| t + self.quiet_after() + Duration::from_millis(1))
     }
 
     /// The priority to run with: the one health checks give, or 1 while this node's port
@@ -485,7 +501,6 @@ impl Runner {
                 self.holder_arp,
                 super::gate::HOLDER_FRESH,
                 self.last_other_advert,
-                self.machine.master_down_interval(),
             )
         {
             return false;
@@ -955,10 +970,13 @@ pub async fn run(
         } else if next_round.is_none() {
             next_round = Some(Instant::now() + PORT_CHECK_FIRST);
         }
-        if arp.is_none() || !probing {
+        if arp.is_none() {
             next_probe = None;
-        } else if next_probe.is_none() {
-            next_probe = Some(Instant::now());
+        } else if probing {
+            next_probe = next_probe.or_else(|| Some(Instant::now()));
+        } else {
+            // Not probing yet: wake when adverts turn quiet (moves with every advert).
+            next_probe = r.quiet_at().map(|d| r.origin + d);
         }
         tokio::select! {
             _ = stop.cancelled() => break,

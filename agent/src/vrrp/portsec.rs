@@ -15,10 +15,13 @@
 //! - **The security group does not pass IP protocol 112.** Adverts stop at every port; each
 //!   backup would take the missing adverts for a dead master and claim the VIP beside the
 //!   holder (split brain; the ARP conflict rule would then move it back and forth). A
-//!   backup holds its claim while another host answers ARP for the VIP and no advert has
-//!   arrived for [`ADVERTS_STALE_FACTOR`] Master_Down intervals ([`hold_claim`]): the holder
-//!   keeps the VIP, and the backup says that adverts do not arrive and how to let them. A
-//!   master that stops answering (it died) no longer holds anyone back.
+//!   backup whose Master_Down runs out holds its claim while another host has answered ARP
+//!   for the VIP since the last advert arrived, and recently ([`hold_claim`]): a master
+//!   that died cannot answer the probes a backup sends once adverts go quiet, a live one
+//!   whose adverts are dropped does. The holder keeps the VIP, and once no advert has
+//!   arrived for [`ADVERTS_STALE_FACTOR`] Master_Down intervals the backup says that
+//!   adverts do not arrive and how to let them. A master that stops answering (it died) no
+//!   longer holds anyone back.
 
 use std::net::IpAddr;
 use std::time::Duration;
@@ -151,25 +154,28 @@ impl VipCheck {
     }
 }
 
-/// How many Master_Down intervals without any advert make adverts "not arriving".
+/// How many Master_Down intervals without any advert make adverts "not arriving" (what a
+/// backup reports; holding the claim does not wait for it).
 pub const ADVERTS_STALE_FACTOR: u32 = 3;
 
 /// Whether a unicast backup whose Master_Down ran out must hold its claim: another host
-/// answered ARP for the VIP within `fresh` (`holder_seen`: when it last did), and no advert
-/// arrived from any router within [`ADVERTS_STALE_FACTOR`] × `master_down` (`last_advert`:
-/// when the last one did). A master that died stops answering ARP, so the claim goes on; a
-/// master heard recently (it said goodbye, or just died) is VRRP's to handle.
+/// answered ARP for the VIP within `fresh` (`holder_seen`: when it last did) and after the
+/// last advert arrived from any router (`last_advert`). A backup probes ARP for the VIP as
+/// soon as adverts go quiet, before Master_Down runs out, so a holder whose adverts the
+/// network drops has answered by then, while a master that died cannot have (an answer
+/// from before its last advert is no evidence: it may have died since). A master that said
+/// goodbye sent an advert (priority 0) after anything it answered, so VRRP handles it.
+///
+/// Holding must not wait until adverts have been missing for long (issue 25): the first
+/// Master_Down without adverts is exactly when a backup would otherwise claim the VIP
+/// beside its live holder.
 pub fn hold_claim(
     now: Duration,
     holder_seen: Option<Duration>,
     fresh: Duration,
     last_advert: Option<Duration>,
-    master_down: Duration,
 ) -> bool {
-    let holder_answers = holder_seen.is_some_and(|t| now.saturating_sub(t) <= fresh);
-    let adverts_stale =
-        last_advert.is_none_or(|t| now.saturating_sub(t) > master_down * ADVERTS_STALE_FACTOR);
-    holder_answers && adverts_stale
+    holder_seen.is_some_and(|t| now.saturating_sub(t) <= fresh && last_advert.is_none_or(|a| t > a))
 }
 
 #[cfg(test)]
@@ -221,18 +227,29 @@ mod tests {
     #[test]
     fn a_backup_holds_its_claim_only_against_a_silent_holder_that_answers_arp() {
         let s = Duration::from_secs;
-        let md = Duration::from_millis(3610);
+        let ms = Duration::from_millis;
         let fresh = s(2);
         // Never an advert, and the holder answered ARP a second ago: hold (protocol 112
-        // blocked).
-        assert!(hold_claim(s(20), Some(s(19)), fresh, None, md));
-        // Adverts stopped 4 s ago (the master just died or said goodbye): VRRP's call.
-        assert!(!hold_claim(s(20), Some(s(19)), fresh, Some(s(16)), md));
+        // blocked from the start).
+        assert!(hold_claim(s(20), Some(s(19)), fresh, None));
+        // Adverts stopped 4 s ago (the first Master_Down without them) and the holder
+        // answered the probe sent since: hold. This is when protocol 112 is blocked on a
+        // running cluster; waiting for adverts to be stale for long claimed the VIP here.
+        assert!(hold_claim(s(20), Some(s(18)), fresh, Some(s(16))));
         // Adverts stopped long ago and the holder still answers: hold.
-        assert!(hold_claim(s(100), Some(s(99)), fresh, Some(s(50)), md));
+        assert!(hold_claim(s(100), Some(s(99)), fresh, Some(s(50))));
+        // The holder answered only before its last advert: it may have died since.
+        assert!(!hold_claim(
+            s(20),
+            Some(ms(19_500)),
+            fresh,
+            Some(ms(19_600))
+        ));
+        assert!(!hold_claim(s(20), Some(s(16)), s(5), Some(s(16))));
         // Nobody answers ARP any more (the holder died): claim.
-        assert!(!hold_claim(s(100), Some(s(90)), fresh, None, md));
-        assert!(!hold_claim(s(100), None, fresh, None, md));
+        assert!(!hold_claim(s(100), Some(s(90)), fresh, None));
+        assert!(!hold_claim(s(100), None, fresh, None));
+        assert!(!hold_claim(s(100), None, fresh, Some(s(96))));
     }
 
     #[test]
