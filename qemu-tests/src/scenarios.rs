@@ -493,7 +493,7 @@ pub fn api_on_rhcos(c: &dyn Testbed) -> Result<String> {
 }
 
 /// The node that answered `/version` through the API VIP (the stand-in names itself).
-fn api_node(c: &dyn Testbed) -> Option<String> {
+pub fn api_node(c: &dyn Testbed) -> Option<String> {
     let body = probe::curl(
         c.outside().netns,
         &format!("https://{API_VIP}:6443/version"),
