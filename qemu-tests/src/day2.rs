@@ -139,27 +139,10 @@ fn steady_client(c: &dyn Testbed) -> Result<(ClientLoop, Instant)> {
         Duration::from_millis(100),
         Duration::from_secs(1),
     );
-    let start = Instant::now();
-    loop {
-        let samples = client.samples();
-        let since = samples
-            .iter()
-            .rev()
-            .take_while(|s| s.ok)
-            .last()
-            .map(|s| s.sent);
-        if let Some(since) = since
-            && samples
-                .last()
-                .is_some_and(|s| s.sent.duration_since(since) >= Duration::from_secs(3))
-        {
-            return Ok((client, since));
-        }
-        if start.elapsed() > Duration::from_secs(60) {
-            bail!("the API VIP did not answer steadily for 3 s within 60 s");
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    let since = client
+        .wait_steady(Duration::from_secs(3), Duration::from_secs(60))
+        .context("the API VIP did not answer steadily for 3 s within 60 s")?;
+    Ok((client, since))
 }
 
 /// Requests sent from `since` on, and how many of them failed (with when, after `since`).

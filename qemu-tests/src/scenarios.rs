@@ -626,27 +626,11 @@ fn kill_holder(
     // A steady state first: 3 s of answers in a row (after the pivot the proxies may still
     // be taking the bootstrap out of their backends).
     let steady = Duration::from_secs(3);
-    let warm = Instant::now();
-    let since = loop {
-        let samples = client.samples();
-        let since = samples
-            .iter()
-            .rev()
-            .take_while(|s| s.ok)
-            .last()
-            .map(|s| s.sent);
-        if let Some(since) = since
-            && samples
-                .last()
-                .is_some_and(|s| s.sent.duration_since(since) >= steady)
-        {
-            break since;
-        }
-        if warm.elapsed() > Duration::from_secs(60) {
-            bail!("{url} did not answer steadily for {steady:?} within 60 s before the kill");
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    };
+    let since = client
+        .wait_steady(steady, Duration::from_secs(60))
+        .with_context(|| {
+            format!("{url} did not answer steadily for {steady:?} within 60 s before the kill")
+        })?;
     let killed_at = Instant::now();
     c.kill(&holder)?;
     client

@@ -109,7 +109,8 @@ fn run(config: Config) -> Result<()> {
         })?;
         Some(())
     })()
-    .is_some();
+    .is_some()
+        && report.passed(&order);
     report.print(&order);
     println!(
         "\nqemu-day2: {} configuration {} in {:.0} s (accel {}), consoles in {}",
