@@ -8,7 +8,7 @@ export KEELSON_AGENT_BIN := $(abspath $(AGENT_BIN))
 # The QEMU cluster's stand-in kube-apiserver, shipped in its test image.
 export KEELSON_STANDIN_BIN := $(abspath target/$(TARGET)/$(AGENT_PROFILE)/kube-standin)
 
-.PHONY: all setup agent build image test lint qemu-cluster openstack-cluster standin bench fuzz clean
+.PHONY: all setup agent build image test lint qemu-cluster qemu-day2 openstack-cluster standin bench fuzz clean
 
 all: build
 
@@ -54,6 +54,16 @@ CONFIG ?= unicast
 qemu-cluster: setup agent
 	cargo build -p keelson -p keelson-qemu-tests --bin keelson --bin qemu-cluster
 	KEELSON_BIN=$(abspath target/debug/keelson) target/debug/qemu-cluster --config $(CONFIG)
+
+# Day-2 operations in the QEMU cluster (docs/operations.md, docs/qemu-cluster.md): the control
+# plane as qemu-cluster boots it (masters on the RHCOS stand-in, no workers), then a rolling
+# agent upgrade with a client through the API VIP (0 failed requests expected) and a master
+# replaced by a new one at another address. Not part of `make test`. DAY2_CONFIG=unicast
+# runs it on the unicast segment; KEELSON_AGENT_NEW=<binary> rolls out another agent.
+DAY2_CONFIG ?= multicast
+qemu-day2: setup agent
+	cargo build -p keelson -p keelson-qemu-tests --bin keelson --bin qemu-day2
+	KEELSON_BIN=$(abspath target/debug/keelson) target/debug/qemu-day2 --config $(DAY2_CONFIG)
 
 # The cluster on a real OpenStack: installs, configures and starts an all-in-one Debian 12
 # (Zed) OpenStack on this machine (scripts/openstack/, idempotent; services already running

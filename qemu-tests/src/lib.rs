@@ -3,6 +3,7 @@
 
 pub mod cluster;
 pub mod configdrive;
+pub mod day2;
 pub mod fabric;
 pub mod guest;
 pub mod netns;

@@ -156,6 +156,30 @@ impl ClientLoop {
         None
     }
 
+    /// Waits (up to `timeout`) until the requests of the last `steady` all answered;
+    /// returns when the first of that run was sent.
+    pub fn wait_steady(&self, steady: Duration, timeout: Duration) -> Option<Instant> {
+        let start = Instant::now();
+        while start.elapsed() < timeout {
+            let samples = self.samples();
+            let since = samples
+                .iter()
+                .rev()
+                .take_while(|s| s.ok)
+                .last()
+                .map(|s| s.sent);
+            if let Some(since) = since
+                && samples
+                    .last()
+                    .is_some_and(|s| s.sent.duration_since(since) >= steady)
+            {
+                return Some(since);
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        None
+    }
+
     /// Stops the loop and returns every sample.
     pub fn finish(mut self) -> Vec<Sample> {
         self.stop.store(true, Ordering::Relaxed);

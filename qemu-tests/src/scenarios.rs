@@ -493,7 +493,7 @@ pub fn api_on_rhcos(c: &dyn Testbed) -> Result<String> {
 }
 
 /// The node that answered `/version` through the API VIP (the stand-in names itself).
-fn api_node(c: &dyn Testbed) -> Option<String> {
+pub fn api_node(c: &dyn Testbed) -> Option<String> {
     let body = probe::curl(
         c.outside().netns,
         &format!("https://{API_VIP}:6443/version"),
@@ -626,27 +626,11 @@ fn kill_holder(
     // A steady state first: 3 s of answers in a row (after the pivot the proxies may still
     // be taking the bootstrap out of their backends).
     let steady = Duration::from_secs(3);
-    let warm = Instant::now();
-    let since = loop {
-        let samples = client.samples();
-        let since = samples
-            .iter()
-            .rev()
-            .take_while(|s| s.ok)
-            .last()
-            .map(|s| s.sent);
-        if let Some(since) = since
-            && samples
-                .last()
-                .is_some_and(|s| s.sent.duration_since(since) >= steady)
-        {
-            break since;
-        }
-        if warm.elapsed() > Duration::from_secs(60) {
-            bail!("{url} did not answer steadily for {steady:?} within 60 s before the kill");
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    };
+    let since = client
+        .wait_steady(steady, Duration::from_secs(60))
+        .with_context(|| {
+            format!("{url} did not answer steadily for {steady:?} within 60 s before the kill")
+        })?;
     let killed_at = Instant::now();
     c.kill(&holder)?;
     client

@@ -1,0 +1,128 @@
+//! `qemu-day2`: the QEMU cluster's day-2 operations (`make qemu-day2`, issue 30,
+//! docs/operations.md): boots the control plane as `qemu-cluster` does (bootstrap, three
+//! masters on the RHCOS stand-in, no workers: their agent is PID 1 of the appliance, which
+//! docs/operations.md reprovisions rather than restarts), pivots, then runs
+//! [`keelson_qemu_tests::day2`]: a rolling agent upgrade through the API VIP with a client
+//! counting failures, and a master replaced by a new one at another address.
+//!
+//! `qemu-day2 [--config multicast|unicast]`: `multicast` (the default) runs VRRP multicast and
+//! mDNS members, so a new master at a new address needs no `cluster.json` edit (unicast lists
+//! no master addresses either, but multicast is the configuration docs/operations.md's
+//! replacement needs nothing for). Environment as `qemu-cluster`'s, and `KEELSON_AGENT_NEW`:
+//! the binary the roll installs (default: `KEELSON_AGENT_BIN`, a rolling restart through the
+//! upgrade procedure); `QEMU_CLUSTER_WORK` defaults to `target/qemu-day2/<config>`.
+
+use std::time::Instant;
+
+use anyhow::{Result, bail};
+use keelson_qemu_tests::cluster::{self, Cluster, Config, ImageKind};
+use keelson_qemu_tests::day2;
+use keelson_qemu_tests::payload::{build, env_path, standin};
+use keelson_qemu_tests::report::Report;
+use keelson_qemu_tests::scenarios;
+
+fn main() {
+    let mut args = std::env::args().skip(1);
+    let result = match (args.next().as_deref(), args.next()) {
+        (None, _) => run(Config::Multicast),
+        (Some("--config"), Some(c)) => c.parse().and_then(run),
+        _ => Err(anyhow::anyhow!(
+            "usage: qemu-day2 [--config multicast|unicast]"
+        )),
+    };
+    if let Err(e) = result {
+        eprintln!("qemu-day2: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+fn run(config: Config) -> Result<()> {
+    let start = Instant::now();
+    let work = env_path(
+        "QEMU_CLUSTER_WORK",
+        &format!("target/qemu-day2/{}", config.as_str()),
+    );
+    std::fs::create_dir_all(&work)?;
+    let new_agent = env_path(
+        "KEELSON_AGENT_NEW",
+        &env_path(
+            "KEELSON_AGENT_BIN",
+            "target/x86_64-unknown-linux-gnu/release/keelson-agent",
+        )
+        .to_string_lossy(),
+    );
+    if !new_agent.exists() {
+        bail!("no agent to roll out at {}", new_agent.display());
+    }
+    eprintln!(
+        "qemu-day2: {} configuration; payloads in {}; the roll installs {}",
+        config.as_str(),
+        work.display(),
+        new_agent.display()
+    );
+    // The procedures run in systemd nodes through their guest agent: the stand-in.
+    let masters = ImageKind::Standin;
+    let out = build(&work, config, masters)?;
+    let image = out.join("keelson.qcow2");
+    let plan: Vec<_> = cluster::plan(masters)
+        .into_iter()
+        .filter(|n| n.role != "worker")
+        .collect();
+    let mut cluster = Cluster::new(&work, &out, &image, config, plan, Some(standin()?))?;
+    let mut report = Report::new("qemu-day2");
+    let all = ["bootstrap", "master-0", "master-1", "master-2"];
+    let masters_only = ["master-0", "master-1", "master-2", "master-3"];
+    let order = ["1 boot", "2 pivot", "3 api", "4 roll", "5 replace"];
+    let passed = (|| {
+        report.run(
+            &mut cluster,
+            order[0],
+            &all,
+            |c| scenarios::boot(c),
+            |d| d.clone(),
+        )?;
+        report.run(
+            &mut cluster,
+            order[1],
+            &all,
+            |c| scenarios::pivot(c),
+            |d| d.clone(),
+        )?;
+        report.run(
+            &mut cluster,
+            order[2],
+            &all[1..],
+            |c| scenarios::api_spread(c),
+            |d| d.clone(),
+        )?;
+        // The replacement does not need the roll to have passed: run it either way, for
+        // its figures (the run still fails).
+        let _ = report.run(
+            &mut cluster,
+            order[3],
+            &all[1..],
+            |c| day2::roll(c, &new_agent),
+            |d| d.clone(),
+        );
+        report.run(&mut cluster, order[4], &masters_only, day2::replace, |d| {
+            d.clone()
+        })?;
+        Some(())
+    })()
+    .is_some()
+        && report.passed(&order);
+    report.print(&order);
+    println!(
+        "\nqemu-day2: {} configuration {} in {:.0} s (accel {}), consoles in {}",
+        config.as_str(),
+        if passed { "PASSED" } else { "FAILED" },
+        start.elapsed().as_secs_f64(),
+        keelson_qemu_tests::vm::accel(),
+        work.display()
+    );
+    drop(cluster);
+    if !passed {
+        bail!("a scenario failed");
+    }
+    Ok(())
+}
