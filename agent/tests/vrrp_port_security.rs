@@ -112,13 +112,20 @@ fn pair(tag: &str) -> RunNet {
         &[("bootstrap", "bootstrap"), ("master-1", "master")],
         "vrrp,members,ignition",
     );
-    net.start(0);
-    net.start(1);
-    net.wait("both agents ready", Duration::from_secs(90), || {
-        net.is_ready(0) && net.is_ready(1)
-    });
     port(&net.seg, 0, true);
     port(&net.seg, 1, true);
+    // The bootstrap first, as a cluster forms: it holds the VIP before the master starts
+    // and registers through it. (Both started at once, each can claim the VIP alone after
+    // its grace and register with itself through it; see the closing note of 2026-11-25.)
+    net.start(0);
+    net.wait("the bootstrap ready", Duration::from_secs(90), || {
+        net.is_ready(0)
+    });
+    net.seg.wait_sole_holder(0, VIP, Duration::from_secs(30));
+    net.start(1);
+    net.wait("master-1 ready", Duration::from_secs(90), || {
+        net.is_ready(1)
+    });
     net.seg.wait_sole_holder(0, VIP, Duration::from_secs(30));
     net
 }

@@ -878,6 +878,9 @@ pub async fn run(
             spec.iface
         );
     }
+    if cfg.vip.is_ipv4() {
+        vip::announce_from_own_address(&spec.iface);
+    }
     let mac = vip::mac(&spec.iface)?;
     let sock = VrrpSocket::open(
         &spec.iface,

@@ -207,3 +207,24 @@ mod tests {
         assert!(if_index("no-such-if0").is_none());
     }
 }
+
+/// Sets `arp_announce` 2 on `iface`: the kernel's ARP requests then carry the node's own
+/// address as sender, never the VIP. With the default (0) a packet sent from the VIP (the
+/// port check's probes, a reply from the VIP) to a neighbour whose entry has gone stale makes
+/// the kernel ask for that neighbour *from the VIP*; a cloud port without the VIP as an
+/// allowed address pair drops that request (Neutron's ARP protection), the entry fails, and
+/// everything queued for the neighbour goes with it, VRRP adverts included: the backup
+/// stops hearing its master and claims the VIP (found by agent/tests/vrrp_port_security.rs,
+/// which failed 3 runs in 11 that way). keepalived's documentation asks for the same
+/// setting where VIPs share a segment. Failing to set it is logged, not fatal.
+pub fn announce_from_own_address(iface: &str) {
+    let path = format!("/proc/sys/net/ipv4/conf/{iface}/arp_announce");
+    match std::fs::read_to_string(&path) {
+        Ok(v) if v.trim() == "2" => {}
+        _ => {
+            if let Err(e) = std::fs::write(&path, "2") {
+                tracing::warn!("{path}: {e}: ARP requests may go out from the VIP");
+            }
+        }
+    }
+}
