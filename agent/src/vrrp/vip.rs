@@ -189,25 +189,6 @@ fn tentative(iface: &str, ip: std::net::Ipv6Addr) -> bool {
         .unwrap_or(false)
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn label_starts_with_interface_and_fits() {
-        assert_eq!(label("eth0"), "eth0:vip");
-        assert_eq!(label("enp0s31f6long"), "enp0s31f6long:v");
-        assert!(label("enp0s31f6long").len() <= 15);
-    }
-
-    #[test]
-    fn loopback_has_index_and_mac() {
-        assert!(if_index("lo").is_some());
-        assert_eq!(mac("lo").unwrap(), [0; 6]);
-        assert!(if_index("no-such-if0").is_none());
-    }
-}
-
 /// Sets `arp_announce` 2 on `iface`: the kernel's ARP requests then carry the node's own
 /// address as sender, never the VIP. With the default (0) a packet sent from the VIP (the
 /// port check's probes, a reply from the VIP) to a neighbour whose entry has gone stale makes
@@ -226,5 +207,24 @@ pub fn announce_from_own_address(iface: &str) {
                 tracing::warn!("{path}: {e}: ARP requests may go out from the VIP");
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn label_starts_with_interface_and_fits() {
+        assert_eq!(label("eth0"), "eth0:vip");
+        assert_eq!(label("enp0s31f6long"), "enp0s31f6long:v");
+        assert!(label("enp0s31f6long").len() <= 15);
+    }
+
+    #[test]
+    fn loopback_has_index_and_mac() {
+        assert!(if_index("lo").is_some());
+        assert_eq!(mac("lo").unwrap(), [0; 6]);
+        assert!(if_index("no-such-if0").is_none());
     }
 }
