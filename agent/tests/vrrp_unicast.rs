@@ -163,6 +163,11 @@ impl Phases for RunNet {
         let mut checked = Duration::ZERO;
         let mut sole_since: Option<(usize, Duration)> = None;
         loop {
+            // The holders first, then the clock: a holder seen by this poll took the VIP
+            // before its end, not before its start (a poll takes a few hundred ms on a
+            // loaded machine; timed from its start, "claimed before the grace" failed once
+            // by 64 ms when the claim was on time).
+            let h = self.holders();
             let now = t.elapsed();
             if ready.is_none() && now >= checked + Duration::from_millis(100) {
                 checked = now;
@@ -170,7 +175,6 @@ impl Phases for RunNet {
                     ready = Some(now);
                 }
             }
-            let h = self.holders();
             match (h.as_slice(), sole_since) {
                 ([one], Some((who, _))) if *one == who => {}
                 ([one], _) if expect.is_empty() || expect.contains(one) => {
