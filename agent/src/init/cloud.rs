@@ -398,8 +398,7 @@ async fn remove_lease(
 /// after the lease's, so it is a secondary: without this it would go with the lease (found
 /// by agent/tests/cloud_netns.rs), leaving the node without an address.
 fn promote_secondaries(interface: &str) {
-    let path = format!("/proc/sys/net/ipv4/conf/{interface}/promote_secondaries");
-    if let Err(e) = std::fs::write(&path, "1") {
-        log(&format!("network: {path}: {e}"));
+    if let Err(e) = crate::net::set_ipv4_conf(interface, "promote_secondaries", "1") {
+        log(&format!("network: {e}"));
     }
 }

@@ -21,6 +21,16 @@ use rtnetlink::{Handle, LinkUnspec, RouteMessageBuilder};
 
 pub use plan::{InterfacePlan, LinkInfo, NetworkPlan, plan};
 
+/// Sets `net.ipv4.conf.<interface>.<key>` (through /proc, in the caller's network
+/// namespace) unless it already has `value`.
+pub fn set_ipv4_conf(interface: &str, key: &str, value: &str) -> std::io::Result<()> {
+    let path = format!("/proc/sys/net/ipv4/conf/{interface}/{key}");
+    if std::fs::read_to_string(&path).is_ok_and(|v| v.trim() == value) {
+        return Ok(());
+    }
+    std::fs::write(&path, value).map_err(|e| std::io::Error::new(e.kind(), format!("{path}: {e}")))
+}
+
 /// A netlink connection.
 #[derive(Debug, Clone)]
 pub struct Netlink {

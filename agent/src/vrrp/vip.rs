@@ -199,14 +199,8 @@ fn tentative(iface: &str, ip: std::net::Ipv6Addr) -> bool {
 /// which failed 3 runs in 11 that way). keepalived's documentation asks for the same
 /// setting where VIPs share a segment. Failing to set it is logged, not fatal.
 pub fn announce_from_own_address(iface: &str) {
-    let path = format!("/proc/sys/net/ipv4/conf/{iface}/arp_announce");
-    match std::fs::read_to_string(&path) {
-        Ok(v) if v.trim() == "2" => {}
-        _ => {
-            if let Err(e) = std::fs::write(&path, "2") {
-                tracing::warn!("{path}: {e}: ARP requests may go out from the VIP");
-            }
-        }
+    if let Err(e) = crate::net::set_ipv4_conf(iface, "arp_announce", "2") {
+        tracing::warn!("{e}: ARP requests may go out from the VIP");
     }
 }
 
