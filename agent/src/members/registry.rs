@@ -21,7 +21,7 @@ use tokio::sync::watch;
 use super::auth::{Fields, Fresh, Op, Proof, Reject, Verifier, source_matches};
 use super::table::{MAX_MEMBERS, Table};
 use crate::dns_label::DnsLabel;
-use crate::members::member::Member;
+use crate::member::Member;
 use crate::node::NodeIdentity;
 use keelson_cluster::ClusterConfig;
 
