@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex};
 use keelson_cluster::ClusterConfig;
 use tokio::sync::watch;
 
-use crate::members::member::MemberList;
+use crate::member::MemberList;
 use crate::node::NodeIdentity;
 use crate::status::model::{
     AgentStatus, BgpStatus, BuildInfo, DiscoveryStatus, DnsStatus, IgnitionStatus, NodeStatus,
@@ -259,5 +259,77 @@ impl AgentContext {
                 bgp: bus.views.bgp.read(),
             },
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use tokio_util::sync::CancellationToken;
+
+    use crate::status::{fetch, model, serve, summary};
+
+    #[tokio::test]
+    /// The context's status document, served on the socket, reads back typed.
+    async fn served_status_reads_back_typed() {
+        let cluster =
+            keelson_cluster::ClusterConfig::from_json(include_bytes!("dns/testdata/cluster.json"))
+                .unwrap();
+        let node = crate::node::NodeIdentity {
+            name: "master-1".parse().unwrap(),
+            role: keelson_cluster::Role::Master,
+            interface: "eth0".into(),
+            addresses: vec!["10.0.0.12/24".parse().unwrap()],
+        };
+        let ctx = super::AgentContext::new(cluster, node);
+        ctx.bus.mark_ready("dns");
+        let view = ctx.bus.views.discovery.install(|| model::DiscoveryStatus {
+            transport: "mdns".into(),
+            received: 7,
+            drops: [("malformed".to_string(), 1)].into(),
+            refused: 0,
+            registries: Default::default(),
+            auth: None,
+        });
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.sock");
+        let stop = CancellationToken::new();
+        let started = std::time::Instant::now();
+        let server = {
+            let ctx = ctx.clone();
+            tokio::spawn(serve(
+                path.clone(),
+                move || ctx.status(started),
+                stop.clone(),
+            ))
+        };
+        let mut doc = None;
+        for _ in 0..50 {
+            if let Ok(d) = fetch(&path).await {
+                doc = Some(d);
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+        let doc = doc.unwrap();
+        assert_eq!(doc.node.name, "master-1");
+        assert_eq!(doc.ready, vec!["dns".to_string()]);
+        assert!(doc.other.bgp.is_none());
+        assert_eq!(doc.discovery.as_ref().unwrap().received, 7);
+        assert_eq!(doc.build.version, crate::VERSION);
+        assert!(doc.process.resident_memory_bytes > 0);
+        let text = summary(&doc);
+        assert!(
+            text.contains("node master-1 (master)") && text.contains("10.0.0.12/24"),
+            "{text}"
+        );
+        assert!(text.contains("malformed 1"), "{text}");
+        // A subsystem that stopped takes its view with it.
+        drop(view);
+        assert!(ctx.status(started).discovery.is_none());
+        stop.cancel();
+        server.await.unwrap().unwrap();
+        assert!(!path.exists(), "socket removed on stop");
+        let err = fetch(&path).await.unwrap_err().to_string();
+        assert!(err.contains("is keelson-agent running"), "{err}");
     }
 }

@@ -13,6 +13,7 @@ pub mod health;
 pub mod ignition_server;
 pub mod init;
 pub mod log;
+pub mod member;
 pub mod members;
 pub mod metadata;
 pub mod metrics;

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use keelson_agent::context::AgentContext;
 use keelson_agent::dns::{RunOptions, run_with};
-use keelson_agent::members::member::Member;
+use keelson_agent::member::Member;
 use keelson_agent::node::NodeIdentity;
 use keelson_cluster::{ClusterConfig, Role};
 use tokio_util::sync::CancellationToken;

@@ -806,7 +806,7 @@ impl Drop for Sniffer {
 fn fake_master(net: &Net, claimed_key_id: Option<&str>) -> Vec<u8> {
     use keelson_agent::members::mdns::Announce;
     let announce = Announce {
-        member: keelson_agent::members::member::Member {
+        member: keelson_agent::member::Member {
             name: "master-9".parse().unwrap(),
             role: keelson_cluster::Role::Master,
             addresses: vec![IpAddr::V4(net.ip(FORGER))],

@@ -7,7 +7,8 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use keelson_agent::metadata::NetworkData;
-use keelson_agent::net::{Netlink, dhcp, plan};
+use keelson_agent::metadata::network_plan::plan;
+use keelson_agent::net::{Netlink, dhcp};
 use keelson_testkit::dhcp::DhcpServer;
 use keelson_testkit::{Netns, require, require_root, wait_for};
 

@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use keelson_agent::context::AgentContext;
-use keelson_agent::members::member::Member;
+use keelson_agent::member::Member;
 use keelson_agent::node::NodeIdentity;
 use keelson_cluster::{ClusterConfig, Role};
 use keelson_testkit::segment::nft;

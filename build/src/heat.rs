@@ -76,7 +76,6 @@ pub fn template(ic: &InstallConfig, cluster: &ClusterConfig) -> anyhow::Result<S
         .chain(&ic.ingress_vips)
         .copied()
         .collect();
-    let name = &ic.name;
     let mut t = String::new();
     let w = &mut t;
     writeln!(w, "heat_template_version: 2021-04-16")?;
@@ -85,6 +84,20 @@ pub fn template(ic: &InstallConfig, cluster: &ClusterConfig) -> anyhow::Result<S
         "description: keelson cluster {} (written by keelson build; docs/openstack.md)",
         cluster.zone()
     )?;
+    write_parameters(w)?;
+    write_network(w, &ic.name, cidr, &vips, cluster)?;
+    write_servers(w, ic, &vips)?;
+    writeln!(w, "outputs:")?;
+    writeln!(w, "  network:\n    value: {{get_resource: network}}")?;
+    writeln!(
+        w,
+        "  bootstrap_address:\n    value: {{get_attr: [bootstrap_port, fixed_ips, 0, ip_address]}}"
+    )?;
+    Ok(t)
+}
+
+/// The template's parameters: images, flavors, config drive.
+fn write_parameters(w: &mut String) -> std::fmt::Result {
     writeln!(w, "parameters:")?;
     for (param, default, what) in [
         (
@@ -107,6 +120,17 @@ pub fn template(ic: &InstallConfig, cluster: &ClusterConfig) -> anyhow::Result<S
         w,
         "  config_drive:\n    type: boolean\n    default: false\n    description: boot with a config drive (else the metadata service serves user_data)"
     )?;
+    Ok(())
+}
+
+/// The network, its subnet (its pool kept clear of the VIPs) and the security group.
+fn write_network(
+    w: &mut String,
+    name: &str,
+    cidr: &ipnet::IpNet,
+    vips: &[IpAddr],
+    cluster: &ClusterConfig,
+) -> std::fmt::Result {
     writeln!(w, "resources:")?;
     writeln!(
         w,
@@ -116,7 +140,7 @@ pub fn template(ic: &InstallConfig, cluster: &ClusterConfig) -> anyhow::Result<S
         w,
         "  subnet:\n    type: OS::Neutron::Subnet\n    properties:\n      name: {name}\n      network: {{get_resource: network}}\n      cidr: {cidr}"
     )?;
-    if let Some((start, end)) = allocation_pool(cidr, &vips) {
+    if let Some((start, end)) = allocation_pool(cidr, vips) {
         writeln!(
             w,
             "      allocation_pools:\n      - {{start: {start}, end: {end}}}"
@@ -136,6 +160,12 @@ pub fn template(ic: &InstallConfig, cluster: &ClusterConfig) -> anyhow::Result<S
             )?;
         }
     }
+    Ok(())
+}
+
+/// A port (the VIPs as allowed address pairs) and a server for each node.
+fn write_servers(w: &mut String, ic: &InstallConfig, vips: &[IpAddr]) -> std::fmt::Result {
+    let name = &ic.name;
     let nodes = std::iter::once((
         "bootstrap".to_owned(),
         "keelson_image",
@@ -164,7 +194,7 @@ pub fn template(ic: &InstallConfig, cluster: &ClusterConfig) -> anyhow::Result<S
             w,
             "  {res}_port:\n    type: OS::Neutron::Port\n    properties:\n      name: {name}-{node}\n      network: {{get_resource: network}}\n      fixed_ips:\n      - {{subnet: {{get_resource: subnet}}}}\n      security_groups:\n      - {{get_resource: security_group}}\n      allowed_address_pairs:"
         )?;
-        for vip in &vips {
+        for vip in vips {
             writeln!(w, "      - {{ip_address: {vip}}}")?;
         }
         writeln!(
@@ -172,13 +202,7 @@ pub fn template(ic: &InstallConfig, cluster: &ClusterConfig) -> anyhow::Result<S
             "  {res}:\n    type: OS::Nova::Server\n    properties:\n      name: {node}\n      image: {{get_param: {image}}}\n      flavor: {{get_param: {flavor}}}\n      networks:\n      - {{port: {{get_resource: {res}_port}}}}\n      config_drive: {{get_param: config_drive}}\n      user_data_format: RAW\n      user_data: {{get_file: {user_data}}}"
         )?;
     }
-    writeln!(w, "outputs:")?;
-    writeln!(w, "  network:\n    value: {{get_resource: network}}")?;
-    writeln!(
-        w,
-        "  bootstrap_address:\n    value: {{get_attr: [bootstrap_port, fixed_ips, 0, ip_address]}}"
-    )?;
-    Ok(t)
+    Ok(())
 }
 
 #[cfg(test)]

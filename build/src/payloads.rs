@@ -472,26 +472,14 @@ pub fn build(args: BuildArgs) -> anyhow::Result<()> {
     names.push(crate::heat::FILE.into());
     if !args.no_image {
         say("building the appliance image (kernel, initramfs, disk, qcow2)");
-        let daemon = routing_daemon_files(&cluster, &args.routing_daemon_root)?;
-        if !daemon.is_empty() {
-            say(&format!(
-                "the image carries the routing daemon of the bgp VIPs ({} files: the program, its loader and libraries)",
-                daemon.len()
-            ));
-        }
-        let opts = keelson_image::ImageOptions {
-            kernel: args.kernel.clone(),
-            modules: args.modules.clone(),
-            extra_files: assets
-                .iter()
-                .map(|a| (format!("{IMAGE_ASSETS_DIR}/{}", a.name), a.path.clone()))
-                .chain(daemon)
-                .collect(),
-            ..keelson_image::ImageOptions::new(staging.path(), &agent_binary.path)
-        };
-        let manifest = keelson_image::build(&opts)?;
-        names.push(manifest.file.clone());
-        names.push(keelson_image::MANIFEST.into());
+        names.extend(write_image(
+            &args,
+            staging.path(),
+            &cluster,
+            &assets,
+            &agent_binary.path,
+            &say,
+        )?);
     }
     let sums = sha256sums(staging.path(), &names)?;
     std::fs::write(staging.path().join("SHA256SUMS"), &sums)?;
@@ -504,20 +492,56 @@ pub fn build(args: BuildArgs) -> anyhow::Result<()> {
         names.push(format!("tls/{name}"));
     }
     // Move everything into place only now that it is all written.
-    for name in &names {
-        let to = args.out.join(name);
-        if let Some(parent) = to.parent() {
-            std::fs::create_dir_all(parent)?;
-        }
-        std::fs::rename(staging.path().join(name), &to)
-            .with_context(|| to.display().to_string())?;
-    }
+    move_into_place(staging.path(), &args.out, &names)?;
     say(&format!(
         "wrote {} (user_data: bootstrap.ign for the bootstrap, master.ign and worker.ign for the rest)",
         args.out.display()
     ));
     if !args.quiet {
         print!("{sums}");
+    }
+    Ok(())
+}
+
+/// Builds the appliance image into `staging` with the agent at `agent`, the assets and the
+/// routing daemon of BGP VIPs; returns the names it wrote.
+fn write_image(
+    args: &BuildArgs,
+    staging: &Path,
+    cluster: &ClusterConfig,
+    assets: &[Asset],
+    agent: &Path,
+    say: &dyn Fn(&str),
+) -> anyhow::Result<Vec<String>> {
+    let daemon = routing_daemon_files(cluster, &args.routing_daemon_root)?;
+    if !daemon.is_empty() {
+        say(&format!(
+            "the image carries the routing daemon of the bgp VIPs ({} files: the program, its loader and libraries)",
+            daemon.len()
+        ));
+    }
+    let opts = keelson_image::ImageOptions {
+        kernel: args.kernel.clone(),
+        modules: args.modules.clone(),
+        extra_files: assets
+            .iter()
+            .map(|a| (format!("{IMAGE_ASSETS_DIR}/{}", a.name), a.path.clone()))
+            .chain(daemon)
+            .collect(),
+        ..keelson_image::ImageOptions::new(staging, agent)
+    };
+    let manifest = keelson_image::build(&opts)?;
+    Ok(vec![manifest.file, keelson_image::MANIFEST.into()])
+}
+
+/// Renames every file of `names` from `staging` into `out`, making their directories.
+fn move_into_place(staging: &Path, out: &Path, names: &[String]) -> anyhow::Result<()> {
+    for name in names {
+        let to = out.join(name);
+        if let Some(parent) = to.parent() {
+            std::fs::create_dir_all(parent)?;
+        }
+        std::fs::rename(staging.join(name), &to).with_context(|| to.display().to_string())?;
     }
     Ok(())
 }

@@ -11,6 +11,7 @@ use crate::configdrive::{NetworkMode, NodeDrive};
 use crate::guest::GuestAgent;
 use crate::netns::Netns;
 use crate::neutron::{Dhcp, DhcpHost, DhcpSettings, Instance, MetadataService};
+pub use crate::node_plan::{ImageKind, MetadataSource, NodePlan, ServiceFault};
 use crate::segment::{BridgeSegment, NicLink, Segment, TapBridge};
 use crate::standin::{self, BootSpec, NodeNetwork, StandinImage};
 use crate::testbed::{Outside, Testbed};
@@ -29,51 +30,6 @@ pub const HOST_ADDRESS: &str = "10.0.0.250";
 pub const MTU: u16 = 1450;
 /// The DHCP lease time: dnsmasq's shortest, so every node renews (T1 = 60 s) during a run.
 pub const LEASE_SECS: u32 = 120;
-
-/// Where a node's metadata comes from: the ways clouds give it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum MetadataSource {
-    /// A config drive (ISO 9660, `config-2`) whose `network_data.json` says this.
-    ConfigDrive(NetworkMode),
-    /// No config drive (most clouds' default): DHCP, then the metadata service at
-    /// 169.254.169.254 with this `network_data.json`, showing this fault.
-    Service(NetworkMode, ServiceFault),
-}
-
-/// A metadata-service fault a node meets on its first boot.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ServiceFault {
-    /// Answers at once.
-    None,
-    /// Every answer takes this long.
-    Slow(Duration),
-    /// Unreachable (its packets dropped) for this long after the VM starts.
-    UnreachableFor(Duration),
-}
-
-impl MetadataSource {
-    /// For the report: `config drive (ipv4_dhcp)`, `metadata service (no network_data, slow)`.
-    pub fn describe(&self) -> String {
-        let net = |m: &NetworkMode| match m {
-            NetworkMode::Static => "static ipv4",
-            NetworkMode::Dhcp => "ipv4_dhcp",
-            NetworkMode::Absent => "no network_data.json",
-        };
-        match self {
-            MetadataSource::ConfigDrive(m) => format!("config drive ({})", net(m)),
-            MetadataSource::Service(m, f) => format!(
-                "DHCP + metadata service ({}{})",
-                net(m),
-                match f {
-                    ServiceFault::None => String::new(),
-                    ServiceFault::Slow(d) => format!(", {} s per answer", d.as_secs()),
-                    ServiceFault::UnreachableFor(d) =>
-                        format!(", unreachable for {} s after the lease", d.as_secs()),
-                }
-            ),
-        }
-    }
-}
 
 /// Which configuration runs, on which segment (docs/qemu-cluster.md).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -102,43 +58,6 @@ impl Config {
         match self {
             Config::Unicast => "unicast",
             Config::Multicast => "multicast",
-        }
-    }
-}
-
-/// One VM of the cluster.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct NodePlan {
-    /// Name (host name, node name).
-    pub name: String,
-    /// `bootstrap`, `master` or `worker`.
-    pub role: &'static str,
-    /// Static address on the segment.
-    pub address: Ipv4Addr,
-    /// NIC MAC address.
-    pub mac: String,
-    /// Where its metadata comes from.
-    pub source: MetadataSource,
-    /// What it boots.
-    pub image: ImageKind,
-}
-
-/// What a node boots.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ImageKind {
-    /// `keelson.qcow2`: the agent is PID 1 and applies the Ignition subset itself.
-    Appliance,
-    /// The RHCOS stand-in (`crate::standin`): upstream Ignition in the initramfs applies the
-    /// config, systemd runs the agent, NetworkManager owns the network.
-    Standin,
-}
-
-impl ImageKind {
-    /// `appliance` or `standin` (the `QEMU_CLUSTER_MASTERS` values).
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ImageKind::Appliance => "appliance",
-            ImageKind::Standin => "standin",
         }
     }
 }
@@ -585,20 +504,6 @@ impl Testbed for Cluster {
     }
 }
 
-/// The journal entries of one syslog identifier (`tag` is `name[`) among the console's
-/// lines, as journald forwards them (`[  12.345678] name[pid]: message`).
-pub fn journal_entries<'a>(console: &'a str, tag: &str) -> Vec<&'a str> {
-    console
-        .lines()
-        .filter(|l| {
-            l.find(tag).is_some_and(|i| {
-                // The identifier starts the entry: after the timestamp or the line start.
-                l[..i].trim_end().is_empty() || l[..i].trim_end().ends_with(']')
-            })
-        })
-        .collect()
-}
-
 impl Drop for Cluster {
     fn drop(&mut self) {
         // VMs first (their Drop kills QEMU), then the services, the bridge, the namespace.
@@ -612,20 +517,6 @@ impl Drop for Cluster {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn journal_entries_by_identifier() {
-        let console = "[    3.1] ignition[312]: fetch: fetched referenced config\n\
-                       [    3.2] systemd[1]: Started ignition-files.service\n\
-                       [   20.0] keelson-agent[640]: keelson-agent ready: node=master-0\n\
-                       some keelson-agent[ in the middle\n\
-                       ignition[1]: at the start";
-        assert_eq!(
-            journal_entries(console, "keelson-agent["),
-            ["[   20.0] keelson-agent[640]: keelson-agent ready: node=master-0"]
-        );
-        assert_eq!(journal_entries(console, "ignition[").len(), 2);
-    }
 
     #[test]
     fn masters_boot_what_they_are_told() {

@@ -8,6 +8,7 @@ pub mod fabric;
 pub mod guest;
 pub mod netns;
 pub mod neutron;
+pub mod node_plan;
 pub mod openstack;
 pub mod payload;
 pub mod probe;

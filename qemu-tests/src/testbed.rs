@@ -9,9 +9,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 
-use crate::cluster::{ImageKind, NodePlan};
 use crate::guest::GuestAgent;
 use crate::netns::Netns;
+use crate::node_plan::{ImageKind, NodePlan};
 
 /// The outside participant on the cluster's segment: a namespace, its interface there and
 /// its address (where `dig`, `curl` and the ARP probes run from).
@@ -102,7 +102,7 @@ pub trait Testbed {
                         ));
                         continue;
                     }
-                    let entries = crate::cluster::journal_entries(&console, tag);
+                    let entries = journal_entries(&console, tag);
                     let shown = &entries[entries.len().saturating_sub(lines)..];
                     text.push_str(&format!(
                         "---- {name}: {what} (from the console, last {} of {} entries)\n{}\n",
@@ -239,5 +239,38 @@ pub trait Testbed {
             std::thread::sleep(Duration::from_millis(200));
         }
         bail!("{vip}: held by {last:?} after {timeout:?}, not by an expected node")
+    }
+}
+
+/// The journal entries of one syslog identifier (`tag` is `name[`) among the console's
+/// lines, as journald forwards them (`[  12.345678] name[pid]: message`).
+pub fn journal_entries<'a>(console: &'a str, tag: &str) -> Vec<&'a str> {
+    console
+        .lines()
+        .filter(|l| {
+            l.find(tag).is_some_and(|i| {
+                // The identifier starts the entry: after the timestamp or the line start.
+                l[..i].trim_end().is_empty() || l[..i].trim_end().ends_with(']')
+            })
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn journal_entries_by_identifier() {
+        let console = "[    3.1] ignition[312]: fetch: fetched referenced config\n\
+                       [    3.2] systemd[1]: Started ignition-files.service\n\
+                       [   20.0] keelson-agent[640]: keelson-agent ready: node=master-0\n\
+                       some keelson-agent[ in the middle\n\
+                       ignition[1]: at the start";
+        assert_eq!(
+            journal_entries(console, "keelson-agent["),
+            ["[   20.0] keelson-agent[640]: keelson-agent ready: node=master-0"]
+        );
+        assert_eq!(journal_entries(console, "ignition[").len(), 2);
     }
 }

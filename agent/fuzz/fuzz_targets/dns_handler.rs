@@ -20,7 +20,7 @@ use keelson_agent::dns::handler::{
 use hickory_proto::serialize::binary::BinEncodable;
 use keelson_agent::dns::wire;
 use keelson_agent::dns::zone::Zone;
-use keelson_agent::members::member::Member;
+use keelson_agent::member::Member;
 use keelson_cluster::Role;
 use libfuzzer_sys::fuzz_target;
 

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant, SystemTime};
 use keelson_agent::dns_label::DnsLabel;
 use keelson_agent::members::auth::{Keys, Verifier};
 use keelson_agent::members::mdns::{Announce, Cache, MDNS_PORT, Received};
-use keelson_agent::members::member::Member;
+use keelson_agent::member::Member;
 use keelson_cluster::Role;
 use libfuzzer_sys::fuzz_target;
 

@@ -20,7 +20,7 @@ use bytes::Bytes;
 use http::{Method, StatusCode};
 use keelson_agent::dns_label::DnsLabel;
 use keelson_agent::members::auth::{Keys, Verifier};
-use keelson_agent::members::member::Member;
+use keelson_agent::member::Member;
 use keelson_agent::members::registry::{Entry, MEMBERS_PATH, Registry};
 use keelson_cluster::Role;
 use keelson_cluster::routes::ExtraRoutes;

@@ -1,4 +1,4 @@
-//! `network_data.json` into `metadata::NetworkData`, then `net::plan::plan` against links
+//! `network_data.json` into `metadata::NetworkData`, then `metadata::network_plan::plan` against links
 //! made from the document's own MAC addresses and names (so networks find their links),
 //! as init does before configuring interfaces. Checks: what parses round-trips through
 //! JSON; a plan only names links it was given, each once; addresses agree with their
@@ -6,7 +6,8 @@
 #![no_main]
 
 use keelson_agent::metadata::NetworkData;
-use keelson_agent::net::plan::{LinkInfo, plan};
+use keelson_agent::metadata::network_plan::plan;
+use keelson_agent::net::LinkInfo;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

@@ -11,7 +11,7 @@ use std::net::IpAddr;
 use keelson_cluster::Role;
 
 use crate::dns_label::DnsLabel;
-use crate::members::member::Member;
+use crate::member::Member;
 
 /// Peer port in `_etcd-server-ssl._tcp` SRV records.
 pub const PEER_PORT: u16 = 2380;

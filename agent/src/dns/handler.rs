@@ -248,7 +248,7 @@ pub fn encode_limited(resp: &Message, max_size: usize) -> Option<(Vec<u8>, bool)
 mod tests {
     use super::*;
     use crate::dns::zone::tests::member;
-    use crate::members::member::Member;
+    use crate::member::Member;
     use hickory_proto::op::Query;
     use hickory_proto::rr::{Name, RData, RecordType};
     use keelson_cluster::Role;

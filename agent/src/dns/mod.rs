@@ -35,7 +35,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use crate::context::AgentContext;
-use crate::members::member::Member;
+use crate::member::Member;
 use forward::{Forwarder, UPSTREAM_TIMEOUT};
 use server::Shared;
 use zone::Zone;

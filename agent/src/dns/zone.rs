@@ -9,7 +9,7 @@ use std::net::IpAddr;
 
 use super::etcd::{self, EtcdNames, Target};
 use super::wire::{self, CLASS_ANY, CLASS_IN, rtype};
-use crate::members::member::Member;
+use crate::member::Member;
 
 /// Errors building a zone.
 #[derive(Debug, thiserror::Error)]

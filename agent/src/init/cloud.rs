@@ -269,7 +269,7 @@ async fn apply_plan(
     stop: &CancellationToken,
 ) -> anyhow::Result<NodeNetwork> {
     let links = netlink.links().await.context("listing links")?;
-    let plan = crate::net::plan(metadata.network_data.as_ref(), &links)?;
+    let plan = crate::metadata::network_plan::plan(metadata.network_data.as_ref(), &links)?;
     let configured = netlink
         .apply(&plan)
         .await

@@ -33,7 +33,7 @@ use keelson_cluster::Role;
 
 use super::auth::{Fields, Fresh, Op, Proof, Reject, Signer, Verifier, source_matches};
 use crate::dns_label::DnsLabel;
-use crate::members::member::Member;
+use crate::member::Member;
 
 /// The DNS-SD service type members use.
 pub const SERVICE: &str = "_keelson._tcp.local.";

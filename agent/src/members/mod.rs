@@ -15,7 +15,6 @@
 pub mod auth;
 pub mod mdns;
 pub mod mdns_net;
-pub mod member;
 pub mod registry;
 pub mod seeds;
 pub mod table;
@@ -31,8 +30,8 @@ use keelson_cluster::cluster::MembersTransport;
 use tokio_util::sync::CancellationToken;
 
 use crate::context::AgentContext;
+use crate::member::Member;
 use crate::node::NodeIdentity;
-use member::Member;
 use registry::Registry;
 
 /// Packets and records seen, dropped and why (status snapshot).

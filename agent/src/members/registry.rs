@@ -21,7 +21,7 @@ use tokio::sync::watch;
 use super::auth::{Fields, Fresh, Op, Proof, Reject, Verifier, source_matches};
 use super::table::{MAX_MEMBERS, Table};
 use crate::dns_label::DnsLabel;
-use crate::members::member::Member;
+use crate::member::Member;
 use crate::node::NodeIdentity;
 use keelson_cluster::ClusterConfig;
 
@@ -402,15 +402,27 @@ impl ExtraRoutes for Registry {
     }
 }
 
+/// A member that this registry will not list; says which field and what was expected.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum MemberShapeError {
+    /// No address, or more than 16.
+    #[error("member.addresses: expected 1 to 16 addresses")]
+    Addresses,
+    /// A version longer than 64 bytes or with control characters.
+    #[error("member.version: expected at most 64 bytes, no control characters")]
+    Version,
+}
+
 /// What every member this registry lists must look like, however it was heard: 1 to 16
 /// addresses, a version of at most 64 bytes without control characters (its name is a
-/// [`DnsLabel`], checked when it was read). The error names the field.
-fn check_member(m: &Member) -> Result<(), String> {
+/// [`DnsLabel`], checked when it was read).
+fn check_member(m: &Member) -> Result<(), MemberShapeError> {
     if m.addresses.is_empty() || m.addresses.len() > 16 {
-        return Err("member.addresses: expected 1 to 16 addresses".into());
+        return Err(MemberShapeError::Addresses);
     }
     if m.version.len() > 64 || m.version.chars().any(char::is_control) {
-        return Err("member.version: expected at most 64 bytes, no control characters".into());
+        return Err(MemberShapeError::Version);
     }
     Ok(())
 }

@@ -25,7 +25,7 @@ use keelson_cluster::Role;
 use serde::{Deserialize, Serialize};
 
 use crate::dns_label::DnsLabel;
-use crate::members::member::Member;
+use crate::member::Member;
 
 /// The file under the state directory.
 pub const FILE: &str = "members.json";

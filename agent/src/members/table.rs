@@ -4,7 +4,7 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use crate::dns_label::DnsLabel;
-use crate::members::member::Member;
+use crate::member::Member;
 
 /// The most members a table holds (a registry's own, and what it merges from others): a
 /// cluster's every node, with room to spare; a registry that tried to make this node hold

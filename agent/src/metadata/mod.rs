@@ -8,6 +8,7 @@ pub mod fat;
 pub mod http;
 pub mod iso9660;
 pub mod network;
+pub mod network_plan;
 
 use std::collections::BTreeMap;
 

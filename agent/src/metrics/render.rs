@@ -983,7 +983,7 @@ mod tests {
             proxy_healthy: true,
             ignition_running: true,
             dns_upstreams: vec![],
-            members: vec![crate::members::member::Member {
+            members: vec![crate::member::Member {
                 name: "master-0".parse().unwrap(),
                 role: keelson_cluster::Role::Master,
                 addresses: vec!["10.0.0.11".parse().unwrap()],

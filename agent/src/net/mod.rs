@@ -1,7 +1,8 @@
 //! The node's network: links, addresses and routes over netlink (rtnetlink; no shelling out
 //! to `ip`) from `network_data.json` or DHCP, and the sockets the services listen on.
 //!
-//! - [`plan`] is pure (tested on the metadata fixtures); [`Netlink`] applies a plan.
+//! - [`plan`]: what to configure where (made from metadata by `metadata::network_plan`);
+//!   [`Netlink`] applies it.
 //! - [`dhcp`]: the DHCPv4 client.
 //! - [`listen`]: listening sockets; [`http_server`]: HTTP/1.1 serving for small endpoints;
 //!   [`http_client`]: the agent's one HTTP client.
@@ -19,7 +20,7 @@ use ipnet::IpNet;
 use netlink_packet_route::link::LinkAttribute;
 use rtnetlink::{Handle, LinkUnspec, RouteMessageBuilder};
 
-pub use plan::{InterfacePlan, LinkInfo, NetworkPlan, plan};
+pub use plan::{InterfacePlan, LinkInfo, NetworkPlan};
 
 /// Sets `net.ipv4.conf.<interface>.<key>` (through /proc, in the caller's network
 /// namespace) unless it already has `value`.

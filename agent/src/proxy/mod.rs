@@ -39,7 +39,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::context::AgentContext;
-use crate::members::member::Member;
+use crate::member::Member;
 use crate::status::model::{FrontendKind, FrontendStatus, ProxyStatus};
 use backend::{Backend, HealthPolicy, Pool, Tuning};
 use forward::Meter;

@@ -10,7 +10,7 @@ use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
 
 use super::histogram::HistogramSnapshot;
-use crate::members::member::Member;
+use crate::member::Member;
 
 /// Everything the running agent knows about itself.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -209,11 +209,48 @@ pub struct VrrpInstance {
 #[serde(rename_all = "camelCase")]
 pub struct PortSecurityFinding {
     /// What is wrong.
-    pub problem: crate::vrrp::portsec::Problem,
+    pub problem: PortProblem,
     /// Seconds since it was found.
     pub seconds: f64,
     /// The likely fix (an `openstack` command).
     pub fix: String,
+}
+
+/// What is wrong with a node's cloud port or its security group, as a VRRP instance found it
+/// (`vrrp/portsec.rs`, docs/vrrp.md "Port security").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum PortProblem {
+    /// Traffic from the VIP leaves this node's port dropped: the VIP is not one of the
+    /// port's allowed address pairs.
+    VipNotAllowed,
+    /// Another host holds the VIP, members know the peers, and no advert arrives: the
+    /// security group drops VRRP (IP protocol 112).
+    VrrpBlocked,
+}
+
+impl PortProblem {
+    /// Every problem, for metrics (a 0 for each one not seen).
+    pub const ALL: [PortProblem; 2] = [PortProblem::VipNotAllowed, PortProblem::VrrpBlocked];
+
+    /// Its metric label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PortProblem::VipNotAllowed => "vip_not_allowed",
+            PortProblem::VrrpBlocked => "vrrp_blocked",
+        }
+    }
+
+    /// The likely fix, as the command an OpenStack user runs. `vip` is the instance's VIP,
+    /// `mac` this node's NIC (the port is found by it).
+    pub fn fix(self, vip: IpAddr, mac: &str) -> String {
+        match self {
+            PortProblem::VipNotAllowed => format!(
+                "openstack port set --allowed-address ip-address={vip} $(openstack port list --mac-address {mac} -f value -c ID)"
+            ),
+            PortProblem::VrrpBlocked => "openstack security group rule create --protocol 112 <the security group of the nodes' ports>".to_owned(),
+        }
+    }
 }
 
 /// One health check of a VRRP instance.

@@ -3,7 +3,7 @@
 
 use std::fmt::Write as _;
 
-use super::model::{AgentStatus, BgpStatus, VrrpState};
+use super::model::{AgentStatus, BgpStatus, PortProblem, VrrpState};
 
 fn join<T: std::fmt::Display>(items: impl IntoIterator<Item = T>) -> String {
     let v: Vec<String> = items.into_iter().map(|x| x.to_string()).collect();
@@ -132,12 +132,10 @@ fn vrrp_lines(o: &mut String, st: &AgentStatus) {
         );
         for f in &v.port_security {
             let what = match f.problem {
-                crate::vrrp::portsec::Problem::VipNotAllowed => {
+                PortProblem::VipNotAllowed => {
                     "this node's port drops the VIP (not an allowed address pair?)"
                 }
-                crate::vrrp::portsec::Problem::VrrpBlocked => {
-                    "VRRP adverts do not arrive (protocol 112 blocked?)"
-                }
+                PortProblem::VrrpBlocked => "VRRP adverts do not arrive (protocol 112 blocked?)",
             };
             let _ = writeln!(
                 o,

@@ -25,7 +25,7 @@ use super::socket::{Received, VrrpSocket};
 use super::{announce, reach, vip};
 use crate::context::AgentContext;
 use crate::health::{self, CheckState};
-use crate::members::member::MemberList;
+use crate::member::MemberList;
 use crate::status::model::GateState;
 
 /// When the first round of the port check runs after this node took the VIP.

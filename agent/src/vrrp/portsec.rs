@@ -23,46 +23,11 @@
 //!   adverts do not arrive and how to let them. A master that stops answering (it died) no
 //!   longer holds anyone back.
 
-use std::net::IpAddr;
 use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
-
-/// What is wrong with the port or its security group.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub enum Problem {
-    /// Traffic from the VIP leaves this node's port dropped: the VIP is not one of the
-    /// port's allowed address pairs.
-    VipNotAllowed,
-    /// Another host holds the VIP, members know the peers, and no advert arrives: the
-    /// security group drops VRRP (IP protocol 112).
-    VrrpBlocked,
-}
-
-impl Problem {
-    /// Every problem, for metrics (a 0 for each one not seen).
-    pub const ALL: [Problem; 2] = [Problem::VipNotAllowed, Problem::VrrpBlocked];
-
-    /// Its metric label.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Problem::VipNotAllowed => "vip_not_allowed",
-            Problem::VrrpBlocked => "vrrp_blocked",
-        }
-    }
-
-    /// The likely fix, as the command an OpenStack user runs. `vip` is the instance's VIP,
-    /// `mac` this node's NIC (the port is found by it).
-    pub fn fix(self, vip: IpAddr, mac: &str) -> String {
-        match self {
-            Problem::VipNotAllowed => format!(
-                "openstack port set --allowed-address ip-address={vip} $(openstack port list --mac-address {mac} -f value -c ID)"
-            ),
-            Problem::VrrpBlocked => "openstack security group rule create --protocol 112 <the security group of the nodes' ports>".to_owned(),
-        }
-    }
-}
+/// What is wrong with the port or its security group (a status value: it lives with the
+/// status document's types).
+pub use crate::status::model::PortProblem as Problem;
 
 /// How a target answered one TCP connect.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -254,7 +219,7 @@ mod tests {
 
     #[test]
     fn the_fix_names_the_vip_and_the_port() {
-        let vip: IpAddr = "10.0.0.5".parse().unwrap();
+        let vip: std::net::IpAddr = "10.0.0.5".parse().unwrap();
         let fix = Problem::VipNotAllowed.fix(vip, "fa:16:3e:00:00:01");
         assert!(
             fix.contains("--allowed-address ip-address=10.0.0.5"),

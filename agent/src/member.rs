@@ -1,4 +1,4 @@
-//! One node of the cluster as member discovery sees it: what every transport announces and
+//! One node of the cluster as member discovery (`members/`) sees it: what every transport announces and
 //! learns, what the bus carries to VRRP, the proxy and DNS, and what the status lists.
 
 use std::net::IpAddr;
