@@ -203,6 +203,16 @@ fn backend(net: &RunNet, i: usize, ip: std::net::Ipv4Addr) -> serde_json::Value 
         .unwrap_or_default()
 }
 
+/// Waits (up to 30 s: slack for a loaded machine) until one node other than `from` holds
+/// the VIP; how long that took, and which node.
+fn moved_off(net: &RunNet, from: usize, what: &str) -> (Duration, usize) {
+    let t = net.wait(what, Duration::from_secs(30), || {
+        let h = net.seg.holders(VIP);
+        h.len() == 1 && h[0] != from
+    });
+    (t, net.seg.holders(VIP)[0])
+}
+
 /// (state transitions, check transitions) of node `i`'s `api` instance.
 fn flips(net: &RunNet, i: usize) -> (u64, Vec<(String, u64)>) {
     let a = api(net, i);
@@ -343,15 +353,11 @@ fn slow_apiserver_keeps_the_vip_dead_one_moves_it() {
             "table inet {table} {{ chain out {{ type filter hook output priority 0; ip saddr {own} ip daddr {own} tcp dport 6443 reject with tcp reset; }}; }}\n"
         ),
     );
-    net.wait(
+    let (_, new) = moved_off(
+        &net,
+        holder,
         "a master preempts the one whose own check is refused",
-        Duration::from_secs(30),
-        || {
-            let h = net.seg.holders(VIP);
-            h.len() == 1 && h[0] != holder
-        },
     );
-    let new = net.seg.holders(VIP)[0];
     assert_eq!(
         api(&net, holder)["priority"],
         full - local_weight,
@@ -394,16 +400,12 @@ fn slow_apiserver_keeps_the_vip_dead_one_moves_it() {
     apis[holder].0.kill();
     let killed = Instant::now();
     // Detection: fall (2) probes 2 s apart, refused at once; then a backup that now
-    // outranks the holder takes over at its Master_Down. Slack for a loaded machine.
-    let moved = net.wait(
+    // outranks the holder takes over at its Master_Down.
+    let (moved, new) = moved_off(
+        &net,
+        holder,
         "the VIP moves off the node whose apiserver died",
-        Duration::from_secs(30),
-        || {
-            let h = net.seg.holders(VIP);
-            h.len() == 1 && h[0] != holder
-        },
     );
-    let new = net.seg.holders(VIP)[0];
     let old = api(&net, holder);
     assert_eq!(
         old["priority"],

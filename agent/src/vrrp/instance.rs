@@ -733,9 +733,12 @@ impl Runner {
 
     /// Removes the VIP now (leaving master, or a hand-over's grace over).
     async fn remove_vip(&mut self) {
-        self.release_at = None;
+        let why = match self.release_at.take() {
+            Some(_) => "hand-over done",
+            None => "leaving MASTER",
+        };
         tracing::info!(
-            "vrrp {}: leaving MASTER, removing {}",
+            "vrrp {}: {why}, removing {}",
             self.spec.config.name,
             self.spec.config.vip
         );
