@@ -290,8 +290,10 @@ impl Machine {
     }
 
     /// Another holder of the VIP that sends us no adverts was seen (ARP conflict, in
-    /// unicast mode) and wins the tie-break: a master goes back to Backup, removes the VIP
-    /// and waits a Master_Down interval as after startup.
+    /// unicast mode) and wins the tie-break: a master goes back to Backup, hands the VIP
+    /// over and waits a Master_Down interval as after startup. A hand-over, not a removal
+    /// at once: the other holder has just announced the VIP, and most often it is a router
+    /// that preempted us and whose gratuitous ARP got here before its advert.
     pub fn yield_to_unknown(&mut self, now: Duration) -> Vec<Action> {
         if self.state != State::Master {
             return Vec::new();
@@ -299,7 +301,7 @@ impl Machine {
         self.master_interval_cs = self.params.interval_cs;
         self.master = None;
         self.become_backup(now);
-        vec![Action::RemoveVip]
+        vec![Action::HandOverVip]
     }
 
     /// A backup starts its Master_Down wait afresh at `now` (a peer just became known in
@@ -642,7 +644,7 @@ mod tests {
         );
         m.on_timer(ms(7000));
         assert_eq!(m.state(), State::Master);
-        assert_eq!(m.yield_to_unknown(ms(8000)), vec![Action::RemoveVip]);
+        assert_eq!(m.yield_to_unknown(ms(8000)), vec![Action::HandOverVip]);
         assert_eq!(m.state(), State::Backup);
         assert_eq!(m.master(), None);
         assert_eq!(m.next_deadline(), Some(ms(8000) + m.master_down_interval()));

@@ -707,14 +707,18 @@ impl Runner {
                 }
                 Action::RemoveVip => self.remove_vip().await,
                 Action::HandOverVip => {
-                    if let Some((by, priority)) = self.machine.master() {
-                        tracing::info!(
-                            "vrrp {}: {by} (priority {priority}) outranks us (priority {}): leaving MASTER, keeping {} {HANDOVER_GRACE:?} for its announcement",
-                            self.spec.config.name,
-                            self.machine.priority(),
-                            self.spec.config.vip
-                        );
-                    }
+                    let by = match self.machine.master() {
+                        Some((by, priority)) => format!(
+                            "{by} (priority {priority}) outranks us (priority {})",
+                            self.machine.priority()
+                        ),
+                        None => "another holder wins".to_owned(),
+                    };
+                    tracing::info!(
+                        "vrrp {}: {by}: leaving MASTER, keeping {} {HANDOVER_GRACE:?} for its announcement",
+                        self.spec.config.name,
+                        self.spec.config.vip
+                    );
                     self.release_at = Some(Instant::now() + HANDOVER_GRACE);
                 }
                 Action::Announce => {
