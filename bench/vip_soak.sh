@@ -7,8 +7,8 @@
 #         in turn — and both cores are saturated (`stress-ng --cpu <cores>`);
 #  netem  10% packet loss and 50 ms jitter (`tc qdisc ... netem delay 50ms 50ms loss 10%`)
 #         on every master's link (each packet between masters crosses one of them); on a
-#         kernel without sch_netem, 10% loss from an nftables rule instead, without jitter
-#         (the result line says which).
+#         kernel without sch_netem the same in user space, bench/lib/jitter.py between
+#         each master's veth and the bridge (the result line says which).
 #
 # Counted while the condition lasts: how often the VIP moved (the holder changed), samples
 # with two holders or none (polled every 200 ms), and the requests of a client opening a new
@@ -33,8 +33,19 @@ require_bench stress-ng tc
 
 STRESS=""
 NETEM="tc netem delay 50ms 50ms loss 10%"
+# The jitter.py relays' pids (one_soak runs in a subshell: a file, so cleanup sees them).
+stop_relays() {
+    local pid
+    [ -f "$WORK/relays" ] || return 0
+    for pid in $(cat "$WORK/relays"); do
+        kill "$pid" 2>/dev/null || true
+        while kill -0 "$pid" 2>/dev/null; do sleep 0.05; done
+    done
+    rm -f "$WORK/relays"
+}
 cleanup() {
     [ -z "$STRESS" ] || kill "$STRESS" 2>/dev/null || true
+    stop_relays
     teardown
     rm -rf "$WORK"
 }
@@ -66,11 +77,12 @@ one_soak() { # stack condition -> one JSON line
         netem)
             for m in "${MASTERS[@]}"; do
                 if ! ip netns exec "$(ns "$m")" tc qdisc add dev eth0 root netem delay 50ms 50ms loss 10% 2>/dev/null; then
-                    # A kernel without sch_netem (CONFIG_NET_SCH_NETEM unset): the loss
-                    # from nftables, on everything the node sends; no jitter.
-                    echo 'table inet kso_loss { chain out { type filter hook output priority 0; numgen random mod 100 < 10 drop; }; }' |
-                        ip netns exec "$(ns "$m")" nft -f -
-                    NETEM="nftables loss 10% (no sch_netem in this kernel: no jitter)"
+                    # A kernel without sch_netem (CONFIG_NET_SCH_NETEM unset): the same
+                    # delay, jitter and loss on everything the node sends, in user space.
+                    ip netns exec $BR python3 "$ROOT/bench/lib/jitter.py" "${P}v$m" "${P}j$m" 50 50 10 \
+                        >/dev/null 2>>"$WORK/jitter.log" &
+                    echo $! >>"$WORK/relays"
+                    NETEM="bench/lib/jitter.py delay 50ms 50ms loss 10% (no sch_netem in this kernel)"
                 fi
             done
             ;;
@@ -112,6 +124,7 @@ one_soak() { # stack condition -> one JSON line
             sleep 0.1
         done
     fi
+    stop_relays
     local load
     load=$(awk -v a="$load_sum" -v n="$load_n" 'BEGIN{ if (n) printf "%.1f", a/n; else print "null" }')
     echo "{\"stack\":\"$stack\",\"condition\":\"$cond\",\"netem\":\"$([ "$cond" = netem ] && echo "$NETEM")\",\"secs\":$SECS,\"moves\":$moves,\"dual_samples\":$dual,\"none_samples\":$none,\"samples\":$samples,\"requests\":$(echo "$report" | jq .requests),\"failed\":$(echo "$report" | jq .failed),\"dead_apiserver_moved_ms\":$dead_ms,\"mean_load\":$load}"

@@ -12,7 +12,14 @@
 //!    holder's apiserver must have served the holder's own check slowly several times
 //!    meanwhile (so the phase tested something). With the check's timeout at its old
 //!    default (the interval, 2 s) the holder drops 20 and the VIP moves: this fails.
-//! 3. The holder's apiserver dies (its listener closes: connects are refused) while the
+//! 3. The holder's own check is refused (nftables rejects its connections from its own
+//!    address to its own apiserver) while that apiserver serves the other masters: the
+//!    holder's priority drops, another master preempts it, and the holder, alive, gives the
+//!    VIP up. The new holder's proxy must keep the old holder's backend up throughout: a
+//!    preemption is no death, and VRRP's "adverts stopped" hint, which marks a node's
+//!    backend down at once, must not come (it did before: this fails then). The rule goes,
+//!    every master is back at full priority.
+//! 4. The holder's apiserver dies (its listener closes: connects are refused) while the
 //!    node and its agent live: the VIP must move to a master whose apiserver answers, and
 //!    the API answers through it.
 //!
@@ -20,12 +27,14 @@
 //! listener) and curl.
 
 use std::net::IpAddr;
+use std::process::Command;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use keelson_testkit::agent::{RunNet, master_down};
 use keelson_testkit::netns::block_on_in;
+use keelson_testkit::segment::nft;
 use keelson_testkit::{Segment, require, require_root};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_util::sync::CancellationToken;
@@ -178,6 +187,32 @@ fn full_priority(c: &serde_json::Value) -> u64 {
     (api["priorities"]["master"].as_i64().unwrap() + weights) as u64
 }
 
+/// Node `i`'s proxy's backend at `ip`.
+fn backend(net: &RunNet, i: usize, ip: std::net::Ipv4Addr) -> serde_json::Value {
+    net.status(i)["proxy"]["backends"]
+        .as_array()
+        .and_then(|b| {
+            b.iter()
+                .find(|b| {
+                    b["addr"]
+                        .as_str()
+                        .is_some_and(|a| a.starts_with(&format!("{ip}:")))
+                })
+                .cloned()
+        })
+        .unwrap_or_default()
+}
+
+/// Waits (up to 30 s: slack for a loaded machine) until one node other than `from` holds
+/// the VIP; how long that took, and which node.
+fn moved_off(net: &RunNet, from: usize, what: &str) -> (Duration, usize) {
+    let t = net.wait(what, Duration::from_secs(30), || {
+        let h = net.seg.holders(VIP);
+        h.len() == 1 && h[0] != from
+    });
+    (t, net.seg.holders(VIP)[0])
+}
+
 /// (state transitions, check transitions) of node `i`'s `api` instance.
 fn flips(net: &RunNet, i: usize) -> (u64, Vec<(String, u64)>) {
     let a = api(net, i);
@@ -289,20 +324,88 @@ fn slow_apiserver_keeps_the_vip_dead_one_moves_it() {
         probes.iter().map(|p| p.delay).collect::<Vec<_>>()
     );
 
-    // 3. The holder's apiserver dies, the node lives: the VIP moves to another master.
+    apis[holder].0.set_slow(false);
+
+    // 3. The holder's own check refused, its apiserver serving the others: preempted, not
+    // dead. Each master's proxy has every master's apiserver as a backend.
+    // (Its slow answers may have outlasted the proxies' check timeout: wait for them.)
+    let others: Vec<usize> = (0..3).filter(|&i| i != holder).collect();
+    net.wait(
+        "the other masters' proxies see the holder's backend up",
+        Duration::from_secs(60),
+        || {
+            others
+                .iter()
+                .all(|&i| backend(&net, i, own)["state"] == "up")
+        },
+    );
+    let seen: Vec<_> = others
+        .iter()
+        .map(|&i| {
+            let b = backend(&net, i, own);
+            (i, b["transitions"].clone(), b["sessionsShutDown"].clone())
+        })
+        .collect();
+    let table = "ksa_self";
+    nft(
+        &net.seg.nodes[holder],
+        &format!(
+            "table inet {table} {{ chain out {{ type filter hook output priority 0; ip saddr {own} ip daddr {own} tcp dport 6443 reject with tcp reset; }}; }}\n"
+        ),
+    );
+    let (_, new) = moved_off(
+        &net,
+        holder,
+        "a master preempts the one whose own check is refused",
+    );
+    assert_eq!(
+        api(&net, holder)["priority"],
+        full - local_weight,
+        "{}",
+        api(&net, holder)
+    );
+    // The new holder's proxy: the old holder's backend never went down, none of its
+    // sessions were closed.
+    for (i, transitions, shut) in &seen {
+        let b = backend(&net, *i, own);
+        assert_eq!(
+            (&b["state"], &b["transitions"], &b["sessionsShutDown"]),
+            (&"up".into(), transitions, shut),
+            "master-{i}'s proxy (master-{new} holds the VIP now) marked the preempted master's live backend {own} down: {b}"
+        );
+    }
+    eprintln!("preempted: master-{new} took the VIP from master-{holder}, whose backend stayed up");
+    let out = Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            &net.seg.nodes[holder],
+            "nft",
+            "delete",
+            "table",
+            "inet",
+            table,
+        ])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    net.wait(
+        "every master at full priority again",
+        Duration::from_secs(60),
+        || (0..3).all(|i| api(&net, i)["priority"] == full),
+    );
+    let holder = net.seg.holders(VIP)[0];
+
+    // 4. The holder's apiserver dies, the node lives: the VIP moves to another master.
     apis[holder].0.kill();
     let killed = Instant::now();
     // Detection: fall (2) probes 2 s apart, refused at once; then a backup that now
-    // outranks the holder takes over at its Master_Down. Slack for a loaded machine.
-    let moved = net.wait(
+    // outranks the holder takes over at its Master_Down.
+    let (moved, new) = moved_off(
+        &net,
+        holder,
         "the VIP moves off the node whose apiserver died",
-        Duration::from_secs(30),
-        || {
-            let h = net.seg.holders(VIP);
-            h.len() == 1 && h[0] != holder
-        },
     );
-    let new = net.seg.holders(VIP)[0];
     let old = api(&net, holder);
     assert_eq!(
         old["priority"],

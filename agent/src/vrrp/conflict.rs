@@ -14,8 +14,8 @@
 //!
 //! If a valid advert arrived within the last Master_Down interval the other holder is a
 //! router VRRP already sees, and VRRP resolves it: ignore. Otherwise the holder with the
-//! lower MAC yields (both apply the same rule, so exactly one of two stays): it removes the
-//! VIP, closes its claim gate, and registers through the VIP with the holder that kept it,
+//! lower MAC yields (both apply the same rule, so exactly one of two stays): it hands the
+//! VIP over (removes it after a preempted master's 200 ms grace), closes its claim gate, and registers through the VIP with the holder that kept it,
 //! which answers with its own address; from then on they exchange adverts and VRRP elects
 //! by priority. The one that stays announces the VIP again so hosts fix their ARP caches.
 

@@ -31,6 +31,11 @@ pub enum Action {
     AddVip,
     /// Remove the VIP from the interface.
     RemoveVip,
+    /// A router that outranks us took over (its advert just arrived, its gratuitous ARP goes
+    /// out with it): remove the VIP after a short grace, as a clean stop does after its
+    /// successor's first advert, so requests still on their way to us are served rather than
+    /// dropped while hosts switch over.
+    HandOverVip,
     /// Send gratuitous ARP (IPv4) / unsolicited neighbour advertisement (IPv6) for the VIP.
     Announce,
 }
@@ -58,6 +63,10 @@ pub struct Machine {
     adver_at: Option<Duration>,
     /// Address and priority of the master we last heard (ourselves when master).
     master: Option<(IpAddr, u8)>,
+    /// In Backup: when an advert (priority > 0, whatever the priority) from that master last
+    /// arrived. A preempting backup lets lower-priority adverts pass without refreshing
+    /// Master_Down, but they show the master is alive ([`Machine::silent_master`]).
+    master_heard: Option<Duration>,
     transitions: u64,
 }
 
@@ -76,6 +85,7 @@ impl Machine {
             master_down_at: None,
             adver_at: None,
             master: None,
+            master_heard: None,
             transitions: 0,
         }
     }
@@ -98,6 +108,21 @@ impl Machine {
     /// How many times the state changed.
     pub fn transitions(&self) -> u64 {
         self.transitions
+    }
+
+    /// In Backup: the master we followed, if nothing has come from it for three of its
+    /// advert intervals — its adverts stopped (it died, or its link did). `None` while it
+    /// still advertises, even at a priority we preempt: then a takeover at Master_Down is a
+    /// preemption of a live master, not a death. Ask before [`Machine::on_timer`].
+    pub fn silent_master(&self, now: Duration) -> Option<IpAddr> {
+        if self.state != State::Backup {
+            return None;
+        }
+        let (addr, _) = self.master?;
+        let quiet = cs(3 * u64::from(self.master_interval_cs));
+        self.master_heard
+            .is_none_or(|t| now.saturating_sub(t) >= quiet)
+            .then_some(addr)
     }
 
     /// Skew_Time = ((256 - Priority) * Master_Adver_Interval) / 256 (RFC 5798 §6.1).
@@ -224,8 +249,12 @@ impl Machine {
                     self.master_interval_cs = advert.interval_cs;
                     self.master_down_at = Some(now + self.master_down_interval());
                     self.master = Some((src, advert.priority));
+                    self.master_heard = Some(now);
+                } else if self.master.is_some_and(|(m, _)| m == src) {
+                    // A lower-priority master and we preempt: let Master_Down expire, but
+                    // note that it is alive.
+                    self.master_heard = Some(now);
                 }
-                // else: a lower-priority master and we preempt: let Master_Down expire.
                 Vec::new()
             }
             State::Master => {
@@ -240,8 +269,9 @@ impl Machine {
                 {
                     self.master_interval_cs = advert.interval_cs;
                     self.master = Some((src, advert.priority));
+                    self.master_heard = Some(now);
                     self.become_backup(now);
-                    vec![Action::RemoveVip]
+                    vec![Action::HandOverVip]
                 } else {
                     // Another router thinks it is master (two took over at once, or one came
                     // back from a partition) and has announced the VIP with its MAC: assert
@@ -260,8 +290,10 @@ impl Machine {
     }
 
     /// Another holder of the VIP that sends us no adverts was seen (ARP conflict, in
-    /// unicast mode) and wins the tie-break: a master goes back to Backup, removes the VIP
-    /// and waits a Master_Down interval as after startup.
+    /// unicast mode) and wins the tie-break: a master goes back to Backup, hands the VIP
+    /// over and waits a Master_Down interval as after startup. A hand-over, not a removal
+    /// at once: the other holder has just announced the VIP, and most often it is a router
+    /// that preempted us and whose gratuitous ARP got here before its advert.
     pub fn yield_to_unknown(&mut self, now: Duration) -> Vec<Action> {
         if self.state != State::Master {
             return Vec::new();
@@ -269,7 +301,7 @@ impl Machine {
         self.master_interval_cs = self.params.interval_cs;
         self.master = None;
         self.become_backup(now);
-        vec![Action::RemoveVip]
+        vec![Action::HandOverVip]
     }
 
     /// A backup starts its Master_Down wait afresh at `now` (a peer just became known in
@@ -483,10 +515,10 @@ mod tests {
         // Equal priority, lower address: we win the same way.
         assert_eq!(m.on_advert(ms(4200), ip("10.0.0.4"), &adv(100)), reassert);
         assert_eq!(m.state(), State::Master);
-        // Equal priority, higher address: we yield.
+        // Equal priority, higher address: we yield (and hand the VIP over).
         assert_eq!(
             m.on_advert(ms(4300), ip("10.0.0.6"), &adv(100)),
-            vec![Action::RemoveVip]
+            vec![Action::HandOverVip]
         );
         assert_eq!(m.state(), State::Backup);
         assert_eq!(m.transitions(), 3);
@@ -555,16 +587,45 @@ mod tests {
         // a's check fails: 150 - 60 = 90 < 100.
         let out = a.set_priority(ms(3600), effective_priority(150, -60));
         assert_eq!(out, vec![Action::SendAdvert { priority: 90 }]);
-        b.on_advert(ms(3600), ip("10.0.0.1"), &adv(90));
-        // b ignores the lower adverts and takes over at its Master_Down.
-        let deadline = b.next_deadline().unwrap();
-        assert_eq!(deadline, ms(3500) + b.master_down_interval());
+        // b ignores the lower adverts, a sends one a second, and b takes over at its
+        // Master_Down.
+        let deadline = ms(3500) + b.master_down_interval();
+        for t in (3600..deadline.as_millis() as u64).step_by(1000) {
+            b.on_advert(ms(t), ip("10.0.0.1"), &adv(90));
+            assert!(b.on_timer(ms(t)).is_empty());
+        }
+        assert_eq!(b.next_deadline(), Some(deadline));
+        // A preemption of a live master, not a death: no "adverts stopped".
+        assert_eq!(b.silent_master(deadline), None);
         assert!(b.on_timer(deadline).contains(&Action::AddVip));
-        // a sees b's higher advert and steps down.
+        // a sees b's higher advert, steps down and hands the VIP over.
         assert_eq!(
             a.on_advert(deadline, ip("10.0.0.2"), &adv(100)),
-            vec![Action::RemoveVip]
+            vec![Action::HandOverVip]
         );
+        assert_eq!(a.state(), State::Backup);
+        assert_eq!(a.silent_master(deadline), None, "b was just heard");
+    }
+
+    #[test]
+    fn silent_master_only_when_its_adverts_stop() {
+        let mut m = machine(100, true, "10.0.0.1");
+        m.startup(ms(0));
+        assert_eq!(m.silent_master(ms(100)), None, "no master heard yet");
+        for t in (1000..=5000).step_by(1000) {
+            m.on_advert(ms(t), ip("10.0.0.2"), &adv(150));
+            assert_eq!(m.silent_master(ms(t + 999)), None);
+        }
+        // Adverts from another, lower router say nothing about the master.
+        m.on_advert(ms(7000), ip("10.0.0.3"), &adv(50));
+        // The master's last advert at 5 s: silent from 8 s (three intervals), and the
+        // takeover at Master_Down (8.61 s) is one after its adverts stopped.
+        assert_eq!(m.silent_master(ms(7999)), None);
+        assert_eq!(m.silent_master(ms(8000)), Some(ip("10.0.0.2")));
+        let deadline = m.next_deadline().unwrap();
+        assert_eq!(m.silent_master(deadline), Some(ip("10.0.0.2")));
+        assert!(m.on_timer(deadline).contains(&Action::AddVip));
+        assert_eq!(m.silent_master(deadline), None, "a master follows nobody");
     }
 
     #[test]
@@ -583,7 +644,7 @@ mod tests {
         );
         m.on_timer(ms(7000));
         assert_eq!(m.state(), State::Master);
-        assert_eq!(m.yield_to_unknown(ms(8000)), vec![Action::RemoveVip]);
+        assert_eq!(m.yield_to_unknown(ms(8000)), vec![Action::HandOverVip]);
         assert_eq!(m.state(), State::Backup);
         assert_eq!(m.master(), None);
         assert_eq!(m.next_deadline(), Some(ms(8000) + m.master_down_interval()));

@@ -33,8 +33,11 @@ const PORT_CHECK_FIRST: Duration = Duration::from_secs(5);
 /// How often it runs while this node holds the VIP.
 const PORT_CHECK_EVERY: Duration = Duration::from_secs(10);
 
-/// How long a stopping master keeps the VIP after its successor's first advert: that
-/// advert and the successor's gratuitous ARP go out together; hosts need a moment.
+/// How long a master that leaves keeps the VIP after its successor's first advert: that
+/// advert and the successor's gratuitous ARP go out together; hosts need a moment. The same
+/// for a clean stop (after its goodbye) and for a master that a higher priority preempted
+/// ([`Action::HandOverVip`]): both hold the VIP this long, and the successor's repeated
+/// announcements ([`ANNOUNCE_FOLLOWUPS`]) put right any host that asked the leaving one.
 const HANDOVER_GRACE: Duration = Duration::from_millis(200);
 
 /// Announcements repeated, one advert interval apart, after each announcement as master.
@@ -327,6 +330,8 @@ struct Runner {
     /// While master: when the next repeat of the last announcement is due, and how many
     /// remain ([`ANNOUNCE_FOLLOWUPS`]).
     followups: Option<(Instant, u8)>,
+    /// Preempted ([`Action::HandOverVip`]): when the VIP we still hold is removed.
+    release_at: Option<Instant>,
 }
 
 impl Runner {
@@ -582,9 +587,9 @@ impl Runner {
             return;
         }
         if self.gate.is_open() || self.machine.state() != State::Backup {
-            let before = (self.machine.state(), self.machine.master());
+            let silent = self.machine.silent_master(now);
             let actions = self.machine.on_timer(now);
-            self.hint_master_down(before);
+            self.hint_master_down(silent);
             self.execute(actions).await;
         }
     }
@@ -691,6 +696,7 @@ impl Runner {
                         self.machine.priority(),
                         self.spec.config.vip
                     );
+                    self.release_at = None;
                     if let Err(e) = self.vip.add().await {
                         tracing::warn!("vrrp {}: {e}", self.spec.config.name);
                     }
@@ -699,19 +705,21 @@ impl Runner {
                         s.insert(v);
                     });
                 }
-                Action::RemoveVip => {
+                Action::RemoveVip => self.remove_vip().await,
+                Action::HandOverVip => {
+                    let by = match self.machine.master() {
+                        Some((by, priority)) => format!(
+                            "{by} (priority {priority}) outranks us (priority {})",
+                            self.machine.priority()
+                        ),
+                        None => "another holder wins".to_owned(),
+                    };
                     tracing::info!(
-                        "vrrp {}: leaving MASTER, removing {}",
+                        "vrrp {}: {by}: leaving MASTER, keeping {} {HANDOVER_GRACE:?} for its announcement",
                         self.spec.config.name,
                         self.spec.config.vip
                     );
-                    if let Err(e) = self.vip.remove().await {
-                        tracing::warn!("vrrp {}: {e}", self.spec.config.name);
-                    }
-                    let v = self.spec.config.vip;
-                    self.ctx.bus.vips_held.send_modify(|s| {
-                        s.remove(&v);
-                    });
+                    self.release_at = Some(Instant::now() + HANDOVER_GRACE);
                 }
                 Action::Announce => {
                     self.announce();
@@ -727,11 +735,33 @@ impl Runner {
         self.publish();
     }
 
-    /// After a timer: when this backup took over because the master's adverts stopped (not
-    /// after its goodbye), tell the proxy that node is gone; called before the takeover's
+    /// Removes the VIP now (leaving master, or a hand-over's grace over).
+    async fn remove_vip(&mut self) {
+        let why = match self.release_at.take() {
+            Some(_) => "hand-over done",
+            None => "leaving MASTER",
+        };
+        tracing::info!(
+            "vrrp {}: {why}, removing {}",
+            self.spec.config.name,
+            self.spec.config.vip
+        );
+        if let Err(e) = self.vip.remove().await {
+            tracing::warn!("vrrp {}: {e}", self.spec.config.name);
+        }
+        let v = self.spec.config.vip;
+        self.ctx.bus.vips_held.send_modify(|s| {
+            s.remove(&v);
+        });
+    }
+
+    /// After a timer: when this backup took over because the master's adverts stopped
+    /// (`silent`, [`Machine::silent_master`] asked before the timer; not after its goodbye,
+    /// and not when it still advertised at a priority we preempt: that node lives and its
+    /// backend may be fine), tell the proxy that node is gone; called before the takeover's
     /// actions run, so the proxy knows before the VIP frontend opens.
-    fn hint_master_down(&self, before: (State, Option<(IpAddr, u8)>)) {
-        if let (State::Backup, Some((addr, _))) = before
+    fn hint_master_down(&self, silent: Option<IpAddr>) {
+        if let Some(addr) = silent
             && self.machine.state() == State::Master
             && !self.spec.own.contains(&addr)
             && self.master_left != Some(addr)
@@ -943,6 +973,7 @@ pub async fn run(
         findings: BTreeMap::new(),
         rounds: tokio::sync::mpsc::channel(4),
         followups: None,
+        release_at: None,
     };
     let now = r.now();
     let actions = r.machine.startup(now);
@@ -1022,6 +1053,10 @@ pub async fn run(
             }
             Some(paths) = r.rounds.1.recv() => r.on_port_round(&paths).await,
             _ = sleep_until(r.followups.map(|(at, _)| at)) => r.follow_up(),
+            _ = sleep_until(r.release_at) => {
+                r.remove_vip().await;
+                r.publish();
+            }
             _ = sleep_until(next_refresh) => {
                 next_refresh = None;
                 r.announce();
@@ -1052,6 +1087,10 @@ pub async fn run(
         r.await_successor(master_down).await;
     }
     r.execute(remove).await;
+    if r.release_at.is_some() {
+        // Stopped within a hand-over's grace.
+        r.remove_vip().await;
+    }
     // Whatever the state, leave no VIP behind.
     if let Err(e) = r.vip.remove().await {
         tracing::warn!("vrrp {}: {e}", r.spec.config.name);
