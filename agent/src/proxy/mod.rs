@@ -535,12 +535,13 @@ async fn accept_loop(
 
 /// Serves one client; false when no backend could be reached (the client is closed).
 async fn handle(sh: &Shared, client: TcpStream, peer: SocketAddr) -> bool {
-    let Some((b, server)) = connect::connect(sh).await else {
+    // Boxed: the connect state (candidates, attempts, the stagger timer) is freed once
+    // connected instead of sizing the task that lives as long as the connection.
+    let Some((b, server)) = Box::pin(connect::connect(sh)).await else {
         tracing::debug!(%peer, "no backend reachable; closing client");
         return false;
     };
-    // The client inherited TCP_NODELAY from the listener.
-    let _ = server.set_nodelay(true);
+    // The client inherited TCP_NODELAY from the listener; `connect::dial` set the server's.
     b.stats.active.fetch_add(1, Ordering::Relaxed);
     b.stats.total.fetch_add(1, Ordering::Relaxed);
     let mut downs = b.subscribe_downs();
@@ -808,5 +809,37 @@ mod tests {
         let _c = TcpStream::connect(l.local_addr().unwrap()).await.unwrap();
         let (s, _) = l.accept().await.unwrap();
         assert!(s.nodelay().unwrap());
+    }
+
+    /// What an open connection costs in the proxy's memory is mostly its task: the future
+    /// of `handle` (connect, then forward) lives in one allocation for the connection's life.
+    #[tokio::test]
+    async fn an_open_connection_task_stays_small() {
+        let cfg = ProxyConfig {
+            frontends: vec![SocketAddr::from(([127, 0, 0, 1], 0))],
+            monitor: None,
+            check: BackendCheck::None,
+            ..ProxyConfig::default()
+        };
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let proxy = Proxy::bind(cfg, &[l.local_addr().unwrap()]).unwrap();
+        let c = TcpStream::connect(l.local_addr().unwrap()).await.unwrap();
+        let (s, peer) = l.accept().await.unwrap();
+        let handle_fut = handle(&proxy.shared, c, peer);
+        let fwd = forward::forward(
+            &s,
+            &s,
+            Duration::from_secs(1),
+            &proxy.shared.ticker,
+            true,
+            &(),
+        );
+        let conn = connect::connect(&proxy.shared);
+        eprintln!(
+            "handle {} forward {} connect {}",
+            std::mem::size_of_val(&handle_fut),
+            std::mem::size_of_val(&fwd),
+            std::mem::size_of_val(&conn)
+        );
     }
 }
