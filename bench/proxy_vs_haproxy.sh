@@ -376,7 +376,8 @@ if [[ ${PROFILE:-0} == 1 && " $PARTS " == *" close "* ]]; then
       perf report -i "$WORK/perf.$who" --no-children --stdio -g none --sort dso 2>/dev/null |
         grep -v '^#' | grep -v '^$' | head -4 | awk '{printf "%s %s   ", $1, $2} END {print ""}'
       perf report -i "$WORK/perf.$who" --no-children --percent-limit 1.5 --stdio -g none \
-        --sort dso,symbol 2>/dev/null | grep -v '^#' | grep -v '^$' | head -25
+        --sort dso,symbol 2>/dev/null | grep -v '^#' | grep -v '^$' |
+        awk '{$NF = ""; $(NF - 1) = ""; print}' | head -25
     } >>"$WORK/profile"
   done
 fi
