@@ -11,7 +11,14 @@
 #     connection: p50/p99 of curl's time_starttransfer (TCP connect, request, first byte);
 #   - latency: wrk -c 1 keep-alive, one request at a time (no queueing), p50/p99, with the
 #     proxy moved onto LOAD_CPU for that run (see ka_run); the "added" latency is the
-#     proxy's p99 minus the direct p99.
+#     proxy's p99 minus the direct p99;
+#   - per connection of the close run, what a shared machine cannot blur: the proxy's CPU
+#     time (user + system, /proc/PID/stat) and its system calls (perf stat -e
+#     raw_syscalls:sys_enter on the proxy's process), each divided by the requests wrk
+#     completed;
+#   - memory per open connection (PARTS "mem"): a fresh proxy of each kind in front of
+#     bench/storm.py's backend (greets, holds the connection), MEM_CONNS idle clients
+#     (storm.py clients) opened through it; (RSS with them open - RSS before) / clients.
 #
 # Fairness: both proxies are pinned with taskset to the same single CPU (PROXY_CPU): haproxy
 # sizes its threads from the affinity mask as OpenShift runs it (one thread), keelson's tokio
@@ -29,7 +36,12 @@
 #      ROUNDS (default 7), CONNS (wrk connections, default 32), PROXY_CPU (default 1),
 #      LOAD_CPU (default 0), QUIET_MAX / QUIET_WAIT (wait up to QUIET_WAIT s, default 60,
 #      before each run until other work uses at most QUIET_MAX %, default 10, of the machine),
-#      PARTS (which runs, default "iperf close cfb ka"; bars of skipped runs are not judged).
+#      PROFILE=1 (after the runs, one more close run per proxy under `perf record -g`: where
+#      its CPU goes, by object and by symbol; keelson's own symbols need a binary built
+#      with CARGO_PROFILE_<PROFILE>_STRIP=false),
+#      PARTS (which runs, default "iperf close cfb ka"; also "mem"; bars of skipped runs are
+#      not judged), MEM_CONNS (open connections of the mem part, default "5000 <most the
+#      descriptor limit allows>": the proxy needs two descriptors per connection).
 # Bars (docs/architecture.md): throughput >= haproxy; connections/s >= 0.9 x haproxy; added p99
 # latency <= haproxy's. Exit 1 below a bar.
 set -euo pipefail
@@ -48,11 +60,12 @@ CFB_N=${CFB_N:-200}
 # start when it cannot raise RLIMIT_NOFILE that far (containers often cap it at 20000).
 HARD_NOFILE=$(ulimit -Hn)
 if [[ $HARD_NOFILE == unlimited ]] || ((HARD_NOFILE >= 40100)); then MAXCONN=20000; else MAXCONN=$(((HARD_NOFILE - 100) / 2)); fi
+MEM_CONNS=${MEM_CONNS:-5000 $(((MAXCONN - 100) / 100 * 100))}
 BIN=${KEELSON_AGENT_BIN:-target/release/keelson-agent}
 [[ -x $BIN ]] || { echo "missing $BIN: cargo build --release -p keelson-agent" >&2; exit 1; }
-for tool in haproxy iperf3 wrk nginx curl taskset ss awk; do
+for tool in haproxy iperf3 wrk nginx curl taskset ss awk perf python3; do
   command -v "$tool" >/dev/null || {
-    echo "missing $tool (apt-get install -y haproxy iperf3 wrk nginx-light)" >&2
+    echo "missing $tool (scripts/setup.sh installs them)" >&2
     exit 1
   }
 done
@@ -195,18 +208,31 @@ wait_quiet() {
   done
 }
 
-# Runs "$@" (output to file $1) while sampling PROXY_PID's CPU; prints "cpu <pct>".
+# Runs "$@" (output to file $1) while sampling PROXY_PID's CPU and counting its system
+# calls; prints "cpu <pct>", "cpus <seconds>" and "sys <calls>".
 with_cpu() {
-  local t0 t1 s0 s1 out=$1
+  local t0 t1 s0 s1 out=$1 sp=""
   shift
   wait_quiet
+  if [[ -n $PROXY_PID ]]; then
+    perf stat -x, -e raw_syscalls:sys_enter -p "$PROXY_PID" -o "$WORK/perf.stat" 2>/dev/null &
+    sp=$!
+    sleep 0.3 # attached
+  fi
   t0=$(cpu_ticks "$PROXY_PID")
   s0=$(date +%s.%N)
   "$@" >"$out" 2>&1 || { cat "$out" >&2; exit 1; }
   s1=$(date +%s.%N)
   t1=$(cpu_ticks "$PROXY_PID")
+  if [[ -n $sp ]]; then
+    kill -INT "$sp"
+    wait "$sp" || true
+    awk -F, '/raw_syscalls/ {print "sys", $1 + 0}' "$WORK/perf.stat"
+  else
+    echo "sys 0"
+  fi
   awk -v a="$t0" -v b="$t1" -v c="$CLK" -v s="$s0" -v e="$s1" \
-    'BEGIN {printf "cpu %.0f\n", (b - a) / c / (e - s) * 100}'
+    'BEGIN {printf "cpu %.0f\ncpus %.4f\n", (b - a) / c / (e - s) * 100, (b - a) / c}'
 }
 
 # Latency in microseconds from wrk's "99%  1.23ms" style.
@@ -224,6 +250,7 @@ wrk_run() { # port conns extra-args... -> "rps <x>" "p50 <us>" "p99 <us>" "err <
     "http://127.0.0.1:$port/small"
   awk "$to_us"'
     /^Requests\/sec:/ {print "rps", $2}
+    / requests in / {print "req", $1}
     /^ +50%/ {print "p50", us($2)}
     /^ +99%/ {print "p99", us($2)}
     /Socket errors:/ {gsub(",", ""); e = $4 + $6 + $8 + $10}
@@ -254,8 +281,13 @@ measure() { # name iperf-port iperf-pid http-port http-pid
   PROXY_PID=$3
   [[ " $PARTS " == *" iperf "* ]] && iperf_run "$2" | sed "s/^/$name iperf_/" >>"$WORK/results"
   PROXY_PID=$5
-  [[ " $PARTS " == *" close "* ]] &&
-    wrk_run "$4" "$CONNS" -H 'Connection: close' | sed "s/^/$name close_/" >>"$WORK/results"
+  if [[ " $PARTS " == *" close "* ]]; then
+    wrk_run "$4" "$CONNS" -H 'Connection: close' >"$WORK/close.out"
+    # Per connection of this run: CPU µs and system calls.
+    awk '{v[$1] = $2} END {r = v["req"] ? v["req"] : 1; print "us", v["cpus"] * 1000000 / r; print "calls", v["sys"] / r}' \
+      "$WORK/close.out" >>"$WORK/close.out"
+    sed "s/^/$name close_/" "$WORK/close.out" >>"$WORK/results"
+  fi
   [[ " $PARTS " == *" cfb "* ]] && cfb_run "$4" | sed "s/^/$name cfb_/" >>"$WORK/results"
   [[ " $PARTS " == *" ka "* ]] && ka_run "$4" "$5" | sed "s/^/$name ka_/" >>"$WORK/results"
   return 0
@@ -263,6 +295,55 @@ measure() { # name iperf-port iperf-pid http-port http-pid
 
 median() { sort -g | awk '{v[NR] = $1} END {print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2}'; }
 get() { awk -v n="$1" -v m="$2" '$1 == n && $2 == m {print $3}' "$WORK/results" | median; }
+
+# Memory per open connection: a fresh proxy of kind $1 in front of storm.py's backend on
+# port $2, $3 idle clients through it; prints "<kind> <clients> <bytes per connection>".
+mem_run() { # kind backend-port clients
+  local who=$1 port pid before after cpid ev="$WORK/mem.events"
+  port=$(free_port)
+  if [[ $who == keelson ]]; then
+    taskset -c "$PROXY_CPU" "$BIN" proxy --listen "127.0.0.1:$port" --backend "127.0.0.1:$2" \
+      --check none --monitor none --max-connections "$MAXCONN" >"$WORK/mem-keelson.log" 2>&1 &
+  else
+    sed -e "s/^  bind .*/  bind 127.0.0.1:$port/" "$WORK/haproxy-mem.cfg" >"$WORK/haproxy-mem-run.cfg"
+    taskset -c "$PROXY_CPU" haproxy -db -f "$WORK/haproxy-mem-run.cfg" >"$WORK/mem-haproxy.log" 2>&1 &
+  fi
+  pid=$!
+  PIDS+=("$pid")
+  wait_port "$port" "$who (mem)"
+  # One connection first: what every proxy allocates once (pools, the first task) is not
+  # per connection.
+  timeout 5 bash -c "exec 3<>/dev/tcp/127.0.0.1/$port && head -c1 <&3" >/dev/null
+  sleep 0.5
+  before=$(awk '/^VmRSS:/ {print $2}' "/proc/$pid/status")
+  rm -f "$ev" "$ev.ready"
+  taskset -c "$LOAD_CPU" python3 bench/storm.py clients 127.0.0.1 "$port" "$3" "$ev" 2>"$WORK/mem-clients.log" &
+  cpid=$!
+  for _ in $(seq 600); do [[ -e $ev.ready ]] && break; sleep 0.2; done
+  [[ -e $ev.ready ]] || { echo "$who: $3 clients not up in 120 s" >&2; tail "$WORK/mem-clients.log" >&2; exit 1; }
+  sleep 1
+  after=$(awk '/^VmRSS:/ {print $2}' "/proc/$pid/status")
+  kill "$cpid" "$pid"
+  wait "$cpid" "$pid" 2>/dev/null || true
+  echo "$who $3 $(((after - before) * 1024 / $3))"
+}
+if [[ " $PARTS " == *" mem "* ]]; then
+  MEM_BACKEND=$(free_port)
+  taskset -c "$LOAD_CPU" python3 bench/storm.py serve "$MEM_BACKEND" b >"$WORK/storm-serve.log" 2>&1 &
+  PIDS+=($!)
+  wait_port "$MEM_BACKEND" "storm.py serve"
+  cat >"$WORK/haproxy-mem.cfg" <<EOF
+global
+  maxconn $MAXCONN
+$(grep -v '^#' testdata/openshift-haproxy-defaults.cfg)
+frontend mem
+  bind 127.0.0.1:0
+  default_backend mem
+backend mem
+  balance roundrobin
+  server s0 127.0.0.1:$MEM_BACKEND
+EOF
+fi
 
 # keelson runs one process per backend; haproxy one process with two frontends.
 K_PID_HTTP=$(cat "$WORK/keelson-$K_HTTP.pid")
@@ -281,6 +362,39 @@ for r in $(seq "$ROUNDS"); do
   done
 done
 
+if [[ ${PROFILE:-0} == 1 && " $PARTS " == *" close "* ]]; then
+  for who in keelson haproxy; do
+    if [[ $who == keelson ]]; then port=$K_HTTP; pid=$K_PID_HTTP; else port=$H_HTTP; pid=$HAPROXY_PID; fi
+    perf record -q -g -p "$pid" -o "$WORK/perf.$who" 2>/dev/null &
+    rpid=$!
+    sleep 0.5
+    PROXY_PID="" wrk_run "$port" "$CONNS" -H 'Connection: close' >/dev/null
+    kill -INT "$rpid"
+    wait "$rpid" || true
+    {
+      echo "== $who: where its CPU goes in a close run (perf record -g; self time)"
+      perf report -i "$WORK/perf.$who" --no-children --stdio -g none --sort dso 2>/dev/null |
+        grep -v '^#' | grep -v '^$' | head -4 | awk '{printf "%s %s   ", $1, $2} END {print ""}'
+      perf report -i "$WORK/perf.$who" --no-children --percent-limit 1.5 --stdio -g none \
+        --sort dso,symbol 2>/dev/null | grep -v '^#' | grep -v '^$' |
+        awk '{$NF = ""; $(NF - 1) = ""; print}' | head -25
+    } >>"$WORK/profile"
+  done
+fi
+
+# Memory: each size once per kind, order alternating (no CPU contention to even out).
+: >"$WORK/mem"
+if [[ " $PARTS " == *" mem "* ]]; then
+  i=0
+  for n in $MEM_CONNS; do
+    if ((i++ % 2)); then order="haproxy keelson"; else order="keelson haproxy"; fi
+    for who in $order; do
+      echo "memory: $n connections through $who ..." >&2
+      mem_run "$who" "$MEM_BACKEND" "$n" >>"$WORK/mem"
+    done
+  done
+fi
+
 # --- report ------------------------------------------------------------------------------
 echo
 echo "loopback; proxies on CPU $PROXY_CPU, iperf3/wrk/nginx on CPU $LOAD_CPU; ${SECS}s per run,"
@@ -288,21 +402,36 @@ echo "median of $ROUNDS rounds (keelson/haproxy order alternating); $(haproxy -v
 echo "$(nginx -v 2>&1 | sed 's/.*\///;s/^/nginx /'), $(iperf3 -v | head -1 | awk '{print "iperf3", $2}'); keelson: $BIN"
 echo "iperf3: 1 stream; close: wrk -t1 -c$CONNS 'Connection: close' (a new connection per request);"
 echo "ka: wrk -t1 -c1 keep-alive, proxy moved onto CPU $LOAD_CPU for it; latency in µs;"
-echo "cpu: the proxy's CPU use during the run, %; µs/conn: proxy CPU time per close-run connection"
+echo "cpu: the proxy's CPU use during the run, %; µs/conn, sc/c: the proxy's CPU time and system calls"
+echo "per close-run connection (median of the rounds' quotients)"
 echo "cfb: $CFB_N curl runs one at a time, connect + first byte, µs"
 echo "runs started on a busy machine (> $QUIET_MAX % CPU after waiting ${QUIET_WAIT}s): $(cat "$WORK/noisy" 2>/dev/null | wc -l) of $((ROUNDS * 9))"
-printf '\n%-8s %9s %5s | %9s %7s %7s %5s %5s %7s | %7s %7s | %6s %6s %6s\n' \
-  path "iperf3" cpu "close r/s" p50 p99 err cpu "µs/conn" "cfb p50" "cfb p99" "ka p50" "ka p99" added
+printf '\n%-8s %9s %5s | %9s %7s %7s %5s %5s %7s %5s | %7s %7s | %6s %6s %6s\n' \
+  path "iperf3" cpu "close r/s" p50 p99 err cpu "µs/conn" sc/c "cfb p50" "cfb p99" "ka p50" "ka p99" added
 D99=$(get direct ka_p99)
 for who in direct haproxy keelson; do
   added=$(awk -v a="$(get "$who" ka_p99)" -v d="$D99" 'BEGIN {printf "%.0f", a - d}')
-  per=$(awk -v c="$(get "$who" close_cpu)" -v r="$(get "$who" close_rps)" 'BEGIN {printf "%.0f", c * 10000 / r}')
-  printf '%-8s %7.2fG %5.0f | %9.0f %7.0f %7.0f %5.0f %5.0f %7s | %7.0f %7.0f | %6.0f %6.0f %6s\n' "$who" \
+  printf '%-8s %7.2fG %5.0f | %9.0f %7.0f %7.0f %5.0f %5.0f %7.0f %5.1f | %7.0f %7.0f | %6.0f %6.0f %6s\n' "$who" \
     "$(get "$who" iperf_gbps)" "$(get "$who" iperf_cpu)" \
     "$(get "$who" close_rps)" "$(get "$who" close_p50)" "$(get "$who" close_p99)" \
-    "$(get "$who" close_err)" "$(get "$who" close_cpu)" "$per" \
+    "$(get "$who" close_err)" "$(get "$who" close_cpu)" "$(get "$who" close_us)" "$(get "$who" close_calls)" \
     "$(get "$who" cfb_p50)" "$(get "$who" cfb_p99)" "$(get "$who" ka_p50)" "$(get "$who" ka_p99)" "$added"
 done
+
+if [[ -s $WORK/mem ]]; then
+  echo
+  echo "memory per open connection (RSS with the clients open - before, / clients), bytes:"
+  printf '%-11s' connections
+  for n in $MEM_CONNS; do printf ' %8s' "$n"; done
+  echo
+  for who in haproxy keelson; do
+    printf '%-11s' "$who"
+    for n in $MEM_CONNS; do printf ' %8s' "$(awk -v w="$who" -v n="$n" '$1 == w && $2 == n {print $3}' "$WORK/mem")"; done
+    echo
+  done
+fi
+
+[[ -s $WORK/profile ]] && { echo; cat "$WORK/profile"; }
 
 ratio() { awk -v a="$(get keelson "$1")" -v b="$(get haproxy "$1")" 'BEGIN {printf "%.2f", b ? a / b : 0}'; }
 # Every round's value, in run order, to show the spread behind a median.
@@ -328,4 +457,9 @@ bar() { # part description condition
 bar iperf "throughput >= haproxy" "$R_TPUT >= 1.0"
 bar close "connections/s >= 0.9 x haproxy" "$R_CPS >= 0.9"
 bar ka "added p99 <= haproxy's" "$K_ADD <= $H_ADD"
+for n in $MEM_CONNS; do
+  K_MEM=$(awk -v n="$n" '$1 == "keelson" && $2 == n {print $3}' "$WORK/mem")
+  H_MEM=$(awk -v n="$n" '$1 == "haproxy" && $2 == n {print $3}' "$WORK/mem")
+  bar mem "memory per open connection <= haproxy's ($n open)" "${K_MEM:-0} <= ${H_MEM:-0}"
+done
 exit $fail

@@ -116,7 +116,9 @@ async fn one_way(
         if let Copied::Bulk =
             copy_loop(src, dst, SMALL, true, &touch, &mut total, up, meter).await?
         {
-            splice_or_copy(src, dst, &touch, &mut total, up, meter).await?;
+            // Boxed: its state (pipe, splice loop, fallback copy) exists only once a
+            // direction carries bulk data, not in every open connection's task.
+            Box::pin(splice_or_copy(src, dst, &touch, &mut total, up, meter)).await?;
         }
     } else {
         copy_loop(src, dst, CHUNK, false, &touch, &mut total, up, meter).await?;
@@ -294,10 +296,18 @@ impl Drop for PooledBuf {
 /// the next read waits for the next epoll event instead of trying a `recv` that would only
 /// say `EAGAIN` (one system call per request and answer saved). tokio clears only if no new
 /// event arrived since it was observed, and keeps "read closed" set, so neither new data
-/// nor a FIN can be missed. Returns the buffer and the count (0: EOF).
-async fn read_drained(src: &TcpStream, size: usize) -> io::Result<(PooledBuf, usize)> {
+/// nor a FIN can be missed.
+///
+/// Returns the buffer, the count (0: EOF) and whether EOF is known to follow: epoll had
+/// already reported the peer's FIN (`EPOLLRDHUP`, without an error) when the read began and
+/// the read was short, so it took every byte sent before the FIN and the next `recv` could
+/// only return 0 — the caller skips it (one system call per direction of a connection whose
+/// last data and FIN arrive together, as an answer followed by `Connection: close` does).
+async fn read_drained(src: &TcpStream, size: usize) -> io::Result<(PooledBuf, usize, bool)> {
     loop {
-        src.readable().await?;
+        // ERROR too: a reset also reports "read closed", and must still surface as an error.
+        let ready = src.ready(Interest::READABLE | Interest::ERROR).await?;
+        let fin_seen = ready.is_read_closed() && !ready.is_error();
         let mut buf = PooledBuf::take(size);
         let b = buf.get();
         let len = b.len();
@@ -311,8 +321,8 @@ async fn read_drained(src: &TcpStream, size: usize) -> io::Result<(PooledBuf, us
             Ok(n)
         });
         match (r, short) {
-            (_, Some(n)) => return Ok((buf, n)),
-            (Ok(n), None) => return Ok((buf, n)),
+            (_, Some(n)) => return Ok((buf, n, fin_seen)),
+            (Ok(n), None) => return Ok((buf, n, false)),
             (Err(e), None) if e.kind() == io::ErrorKind::WouldBlock => continue,
             (Err(e), None) => return Err(e),
         }
@@ -339,7 +349,7 @@ async fn copy_loop(
     meter: &dyn Meter,
 ) -> io::Result<Copied> {
     loop {
-        let (mut buf, n) = read_drained(src, size).await?;
+        let (mut buf, n, eof_next) = read_drained(src, size).await?;
         if n == 0 {
             return Ok(Copied::Eof);
         }
@@ -360,6 +370,9 @@ async fn copy_loop(
             *total += m as u64;
             meter.add(up, m as u64);
             touch();
+        }
+        if eof_next {
+            return Ok(Copied::Eof);
         }
         if stop_on_full && n == size {
             return Ok(Copied::Bulk);

@@ -535,12 +535,13 @@ async fn accept_loop(
 
 /// Serves one client; false when no backend could be reached (the client is closed).
 async fn handle(sh: &Shared, client: TcpStream, peer: SocketAddr) -> bool {
+    // Not boxed: the connect state and the forwarding state never live at once, so they
+    // share the task's memory (the task is as big as the larger, forwarding).
     let Some((b, server)) = connect::connect(sh).await else {
         tracing::debug!(%peer, "no backend reachable; closing client");
         return false;
     };
-    // The client inherited TCP_NODELAY from the listener.
-    let _ = server.set_nodelay(true);
+    // The client inherited TCP_NODELAY from the listener; `connect::dial` set the server's.
     b.stats.active.fetch_add(1, Ordering::Relaxed);
     b.stats.total.fetch_add(1, Ordering::Relaxed);
     let mut downs = b.subscribe_downs();
@@ -808,5 +809,27 @@ mod tests {
         let _c = TcpStream::connect(l.local_addr().unwrap()).await.unwrap();
         let (s, _) = l.accept().await.unwrap();
         assert!(s.nodelay().unwrap());
+    }
+
+    /// What an open connection costs in the proxy's memory is mostly its task: the future
+    /// of `handle` (connect, then forward) lives in one allocation for the connection's life.
+    /// A page at most (3,376 bytes in a debug build with Rust 1.95; release builds are
+    /// smaller): a buffer or a second copy of the forwarding state slipping into it would
+    /// multiply every open connection's memory.
+    #[tokio::test]
+    async fn an_open_connection_task_stays_small() {
+        let cfg = ProxyConfig {
+            frontends: vec![SocketAddr::from(([127, 0, 0, 1], 0))],
+            monitor: None,
+            check: BackendCheck::None,
+            ..ProxyConfig::default()
+        };
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let proxy = Proxy::bind(cfg, &[l.local_addr().unwrap()]).unwrap();
+        let c = TcpStream::connect(l.local_addr().unwrap()).await.unwrap();
+        let (_s, peer) = l.accept().await.unwrap();
+        let task = handle(&proxy.shared, c, peer);
+        let size = std::mem::size_of_val(&task);
+        assert!(size <= 4096, "a connection's task takes {size} bytes");
     }
 }
