@@ -558,28 +558,27 @@ fn clean_stop_moves_the_vip_once(tag: &str, transport: &str, services: &str, rou
             }
         }
     };
-    let all_listed = |nodes: &[Option<RunNode>]| {
-        (0..3).all(|i| {
-            nodes[i].as_ref().is_some_and(RunNode::is_ready)
-                && keelson_testkit::agent::member_names(&files.status(i)).len() == 3
-        })
+    // Every node ready and listing all three (the goodbye ranks come from members).
+    let wait_listed = |nodes: &[Option<RunNode>]| {
+        wait_for_ok(
+            "three masters listing each other",
+            Duration::from_secs(60),
+            || {
+                let lists: Vec<Vec<String>> = (0..3)
+                    .map(|i| keelson_testkit::agent::member_names(&files.status(i)))
+                    .collect();
+                let ready = nodes
+                    .iter()
+                    .all(|n| n.as_ref().is_some_and(RunNode::is_ready));
+                if ready && lists.iter().all(|l| l.len() == 3) {
+                    Ok(())
+                } else {
+                    Err(format!("ready {ready}, members {lists:?}"))
+                }
+            },
+        )
     };
-    wait_for_ok(
-        "three masters listing each other",
-        Duration::from_secs(60),
-        || {
-            if all_listed(&nodes) {
-                Ok(())
-            } else {
-                Err(format!(
-                    "members {:?}",
-                    (0..3)
-                        .map(|i| keelson_testkit::agent::member_names(&files.status(i)))
-                        .collect::<Vec<_>>()
-                ))
-            }
-        },
-    );
+    wait_listed(&nodes);
     let steady = 2 * master_down(1000, 40);
     let mut holder = None;
     let mut since = Instant::now();
@@ -680,17 +679,7 @@ fn clean_stop_moves_the_vip_once(tag: &str, transport: &str, services: &str, rou
         }
         // The old holder back, as a backup that every node lists again.
         nodes[holder] = Some(start(holder));
-        wait_for_ok(
-            "the restarted master listed again",
-            Duration::from_secs(60),
-            || {
-                if all_listed(&nodes) {
-                    Ok(())
-                } else {
-                    Err("not yet".into())
-                }
-            },
-        );
+        wait_listed(&nodes);
         seg.assert_stable(new_holder, VIP, Duration::from_secs(2));
         holder = new_holder;
     }
