@@ -441,11 +441,12 @@ fn silent_backend() -> (SocketAddr, socket2::Socket, Vec<std::net::TcpStream>) {
 async fn a_silent_backend_costs_a_client_the_stagger_not_the_connect_timeout() {
     let (silent, _l, _q) = tokio::task::spawn_blocking(silent_backend).await.unwrap();
     let echo = echo_backend().await;
+    // The product's stagger (250 ms): a client with a 1 s timeout is served in time.
     let staggered = ProxyConfig {
         connect_timeout: Duration::from_secs(60),
-        connect_stagger: Duration::from_millis(200),
         ..config()
     };
+    assert_eq!(staggered.connect_stagger, Duration::from_millis(250));
     let p = start(staggered.clone(), &[silent, echo.addr]);
     for _ in 0..4 {
         let mut c = TcpStream::connect(p.addr).await.unwrap();

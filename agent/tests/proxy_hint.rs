@@ -152,7 +152,7 @@ fn the_vrrp_hint_takes_a_dead_master_out_at_once() {
                 hint.elapsed()
             );
         }
-        // New clients all go to B, none waiting out the 1 s stagger on A.
+        // New clients all go to B, none waiting out the stagger on A.
         for i in 0..6 {
             let t = Instant::now();
             let (_s, who) = client(frontend).await;

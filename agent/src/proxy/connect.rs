@@ -14,6 +14,17 @@ use tokio::net::TcpStream;
 use super::backend::Backend;
 use super::{Shared, forward, is_resource_error};
 
+/// The default connect stagger ([`connect`]): a quarter of the first SYN retransmission
+/// (1 s). A client with a 1 s timeout that lands on a dead backend is still served by the
+/// next one in time; at 1 s (the stagger's first value) it timed out first.
+pub const DEFAULT_STAGGER: Duration = Duration::from_millis(250);
+
+/// A backend silent past the stagger is blamed when another answered only if it has been
+/// silent this many times as long as the winner took to answer: on a host so loaded that
+/// live backends take a stagger to answer a SYN, the winner was slow too and nobody is
+/// blamed; a dead one beside a live backend is (the winner answers in a millisecond).
+const BLAME_FACTOR: u32 = 4;
+
 /// How one backend connect attempt ended.
 pub(crate) enum Attempt {
     Connected(TcpStream),
@@ -98,9 +109,11 @@ pub(crate) async fn dial(addr: SocketAddr) -> io::Result<TcpStream> {
 /// nothing: its connects hang until ARP gives up or the 10 s connect timeout, and every
 /// client sent there in the meantime waits that long. On a LAN a live backend answers a SYN
 /// in well under a millisecond and the first SYN retransmission comes after 1 s, so an
-/// attempt pending past the stagger is as good as lost: the client gets the next backend
-/// instead, and the silent one is counted as failing (passive health), which takes it out
-/// after `fall` such clients instead of `fall` check intervals.
+/// attempt pending a quarter of that ([`DEFAULT_STAGGER`]) is most likely lost: the next
+/// backend is tried alongside (the pending attempt stays, and wins if it answers first), so
+/// a client with a 1 s timeout is served in time. The silent one, if another answered
+/// [`BLAME_FACTOR`] times faster, is counted as failing (passive health), which takes it
+/// out after `fall` such clients instead of `fall` check intervals.
 pub(crate) async fn connect(sh: &Shared) -> Option<(Arc<Backend>, TcpStream)> {
     use futures::StreamExt as _;
     let mut candidates = sh.pool.pick().into_iter().take(sh.cfg.retries + 1);
@@ -125,14 +138,21 @@ pub(crate) async fn connect(sh: &Shared) -> Option<(Arc<Backend>, TcpStream)> {
         tokio::select! {
             done = pending.next() => {
                 let (b, outcome) = done?;
+                let took = started
+                    .iter()
+                    .find(|(s, _)| Arc::ptr_eq(s, &b))
+                    .map(|(_, since)| since.elapsed())
+                    .unwrap_or_default();
                 started.retain(|(s, _)| !Arc::ptr_eq(s, &b));
                 match outcome {
                     Attempt::Connected(s) => {
                         observe(sh, &b, Ok(()));
+                        let bar = stagger.max(took * BLAME_FACTOR);
                         for (silent, since) in started {
-                            if since.elapsed() >= stagger {
+                            let waited = since.elapsed();
+                            if waited >= bar {
                                 connect_failed(sh, &silent, format!(
-                                    "no answer in {stagger:?} while another backend answered"
+                                    "no answer in {waited:?} while another backend answered in {took:?}"
                                 ));
                             }
                         }

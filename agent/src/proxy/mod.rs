@@ -99,7 +99,7 @@ impl Default for ProxyConfig {
             max_connections: 20000,
             drain_timeout: Duration::from_secs(30),
             retries: 3,
-            connect_stagger: Duration::from_secs(1),
+            connect_stagger: connect::DEFAULT_STAGGER,
             splice: true,
         }
     }
@@ -735,7 +735,7 @@ pub struct ProxyArgs {
     pub connect_timeout_ms: u64,
     /// Milliseconds without an answer from a backend before the next one is tried
     /// alongside; 0 tries backends one after another.
-    #[arg(long, default_value_t = 1000)]
+    #[arg(long, default_value_t = connect::DEFAULT_STAGGER.as_millis() as u64)]
     pub connect_stagger_ms: u64,
     /// Seconds live connections may run on after SIGTERM/SIGINT.
     #[arg(long, default_value_t = 30)]

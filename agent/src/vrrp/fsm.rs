@@ -2,6 +2,7 @@
 //! pure: time is a [`Duration`] since any fixed origin that the caller passes in, and the
 //! machine answers with [`Action`]s for the I/O layer. No sockets, no clocks, no netlink.
 
+use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::time::Duration;
 
@@ -49,7 +50,15 @@ pub struct Params {
     pub preempt: bool,
     /// Our primary address (source of our adverts; tie-breaks equal priorities).
     pub primary: IpAddr,
+    /// Our priority with every check passing: what the other routers assume of us when
+    /// they rank themselves after a goodbye ([`Machine::goodbye_rank`]).
+    pub full_priority: u8,
 }
+
+/// The most routers that wait behind others after a goodbye: the last of them waits two
+/// Master_Adver_Intervals more than the first, and with the address tie-break (under 0.16
+/// of an interval) that stays inside Master_Down_Interval, the bound of a failover.
+pub const MAX_GOODBYE_RANK: u32 = 2;
 
 /// One virtual router's state machine.
 #[derive(Debug, Clone)]
@@ -68,6 +77,9 @@ pub struct Machine {
     /// Master_Down, but they show the master is alive ([`Machine::silent_master`]).
     master_heard: Option<Duration>,
     transitions: u64,
+    /// The other routers that could take over after a goodbye, by address, with the
+    /// priority each is assumed to run at ([`Machine::set_rivals`]).
+    rivals: BTreeMap<IpAddr, u8>,
 }
 
 fn cs(c: u64) -> Duration {
@@ -87,6 +99,7 @@ impl Machine {
             master: None,
             master_heard: None,
             transitions: 0,
+            rivals: BTreeMap::new(),
         }
     }
 
@@ -132,18 +145,58 @@ impl Machine {
         )
     }
 
-    /// The extra wait of a backup after the master's goodbye (priority 0): 0-310 ms by
-    /// the low bits of our address, higher addresses first, as the RFC breaks priority
-    /// ties. Backups of equal priority have the same Skew_Time and would otherwise take
-    /// over together: both announce the VIP, and a host that believed the one that yields
-    /// a moment later loses its connections. A leaving keelson master keeps the VIP until
-    /// its successor's first advert, so the wait costs clients nothing.
-    pub fn goodbye_tiebreak(&self) -> Duration {
+    /// Tells the machine which other routers could take over after a goodbye and the
+    /// priority each is assumed to run at (the I/O layer knows them from members and from
+    /// adverts heard). Used only to rank this router after a goodbye.
+    pub fn set_rivals(&mut self, rivals: BTreeMap<IpAddr, u8>) {
+        self.rivals = rivals;
+    }
+
+    /// Our place after the goodbye of `leaving`, 0 first: how many known rivals (the
+    /// leaving router and ourselves aside) outrank us, by priority and then by the higher
+    /// address, as the RFC breaks ties. A router whose checks do not all pass (priority
+    /// under [`Params::full_priority`]) goes after every rival: they assume it whole, so it
+    /// must not wait the same time as one of them. At most [`MAX_GOODBYE_RANK`].
+    ///
+    /// Routers of equal priority have the same Skew_Time: without ranks they all take over
+    /// at once after a goodbye, every one announces the VIP, and a host that believed one
+    /// that then yields loses its connections. The address tie-break alone staggers them by
+    /// a few milliseconds, less than a loaded or virtualised host's scheduling jitter
+    /// (0.3 s seen in the QEMU cluster). Ranked, the second waits a whole advert interval
+    /// more, time for the first one's advert to arrive.
+    pub fn goodbye_rank(&self, leaving: IpAddr) -> u32 {
+        let me = self.params.primary;
+        let rivals = self
+            .rivals
+            .iter()
+            .filter(|&(&a, &p)| a != leaving && a != me && p > 0);
+        let rank = if self.priority < self.params.full_priority {
+            let n = rivals.count();
+            n + usize::from(n > 0)
+        } else {
+            rivals
+                .filter(|&(&a, &p)| (p, a) > (self.priority, me))
+                .count()
+        };
+        u32::try_from(rank).map_or(MAX_GOODBYE_RANK, |r| r.min(MAX_GOODBYE_RANK))
+    }
+
+    /// How long a backup waits after the goodbye (priority 0) of `leaving` before it takes
+    /// over: Skew_Time, plus one Master_Adver_Interval per [`Machine::goodbye_rank`], plus
+    /// the address tie-break (0-15.5 % of an interval by the low bits of our address,
+    /// higher addresses first, for routers that rank themselves alike). Under
+    /// Master_Down_Interval whatever the rank. A leaving keelson master keeps the VIP
+    /// until its successor's first advert, so the wait costs clients nothing.
+    pub fn goodbye_wait(&self, leaving: IpAddr) -> Duration {
         let low = match self.params.primary {
             IpAddr::V4(a) => a.octets()[3],
             IpAddr::V6(a) => a.octets()[15],
         };
-        Duration::from_millis(u64::from(31 - low % 32) * 10)
+        let interval_us = u64::from(self.master_interval_cs) * 10_000;
+        let tiebreak = Duration::from_micros(u64::from(31 - low % 32) * interval_us / 200);
+        self.skew()
+            + Duration::from_micros(u64::from(self.goodbye_rank(leaving)) * interval_us)
+            + tiebreak
     }
 
     /// Master_Down_Interval = 3 * Master_Adver_Interval + Skew_Time.
@@ -242,9 +295,9 @@ impl Machine {
             State::Initialize => Vec::new(),
             State::Backup => {
                 if advert.priority == 0 {
-                    // The master is leaving: take over after Skew_Time, plus the goodbye
-                    // tie-break.
-                    self.master_down_at = Some(now + self.skew() + self.goodbye_tiebreak());
+                    // The master is leaving: take over after Skew_Time, plus our rank's
+                    // wait and the address tie-break.
+                    self.master_down_at = Some(now + self.goodbye_wait(src));
                 } else if !self.params.preempt || advert.priority >= self.priority {
                     self.master_interval_cs = advert.interval_cs;
                     self.master_down_at = Some(now + self.master_down_interval());
@@ -362,6 +415,7 @@ mod tests {
                 interval_cs: 100,
                 preempt,
                 primary: ip(primary),
+                full_priority: prio,
             },
             prio,
         )
@@ -444,13 +498,14 @@ mod tests {
         m.startup(ms(0));
         m.on_advert(ms(1000), ip("10.0.0.2"), &adv(150));
         m.on_advert(ms(1500), ip("10.0.0.2"), &adv(0));
-        // Skew_Time, plus 300 ms of tie-break for an address ending in 1.
+        // Skew_Time, plus 150 ms of tie-break for an address ending in 1 (5 ms a step at
+        // 1 s adverts); no rival known, so no rank's wait.
         assert_eq!(
             m.next_deadline(),
-            Some(ms(1500) + Duration::from_micros(609_375) + ms(300))
+            Some(ms(1500) + Duration::from_micros(609_375) + ms(150))
         );
         assert!(m.on_timer(ms(2110)).is_empty());
-        assert!(m.on_timer(ms(2410)).contains(&Action::AddVip));
+        assert!(m.on_timer(ms(2260)).contains(&Action::AddVip));
     }
 
     #[test]
@@ -465,12 +520,120 @@ mod tests {
             m.on_advert(ms(1500), ip("10.0.0.10"), &adv(0));
         }
         let (t_lo, t_hi) = (lo.next_deadline().unwrap(), hi.next_deadline().unwrap());
-        assert_eq!(t_lo - t_hi, ms(10), "the higher address goes first");
+        // Neither knows the other: only the address tie-break separates them.
+        assert_eq!(t_lo - t_hi, ms(5), "the higher address goes first");
         assert!(hi.on_timer(t_hi).contains(&Action::AddVip));
         // Its first advert reaches the other before the other's timer runs out.
         lo.on_advert(t_hi + ms(1), ip("10.0.0.12"), &adv(90));
         assert!(lo.on_timer(t_lo).is_empty());
         assert_eq!(lo.state(), State::Backup);
+    }
+
+    /// Backups of priority `prio` at `addrs`, each knowing the others and the master
+    /// `10.0.0.10` as rivals at `prio`, all hearing that master and then its goodbye at
+    /// 1.5 s.
+    fn after_goodbye(prio: u8, addrs: &[&str]) -> Vec<Machine> {
+        let mut all: Vec<&str> = addrs.to_vec();
+        all.push("10.0.0.10");
+        addrs
+            .iter()
+            .map(|a| {
+                let mut m = machine(prio, true, a);
+                m.set_rivals(all.iter().map(|r| (ip(r), prio)).collect());
+                m.startup(ms(0));
+                m.on_advert(ms(1000), ip("10.0.0.10"), &adv(prio));
+                m.on_advert(ms(1500), ip("10.0.0.10"), &adv(0));
+                m
+            })
+            .collect()
+    }
+
+    #[test]
+    fn equal_backups_rank_by_address_after_a_goodbye() {
+        // .12 and .44 get the same address tie-break (12 = 44 mod 32): only the rank
+        // separates them, by a whole advert interval.
+        let ms_ = after_goodbye(90, &["10.0.0.11", "10.0.0.12", "10.0.0.44"]);
+        let leaving = ip("10.0.0.10");
+        let ranks: Vec<u32> = ms_.iter().map(|m| m.goodbye_rank(leaving)).collect();
+        assert_eq!(ranks, vec![2, 1, 0], "the highest address first");
+        let t: Vec<Duration> = ms_.iter().map(|m| m.next_deadline().unwrap()).collect();
+        assert_eq!(t[1] - t[2], ms(1000), "one interval a rank");
+        assert_eq!(t[0] - t[1], ms(1005), "one interval and the tie-break");
+        // Every wait is inside Master_Down, the failover bound.
+        for m in &ms_ {
+            assert!(m.goodbye_wait(leaving) < m.master_down_interval());
+        }
+    }
+
+    #[test]
+    fn only_the_first_ranked_takes_over_even_when_its_advert_is_late() {
+        let mut ms_ = after_goodbye(90, &["10.0.0.12", "10.0.0.44"]);
+        let (first, second) = (
+            ms_[1].next_deadline().unwrap(),
+            ms_[0].next_deadline().unwrap(),
+        );
+        assert!(ms_[1].on_timer(first).contains(&Action::AddVip));
+        // A host that runs late (a loaded or virtualised one): the new master's advert
+        // reaches the other 900 ms after it took over, still before the other's timer.
+        assert!(ms_[0].on_timer(first + ms(899)).is_empty());
+        ms_[0].on_advert(first + ms(900), ip("10.0.0.44"), &adv(90));
+        assert!(ms_[0].on_timer(second).is_empty());
+        assert_eq!(ms_[0].state(), State::Backup);
+        assert_eq!(ms_[0].master(), Some((ip("10.0.0.44"), 90)));
+        assert_eq!(ms_[0].transitions(), 1, "never master");
+    }
+
+    #[test]
+    fn goodbye_rank_follows_priority_then_address_and_is_capped() {
+        let leaving = ip("10.0.0.10");
+        let mut m = machine(100, true, "10.0.0.20");
+        let rivals = |list: &[(&str, u8)]| list.iter().map(|(a, p)| (ip(a), *p)).collect();
+        // Nobody known: first.
+        assert_eq!(m.goodbye_rank(leaving), 0);
+        // The leaving router, ourselves and routers that said goodbye do not count; a
+        // higher priority does whatever its address, a lower one does not.
+        m.set_rivals(rivals(&[
+            ("10.0.0.10", 200),
+            ("10.0.0.20", 200),
+            ("10.0.0.30", 0),
+            ("10.0.0.2", 101),
+            ("10.0.0.99", 99),
+        ]));
+        assert_eq!(m.goodbye_rank(leaving), 1);
+        // Capped: five ahead of us wait no longer than two.
+        m.set_rivals(rivals(&[
+            ("10.0.0.21", 100),
+            ("10.0.0.22", 100),
+            ("10.0.0.23", 100),
+            ("10.0.0.24", 150),
+            ("10.0.0.25", 150),
+        ]));
+        assert_eq!(m.goodbye_rank(leaving), MAX_GOODBYE_RANK);
+        assert!(m.goodbye_wait(leaving) < m.master_down_interval());
+    }
+
+    #[test]
+    fn a_backup_whose_checks_fail_goes_after_every_rival() {
+        let leaving = ip("10.0.0.10");
+        // Whole at 120, at 70 now (a check failing): the others assume it at 120.
+        let mut m = Machine::new(
+            Params {
+                interval_cs: 100,
+                preempt: true,
+                primary: ip("10.0.0.99"),
+                full_priority: 120,
+            },
+            70,
+        );
+        m.set_rivals([(ip("10.0.0.11"), 120)].into_iter().collect());
+        assert_eq!(m.goodbye_rank(leaving), 2, "after the one rival's rank 1");
+        // The rival ranks itself behind us (it assumes us whole, at a higher address): 1.
+        let mut r = machine(120, true, "10.0.0.11");
+        r.set_rivals([(ip("10.0.0.99"), 120)].into_iter().collect());
+        assert_eq!(r.goodbye_rank(leaving), 1);
+        // Alone, nobody to go after.
+        m.set_rivals(BTreeMap::new());
+        assert_eq!(m.goodbye_rank(leaving), 0);
     }
 
     #[test]

@@ -306,9 +306,9 @@ struct Runner {
     master_left: Option<IpAddr>,
     /// Unicast: no claim before a peer is heard or the grace period ran out.
     gate: ClaimGate,
-    /// Routers whose valid adverts we received, and when last (unicast: they get ours too,
-    /// so a router that knows us is known back).
-    heard: BTreeMap<IpAddr, Duration>,
+    /// Routers whose valid adverts we received: when last, and the priority advertised
+    /// (unicast: they get ours too, so a router that knows us is known back).
+    heard: BTreeMap<IpAddr, (Duration, u8)>,
     /// How long a router heard stays a destination.
     heard_retention: Duration,
     /// When the last valid advert from another router arrived.
@@ -363,7 +363,7 @@ impl Runner {
         peers.extend(
             self.heard
                 .iter()
-                .filter(|(_, t)| now.saturating_sub(**t) <= self.heard_retention)
+                .filter(|(_, (t, _))| now.saturating_sub(*t) <= self.heard_retention)
                 .map(|(a, _)| *a),
         );
         peers.retain(|p| p.is_ipv6() == v6 && !self.spec.own.contains(p) && !p.is_unspecified());
@@ -602,7 +602,7 @@ impl Runner {
             self.master_left = None;
         }
         let now = self.now();
-        self.heard.insert(src, now);
+        self.heard.insert(src, (now, advert.priority));
         self.last_other_advert = Some(now);
         if self.findings.remove(&Problem::VrrpBlocked).is_some() {
             tracing::info!(
@@ -617,8 +617,60 @@ impl Runner {
                 advert.priority
             );
         }
+        if advert.priority == 0 && self.machine.state() == State::Backup {
+            self.machine.set_rivals(self.rivals());
+            let rank = self.machine.goodbye_rank(src);
+            tracing::info!(
+                "vrrp {}: {src} is leaving (priority 0); rank {rank} among the routers left: taking over in {:?} unless one ranked before us does",
+                self.spec.config.name,
+                self.machine.goodbye_wait(src)
+            );
+        }
         let actions = self.machine.on_advert(now, src, advert);
         self.execute(actions).await;
+    }
+
+    /// The other routers that could take over after a goodbye, with the priority each is
+    /// assumed to run at ([`Machine::goodbye_rank`]): live members taking part in this
+    /// instance at their role's base priority with every check passing (what ours is when
+    /// whole: every node of a role runs the same checks), and routers heard within the
+    /// retention at the priority they last advertised. Members only when our primary
+    /// address is comparable with theirs (IPv6 multicast adverts come from link-local
+    /// addresses, which no member record names).
+    fn rivals(&self) -> BTreeMap<IpAddr, u8> {
+        let now = self.now();
+        let mut out: BTreeMap<IpAddr, u8> = self
+            .heard
+            .iter()
+            .filter(|(_, (t, _))| now.saturating_sub(*t) <= self.heard_retention)
+            .map(|(a, (_, p))| (*a, *p))
+            .collect();
+        let primary = self.spec.primary;
+        let link_local = match primary {
+            IpAddr::V4(_) => false,
+            IpAddr::V6(a) => a.is_unicast_link_local(),
+        };
+        if !link_local {
+            let weights: i32 = self.spec.config.checks.iter().map(|c| c.weight).sum();
+            for m in self.members.borrow().iter() {
+                let Some(base) = self.spec.config.priorities.for_role(m.role) else {
+                    continue;
+                };
+                if m.name == self.ctx.node.name {
+                    continue;
+                }
+                let p = effective_priority(base, weights);
+                for a in m
+                    .addresses
+                    .iter()
+                    .filter(|a| a.is_ipv6() == primary.is_ipv6())
+                {
+                    out.insert(*a, p);
+                }
+            }
+        }
+        out.retain(|a, _| !self.spec.own.contains(a));
+        out
     }
 
     fn on_members(&mut self) {
@@ -931,6 +983,7 @@ pub async fn run(
             interval_cs: spec.interval_cs(),
             preempt: cfg.preempt,
             primary: spec.primary,
+            full_priority: effective_priority(spec.base, cfg.checks.iter().map(|c| c.weight).sum()),
         },
         priority,
     );
