@@ -631,8 +631,7 @@ fn kill_holder(
         .with_context(|| {
             format!("{url} did not answer steadily for {steady:?} within 60 s before the kill")
         })?;
-    let killed_at = Instant::now();
-    c.kill(&holder)?;
+    let killed_at = c.kill(&holder)?;
     client
         .wait_success_after(killed_at, Duration::from_secs(60))
         .with_context(|| format!("{url} never answered again after {holder} died"))?;
