@@ -389,17 +389,18 @@ impl OpenStackCluster {
     }
 }
 
+/// The PIDs of the processes running now (`/proc`).
+pub fn pids() -> Result<Vec<u32>> {
+    Ok(std::fs::read_dir("/proc")?
+        .flatten()
+        .filter_map(|e| e.file_name().to_str().and_then(|s| s.parse().ok()))
+        .collect())
+}
+
 /// The PID of the QEMU process libvirt runs for `domain` (`-name guest=<domain>,...`).
 fn qemu_pid(domain: &str) -> Result<u32> {
     let needle = format!("guest={domain},");
-    for entry in std::fs::read_dir("/proc")?.flatten() {
-        let Some(pid) = entry
-            .file_name()
-            .to_str()
-            .and_then(|s| s.parse::<u32>().ok())
-        else {
-            continue;
-        };
+    for pid in pids()? {
         let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
         if cmdline
             .split(|b| *b == 0)
