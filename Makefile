@@ -7,6 +7,11 @@ AGENT_BIN := target/$(TARGET)/$(AGENT_PROFILE)/keelson-agent
 export KEELSON_AGENT_BIN := $(abspath $(AGENT_BIN))
 # The QEMU cluster's stand-in kube-apiserver, shipped in its test image.
 export KEELSON_STANDIN_BIN := $(abspath target/$(TARGET)/$(AGENT_PROFILE)/kube-standin)
+# The commit the agent reports (agent/build.rs): cargo compares this value, so the static LTO
+# agent is rebuilt when the commit changes and only then. Empty outside a git checkout (the
+# agent then says `unknown`); set it yourself to build a tarball under its commit.
+KEELSON_COMMIT ?= $(shell git rev-parse --short=12 HEAD 2>/dev/null)
+export KEELSON_COMMIT := $(KEELSON_COMMIT)
 
 .PHONY: all setup agent build image test lint qemu-cluster qemu-day2 openstack-cluster standin bench fuzz clean
 

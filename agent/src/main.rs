@@ -4,7 +4,11 @@ use clap::{Parser, Subcommand};
 use keelson_agent::{dns, members, metadata, proxy, run, status, vrrp};
 
 #[derive(Debug, Parser)]
-#[command(name = "keelson-agent", version, about = "keelson node agent")]
+#[command(
+    name = "keelson-agent",
+    version = concat!(env!("CARGO_PKG_VERSION"), " (", env!("KEELSON_COMMIT"), ")"),
+    about = "keelson node agent"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,

@@ -42,8 +42,13 @@ pub fn allocation_pool(cidr: &ipnet::IpNet, vips: &[IpAddr]) -> Option<(Ipv4Addr
     (start <= last).then(|| (Ipv4Addr::from(start), Ipv4Addr::from(last)))
 }
 
-/// The security group's rules: (protocol, port), port 0 for "every port of the protocol".
-pub fn rules(cluster: &ClusterConfig) -> Vec<(&'static str, u16)> {
+/// The router's stats and readiness port on the workers (OpenShift's ingress router), which
+/// OpenShift's installer opens to the machine network only.
+pub const ROUTER_STATS_PORT: u16 = 1936;
+
+/// The security group's rules: (protocol, port, machine network only), port 0 for "every
+/// port of the protocol".
+pub fn rules(cluster: &ClusterConfig) -> Vec<(&'static str, u16, bool)> {
     let mut tcp = vec![
         cluster.api.vip_port,
         cluster.api.frontend_port,
@@ -54,13 +59,16 @@ pub fn rules(cluster: &ClusterConfig) -> Vec<(&'static str, u16)> {
         tcp.push(cluster.metrics.port);
     }
     tcp.push(53);
+    // The ingress VIP's traffic: the applications' HTTP and HTTPS on the workers.
+    tcp.extend([80, 443]);
     tcp.sort_unstable();
     tcp.dedup();
-    let mut rules = vec![("112", 0)];
-    rules.extend(tcp.into_iter().map(|p| ("tcp", p)));
-    rules.push(("udp", 53));
+    let mut rules = vec![("112", 0, false)];
+    rules.extend(tcp.into_iter().map(|p| ("tcp", p, false)));
+    rules.push(("tcp", ROUTER_STATS_PORT, true));
+    rules.push(("udp", 53, false));
     // mDNS members (docs/members.md); harmless with unicast members.
-    rules.push(("udp", 5353));
+    rules.push(("udp", 5353, false));
     rules
 }
 
@@ -150,13 +158,18 @@ fn write_network(
         w,
         "  security_group:\n    type: OS::Neutron::SecurityGroup\n    properties:\n      name: {name}\n      description: keelson cluster {name}, VRRP and the service ports\n      rules:"
     )?;
-    for (protocol, port) in rules(cluster) {
+    for (protocol, port, machine_only) in rules(cluster) {
+        let from = if machine_only {
+            format!(", remote_ip_prefix: {cidr}")
+        } else {
+            String::new()
+        };
         if port == 0 {
-            writeln!(w, "      - {{protocol: '{protocol}'}}")?;
+            writeln!(w, "      - {{protocol: '{protocol}'{from}}}")?;
         } else {
             writeln!(
                 w,
-                "      - {{protocol: {protocol}, port_range_min: {port}, port_range_max: {port}}}"
+                "      - {{protocol: {protocol}, port_range_min: {port}, port_range_max: {port}{from}}}"
             )?;
         }
     }

@@ -194,6 +194,24 @@ fn two_builds_with_the_same_tls_give_the_same_sha256sums() {
             .iter()
             .any(|r| r["protocol"] == "112")
     );
+    // Ingress through its VIP; the router's stats and readiness from the machine network only.
+    let rules = res["security_group"]["properties"]["rules"]
+        .as_array()
+        .unwrap();
+    for port in [80, 443] {
+        assert!(
+            rules
+                .iter()
+                .any(|r| r["port_range_min"] == port && r["remote_ip_prefix"].is_null()),
+            "no rule for tcp {port}: {rules:?}"
+        );
+    }
+    assert!(
+        rules
+            .iter()
+            .any(|r| r["port_range_min"] == 1936 && r["remote_ip_prefix"] == "10.0.0.0/16"),
+        "no machine-network rule for tcp 1936: {rules:?}"
+    );
     assert!(
         !sums_a.contains("ca.key"),
         "the CA key is not a deliverable"

@@ -39,12 +39,15 @@ openstack subnet create --network "$NETWORK" --subnet-range "$MACHINE_CIDR" \
   --allocation-pool "$POOL" --tag "$CLUSTER" "$NETWORK"
 
 # VRRP (IP protocol 112) and the service ports: API 6443, API proxy 9445, Ignition 22623,
-# 22624, /metrics 22625 (docs/metrics.md), DNS; 5353 for mDNS members only.
+# 22624, /metrics 22625 (docs/metrics.md), DNS, ingress 80 and 443; the router's stats and
+# readiness (1936) from the machine network only; 5353 for mDNS members only.
 openstack security group create --description "keelson cluster $CLUSTER" "$CLUSTER"
 openstack security group rule create --protocol 112 "$CLUSTER"
-for p in 6443 9445 22623 22624 22625 53; do
+for p in 6443 9445 22623 22624 22625 53 80 443; do
   openstack security group rule create --protocol tcp --dst-port "$p" "$CLUSTER"
 done
+openstack security group rule create --protocol tcp --dst-port 1936 \
+  --remote-ip "$MACHINE_CIDR" "$CLUSTER"
 openstack security group rule create --protocol udp --dst-port 53 "$CLUSTER"
 openstack security group rule create --protocol udp --dst-port 5353 "$CLUSTER"
 

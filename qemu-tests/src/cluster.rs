@@ -474,11 +474,15 @@ impl Testbed for Cluster {
     }
 
     /// QEMU's `quit`: the node dies without a goodbye.
-    fn kill(&mut self, name: &str) -> Result<()> {
-        self.vms
+    fn kill(&mut self, name: &str) -> Result<Instant> {
+        let vm = self
+            .vms
             .get_mut(name)
-            .with_context(|| format!("{name} not running"))?
-            .kill()
+            .with_context(|| format!("{name} not running"))?;
+        // QEMU's `quit` stops the guest at once.
+        let at = Instant::now();
+        vm.kill()?;
+        Ok(at)
     }
 
     fn is_running(&self, name: &str) -> bool {

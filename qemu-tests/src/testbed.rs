@@ -39,8 +39,11 @@ pub trait Testbed {
     fn restart(&mut self, name: &str) -> Result<()>;
     /// Shuts a node down for good, in order (the bootstrap at the pivot).
     fn power_off(&mut self, name: &str) -> Result<()>;
-    /// Takes a node down as a failure would (it may come back with [`Testbed::restart`]).
-    fn kill(&mut self, name: &str) -> Result<()>;
+    /// Takes a node down as a failure would (it may come back with [`Testbed::restart`]);
+    /// returns when it went down, as near as the testbed can tell: what a client's outage
+    /// is measured from (an OpenStack `server stop` reaches the guest seconds after the
+    /// command starts).
+    fn kill(&mut self, name: &str) -> Result<Instant>;
     /// Whether the node is running now.
     fn is_running(&self, name: &str) -> bool;
     /// The node's console since its current boot started.

@@ -140,6 +140,10 @@ ini_set "$f" spice enabled false
 # Six small guests on two cores: vCPUs are overcommitted (TCG guests idle most of the time).
 ini_set "$f" DEFAULT cpu_allocation_ratio 16.0
 ini_set "$f" oslo_concurrency lock_path /var/lock/nova
+# `server stop` powers the guest off at once, as a failing host would (the failover
+# scenario: the holder dies without a goodbye, as QEMU's `quit` does in qemu-cluster). Nova's
+# default gives the guest 60 s to shut down, and the agent then says goodbye (priority 0).
+ini_set "$f" DEFAULT shutdown_timeout 0
 f=/etc/nova/nova-compute.conf
 ini_set "$f" DEFAULT compute_driver libvirt.LibvirtDriver
 # TCG: this host's /dev/kvm crashes ordinary guests. Under TCG no CPU model is asked for.

@@ -32,6 +32,8 @@ finish() {
 }
 trap finish EXIT
 t=$SECONDS
-scripts/openstack/up.sh
+# Not the lock's descriptor: every service up.sh starts would inherit it and hold the lock for
+# as long as it runs, so a run reusing services left up (OPENSTACK_KEEP=1) waited forever.
+scripts/openstack/up.sh 9>&-
 log "the cloud was up after $((SECONDS - t)) s"
 target/debug/openstack-cluster "$@"

@@ -172,14 +172,7 @@ fn openstack_memory_mib() -> Result<f64> {
         "haproxy",
     ];
     let mut kib = 0u64;
-    for entry in std::fs::read_dir("/proc")?.flatten() {
-        let Some(pid) = entry
-            .file_name()
-            .to_str()
-            .and_then(|s| s.parse::<u32>().ok())
-        else {
-            continue;
-        };
+    for pid in keelson_qemu_tests::openstack::pids()? {
         let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
         let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
         let uid = status

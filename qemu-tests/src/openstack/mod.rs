@@ -389,6 +389,29 @@ impl OpenStackCluster {
     }
 }
 
+/// The PIDs of the processes running now (`/proc`).
+pub fn pids() -> Result<Vec<u32>> {
+    Ok(std::fs::read_dir("/proc")?
+        .flatten()
+        .filter_map(|e| e.file_name().to_str().and_then(|s| s.parse().ok()))
+        .collect())
+}
+
+/// The PID of the QEMU process libvirt runs for `domain` (`-name guest=<domain>,...`).
+fn qemu_pid(domain: &str) -> Result<u32> {
+    let needle = format!("guest={domain},");
+    for pid in pids()? {
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        if cmdline
+            .split(|b| *b == 0)
+            .any(|arg| arg.starts_with(needle.as_bytes()))
+        {
+            return Ok(pid);
+        }
+    }
+    bail!("no QEMU process runs libvirt domain {domain}")
+}
+
 /// A JSON list, or nothing.
 fn as_list(v: Value) -> Vec<Value> {
     match v {
@@ -495,14 +518,37 @@ impl Testbed for OpenStackCluster {
         Ok(())
     }
 
-    /// `openstack server stop`: what an operator or a failing host does to a node.
-    fn kill(&mut self, name: &str) -> Result<()> {
+    /// `openstack server stop`, which this cloud's Nova carries out as a failing host
+    /// would: it powers the guest off at once (`shutdown_timeout = 0`,
+    /// scripts/openstack/configure.sh; with Nova's default the guest gets 60 s to shut down
+    /// and the agent says goodbye). The node went down when its QEMU process exited: the
+    /// command itself reaches the guest seconds after it starts.
+    fn kill(&mut self, name: &str) -> Result<Instant> {
+        let domain = self
+            .servers
+            .get(name)
+            .map(|s| s.domain.clone())
+            .with_context(|| format!("{name}: no server"))?;
+        let pid = qemu_pid(&domain)?;
+        let proc_dir = PathBuf::from(format!("/proc/{pid}"));
+        let watcher = std::thread::spawn(move || {
+            let deadline = Instant::now() + Duration::from_secs(150);
+            while Instant::now() < deadline {
+                if !proc_dir.exists() {
+                    return Some(Instant::now());
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            None
+        });
         self.client.run(&["server", "stop", name])?;
         self.wait_status(name, "SHUTOFF", Duration::from_secs(120))?;
         if let Some(s) = self.servers.get_mut(name) {
             s.running = false;
         }
-        Ok(())
+        watcher.join().ok().flatten().with_context(|| {
+            format!("{name} is SHUTOFF but its QEMU process {pid} ({domain}) did not exit")
+        })
     }
 
     fn is_running(&self, name: &str) -> bool {
