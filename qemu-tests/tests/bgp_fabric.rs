@@ -240,6 +240,23 @@ fn scenario(daemon: Daemon) {
     let s = vip_status(&f, 2, "api");
     assert_eq!(s["announced"], false, "{s}");
     f.start_apiserver(2).unwrap();
+    // When the spine's ECMP set grows back to two paths (one poll apart), per VIP: the
+    // 5-tuple hash then moves some flows to rack B, and a connection in flight at that
+    // moment whose packets now reach m2 is reset by it. That is the fabric's ECMP (no
+    // resilient hashing here, as on most fabrics), not keelson: every other request must
+    // answer.
+    let rehashed = [VIP4, VIP6].map(|vip| {
+        let mut before = Instant::now();
+        let t = Instant::now();
+        while t.elapsed() < CONVERGE {
+            if f.spine_nexthops(vip).len() == 2 {
+                return (before, Instant::now());
+            }
+            before = Instant::now();
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        panic!("{vip}: the spine never took m2's path back");
+    });
     wait_all_three(&f);
     // No flap: once back, the spine keeps both paths.
     let t = Instant::now();
@@ -248,11 +265,25 @@ fn scenario(daemon: Daemon) {
         assert_eq!(f.spine_nexthops(VIP6), ["fd71:10::2", "fd71:20::2"], "flap");
         std::thread::sleep(Duration::from_millis(20));
     }
-    for (vip, p) in [VIP4, VIP6].into_iter().zip(probes) {
+    for ((vip, p), (from, to)) in [VIP4, VIP6].into_iter().zip(probes).zip(rehashed) {
         let answers = p.finish();
-        let failed = answers.iter().filter(|a| !a.sample.ok).count();
+        let in_flight_at_rehash =
+            |a: &&keelson_qemu_tests::fabric::Answer| a.sample.sent <= to && a.sample.done >= from;
+        let failed: Vec<_> = answers
+            .iter()
+            .filter(|a| !a.sample.ok && !in_flight_at_rehash(a))
+            .collect();
+        let rehash_failed = answers
+            .iter()
+            .filter(|a| !a.sample.ok && in_flight_at_rehash(a))
+            .count();
+        eprintln!("{vip}: m2 back; failed while in flight at the ECMP change: {rehash_failed}");
         let counts = count_by_node(&answers);
-        assert_eq!(failed, 0, "{vip}: requests failed while m2 came back");
+        assert!(
+            failed.is_empty(),
+            "{vip}: requests failed while m2 came back (not in flight at the spine's ECMP change {:?} after the change began): {failed:?}",
+            to - from
+        );
         assert!(
             counts.get("m2").copied().unwrap_or(0) > 0,
             "{vip}: m2 back: {counts:?}"
