@@ -359,13 +359,7 @@ impl Runner {
                 peers.extend(m.addresses.iter().copied());
             }
         }
-        let now = self.now();
-        peers.extend(
-            self.heard
-                .iter()
-                .filter(|(_, (t, _))| now.saturating_sub(*t) <= self.heard_retention)
-                .map(|(a, _)| *a),
-        );
+        peers.extend(self.heard_recently().map(|(a, _)| a));
         peers.retain(|p| p.is_ipv6() == v6 && !self.spec.own.contains(p) && !p.is_unspecified());
         peers.sort();
         peers.dedup();
@@ -630,6 +624,16 @@ impl Runner {
         self.execute(actions).await;
     }
 
+    /// The routers whose adverts arrived within the retention (`members.expirySecs`), with
+    /// the priority each last advertised.
+    fn heard_recently(&self) -> impl Iterator<Item = (IpAddr, u8)> + '_ {
+        let now = self.now();
+        self.heard
+            .iter()
+            .filter(move |(_, (t, _))| now.saturating_sub(*t) <= self.heard_retention)
+            .map(|(a, (_, p))| (*a, *p))
+    }
+
     /// The other routers that could take over after a goodbye, with the priority each is
     /// assumed to run at ([`Machine::goodbye_rank`]): live members taking part in this
     /// instance at their role's base priority with every check passing (what ours is when
@@ -638,13 +642,7 @@ impl Runner {
     /// address is comparable with theirs (IPv6 multicast adverts come from link-local
     /// addresses, which no member record names).
     fn rivals(&self) -> BTreeMap<IpAddr, u8> {
-        let now = self.now();
-        let mut out: BTreeMap<IpAddr, u8> = self
-            .heard
-            .iter()
-            .filter(|(_, (t, _))| now.saturating_sub(*t) <= self.heard_retention)
-            .map(|(a, (_, p))| (*a, *p))
-            .collect();
+        let mut out: BTreeMap<IpAddr, u8> = self.heard_recently().collect();
         let primary = self.spec.primary;
         let link_local = match primary {
             IpAddr::V4(_) => false,
