@@ -47,6 +47,9 @@ const HANDOVER_GRACE: Duration = Duration::from_millis(200);
 /// its ARP entry is probed again (10-40 s on Linux) or the refresh (a minute) comes. keepalived
 /// repeats its gratuitous ARPs for the same reason (`garp_master_repeat`, `garp_master_delay`).
 const ANNOUNCE_FOLLOWUPS: u8 = 3;
+/// Packets already queued that a backup reads before acting on its timer (see
+/// `Runner::read_queued`): far more than the routers of one segment send in a stall.
+const QUEUED_BEFORE_TIMER: usize = 64;
 
 /// Per-instance counters.
 #[derive(Debug, Clone, Default, Serialize)]
@@ -553,6 +556,9 @@ impl Runner {
     }
 
     async fn on_timer(&mut self) {
+        if self.machine.state() == State::Backup {
+            self.read_queued().await;
+        }
         let now = self.now();
         match self.gate.on_timer(now, self.holder_arp) {
             GateEvent::Opened => {
@@ -585,6 +591,45 @@ impl Runner {
             let actions = self.machine.on_timer(now);
             self.hint_master_down(silent);
             self.execute(actions).await;
+        }
+    }
+
+    /// Handles the packets already queued on the socket before a backup's timer is acted
+    /// on. When this node was stalled (a loaded host, a descheduled guest) its timer and the
+    /// adverts that arrived meanwhile are ready together, and the loop's `select!` may take
+    /// the timer first: a master that kept advertising would look silent, and this backup
+    /// would claim its VIP for a moment (seen on OpenStack with TCG guests). Bounded, so a
+    /// flood of packets cannot hold the timer off.
+    async fn read_queued(&mut self) {
+        for _ in 0..QUEUED_BEFORE_TIMER {
+            let pkt = match self.sock.try_recv() {
+                Ok(Some(pkt)) => pkt,
+                Ok(None) => return,
+                Err(e) => {
+                    tracing::debug!(
+                        "vrrp {}: reading queued packets: {e}",
+                        self.spec.config.name
+                    );
+                    return;
+                }
+            };
+            self.on_packet(&pkt).await;
+        }
+    }
+
+    /// One protocol-112 packet: an advert to act on, or a drop counted by reason.
+    async fn on_packet(&mut self, pkt: &Received) {
+        match self.spec.validate(pkt) {
+            Ok(advert) => self.on_advert(pkt.src, &advert).await,
+            Err(reason) => {
+                tracing::debug!(
+                    "vrrp {}: dropped packet from {}: {reason}",
+                    self.spec.config.name,
+                    pkt.src
+                );
+                self.drop_packet(reason);
+                self.publish();
+            }
         }
     }
 
@@ -1065,17 +1110,7 @@ pub async fn run(
         }
         tokio::select! {
             _ = stop.cancelled() => break,
-            res = r.sock.recv() => {
-                let pkt = res?;
-                match r.spec.validate(&pkt) {
-                    Ok(advert) => r.on_advert(pkt.src, &advert).await,
-                    Err(reason) => {
-                        tracing::debug!("vrrp {}: dropped packet from {}: {reason}", r.spec.config.name, pkt.src);
-                        r.drop_packet(reason);
-                        r.publish();
-                    }
-                }
-            }
+            res = r.sock.recv() => r.on_packet(&res?).await,
             _ = sleep_until(deadline) => r.on_timer().await,
             changed = r.members.changed() => {
                 if changed.is_ok() {

@@ -87,6 +87,7 @@ fn order(subset: bool) -> Vec<&'static str> {
             "2 dns",
             "3 api",
             "4 pivot",
+            "4a cloud",
             "4b dns",
             "4c api",
             "5 failover",
@@ -110,7 +111,13 @@ fn scenarios(c: &mut OpenStackCluster, report: &mut Report, subset: bool) -> Opt
     let control_refs: Vec<&str> = control.iter().map(String::as_str).collect();
     let d = |s: &String| s.clone();
     report.run(c, "1 boot", &all, |c| scenarios::boot(c), d)?;
-    report.run(c, "1b cloud", &all, |c| os::cloud(c), d)?;
+    report.run(
+        c,
+        "1b cloud",
+        &control_refs,
+        |c| os::cloud(c, &control_refs),
+        d,
+    )?;
     report.run(
         c,
         "2 dns",
@@ -127,6 +134,12 @@ fn scenarios(c: &mut OpenStackCluster, report: &mut Report, subset: bool) -> Opt
         return Some(());
     }
     report.run(c, "4 pivot", &all, |c| scenarios::pivot(c), d)?;
+    let workers: Vec<&str> = all
+        .iter()
+        .copied()
+        .filter(|n| !control_refs.contains(n))
+        .collect();
+    report.run(c, "4a cloud", &workers, |c| os::cloud(c, &workers), d)?;
     let everyone: Vec<String> = all[1..].iter().map(|s| s.to_string()).collect();
     report.run(c, "4b dns", &all[1..], |c| scenarios::dns(c, &everyone), d)?;
     report.run(c, "4c api", &all[1..4], |c| scenarios::api_on_rhcos(c), d)?;

@@ -60,14 +60,16 @@ fn ready_at(c: &OpenStackCluster, name: &str) -> Result<f64> {
     epoch(line.split_whitespace().next().unwrap_or(""))
 }
 
-/// 1b. The boot as Nova shows it: each node's ready line in `openstack console log show`,
-///     its metadata from where the script asked (a config drive Nova wrote, or Nova's
-///     metadata service through Neutron's proxy), and the time from `server create` to
-///     the agent's ready line.
-pub fn cloud(c: &OpenStackCluster) -> Result<String> {
+/// 1b. The boot as Nova shows it: each of `nodes`' ready line in `openstack console log
+///     show`, its metadata from where the script asked (a config drive Nova wrote, or
+///     Nova's metadata service through Neutron's proxy), and the time from `server create`
+///     to the agent's ready line. The workers are checked after the pivot (4a): until the
+///     masters serve `/config/worker`, the bootstrap answers it 500 and they keep asking,
+///     as OpenShift's machine-config-server makes them.
+pub fn cloud(c: &OpenStackCluster, nodes: &[&str]) -> Result<String> {
     let mut lines = Vec::new();
     for node in c.plan().to_vec() {
-        if !c.is_running(&node.name) {
+        if !nodes.contains(&node.name.as_str()) || !c.is_running(&node.name) {
             continue;
         }
         let log = c.console_log_show(&node.name)?;
