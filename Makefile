@@ -62,13 +62,16 @@ qemu-cluster: setup agent
 
 # Day-2 operations in the QEMU cluster (docs/operations.md, docs/qemu-cluster.md): the control
 # plane as qemu-cluster boots it (masters on the RHCOS stand-in, no workers), then a rolling
-# agent upgrade with a client through the API VIP (0 failed requests expected) and a master
-# replaced by a new one at another address. Not part of `make test`. DAY2_CONFIG=unicast
-# runs it on the unicast segment; KEELSON_AGENT_NEW=<binary> rolls out another agent.
+# agent upgrade and a membership key rotation with a client through the API VIP (0 failed
+# requests expected), and a master replaced by a new one at another address. Not part of `make test`. DAY2_CONFIG=unicast
+# runs it on the unicast segment; KEELSON_AGENT_NEW=<binary> rolls out another agent;
+# DAY2_SEGMENT=hub runs the multicast configuration on QEMU's multicast socket segment (a hub)
+# instead of a learning bridge.
 DAY2_CONFIG ?= multicast
+DAY2_SEGMENT ?= switch
 qemu-day2: setup agent
 	cargo build -p keelson -p keelson-qemu-tests --bin keelson --bin qemu-day2
-	KEELSON_BIN=$(abspath target/debug/keelson) target/debug/qemu-day2 --config $(DAY2_CONFIG)
+	KEELSON_BIN=$(abspath target/debug/keelson) target/debug/qemu-day2 --config $(DAY2_CONFIG) --segment $(DAY2_SEGMENT)
 
 # The cluster on a real OpenStack: installs, configures and starts an all-in-one Debian 12
 # (Zed) OpenStack on this machine (scripts/openstack/, idempotent; services already running

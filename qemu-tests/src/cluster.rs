@@ -62,6 +62,28 @@ impl Config {
     }
 }
 
+/// What the multicast configuration's segment is made of.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MulticastSegment {
+    /// QEMU's multicast socket segment: a hub, every frame to every VM's QEMU (and to the
+    /// harness's frame copier, the host-side participant).
+    Hub,
+    /// A learning bridge of taps where multicast passes (`BridgeSegment::create_switch`):
+    /// unicast only to its destination, as on a real switch.
+    Switch,
+}
+
+impl std::str::FromStr for MulticastSegment {
+    type Err = anyhow::Error;
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "hub" => Ok(MulticastSegment::Hub),
+            "switch" => Ok(MulticastSegment::Switch),
+            other => bail!("segment {other:?}: expected hub or switch"),
+        }
+    }
+}
+
 /// What the masters boot: the stand-in unless `QEMU_CLUSTER_MASTERS=appliance`.
 pub fn master_image() -> Result<ImageKind> {
     match std::env::var("QEMU_CLUSTER_MASTERS").as_deref() {
@@ -138,7 +160,8 @@ pub struct Cluster {
     pub out: PathBuf,
     /// The multicast segment (multicast configuration).
     pub segment: Segment,
-    /// The bridge that drops multicast (unicast configuration).
+    /// The bridge: one that drops multicast (unicast configuration), or the switch of the
+    /// multicast configuration on [`MulticastSegment::Switch`].
     pub bridge_segment: Option<BridgeSegment>,
     /// The host-side participant's interface in [`Cluster::netns`].
     pub host_iface: String,
@@ -164,12 +187,35 @@ pub struct Cluster {
 impl Cluster {
     /// Creates the namespace and the segment of `config`, with the host-side participant on
     /// it, and starts the segment's DHCP server and metadata service there; `plan` says who
-    /// boots what, `standin` is the stand-in image if anyone boots it.
+    /// boots what, `standin` is the stand-in image if anyone boots it. The multicast
+    /// configuration runs on QEMU's multicast socket segment ([`MulticastSegment::Hub`]).
     pub fn new(
         work: &Path,
         out: &Path,
         image: &Path,
         config: Config,
+        plan: Vec<NodePlan>,
+        standin: Option<StandinImage>,
+    ) -> Result<Self> {
+        Self::with_segment(
+            work,
+            out,
+            image,
+            config,
+            MulticastSegment::Hub,
+            plan,
+            standin,
+        )
+    }
+
+    /// [`Cluster::new`], the multicast configuration on `multicast` (the unicast one always
+    /// runs on its multicast-dropping bridge).
+    pub fn with_segment(
+        work: &Path,
+        out: &Path,
+        image: &Path,
+        config: Config,
+        multicast: MulticastSegment,
         plan: Vec<NodePlan>,
         standin: Option<StandinImage>,
     ) -> Result<Self> {
@@ -180,6 +226,11 @@ impl Cluster {
         let segment = Segment::for_this_process();
         let netns = Netns::create(&format!("kqc{}", std::process::id() % 100_000))?;
         let (bridge, bridge_segment, host_iface) = match config {
+            Config::Multicast if multicast == MulticastSegment::Switch => (
+                None,
+                Some(BridgeSegment::create_switch(&netns.name, "kqbr0")?),
+                "kqbr0",
+            ),
             Config::Multicast => (
                 Some(TapBridge::start(segment, &netns.name, "kqtap0")?),
                 None,
@@ -284,8 +335,51 @@ impl Cluster {
     pub fn multicast_dropped(&self) -> Result<Option<u64>> {
         self.bridge_segment
             .as_ref()
+            .filter(|b| b.drops_multicast())
             .map(BridgeSegment::multicast_dropped)
             .transpose()
+    }
+
+    /// Frames of the segment each running VM's NIC never received because the host could
+    /// not queue them towards its QEMU, so far: on the hub, the drops at its QEMU's UDP
+    /// socket (a full receive buffer); on a bridge, its tap's TX drops. By node name; on the
+    /// hub also `copier`, the drops at the harness's own sockets (the frame copier's).
+    pub fn segment_drops(&self) -> BTreeMap<String, u64> {
+        let mut drops: BTreeMap<String, u64> = self
+            .vms
+            .iter()
+            .filter_map(|(name, vm)| {
+                let dropped = match &self.bridge_segment {
+                    Some(b) => b.tap_drops(&format!("kqt-{name}")).ok(),
+                    None => vm.pid().and_then(crate::segment::udp_drops_of),
+                };
+                dropped.map(|d| (name.clone(), d))
+            })
+            .collect();
+        if self.bridge.is_some()
+            && let Some(d) = crate::segment::udp_drops_of(std::process::id())
+        {
+            drops.insert("copier".into(), d);
+        }
+        drops
+    }
+
+    /// What the segment is, for the report.
+    pub fn segment_text(&self) -> String {
+        match (&self.bridge_segment, self.config) {
+            (Some(b), Config::Unicast) => format!(
+                "bridge {} of taps in {}, every multicast frame dropped (checked)",
+                b.bridge, self.netns.name
+            ),
+            (Some(b), Config::Multicast) => format!(
+                "bridge {} of taps in {}, a learning switch where multicast passes",
+                b.bridge, self.netns.name
+            ),
+            (None, _) => format!(
+                "QEMU multicast socket {}:{} (a hub)",
+                self.segment.group, self.segment.port
+            ),
+        }
     }
 
     /// The user_data for a role: the bootstrap's full config, pointer configs for the rest.

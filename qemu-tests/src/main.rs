@@ -84,16 +84,7 @@ fn run(config: Config) -> Result<()> {
         masters.as_str()
     );
     let mut cluster = Cluster::new(&work, &out, &image, config, cluster::plan(masters), standin)?;
-    match config {
-        Config::Unicast => eprintln!(
-            "qemu-cluster: segment: bridge {} of taps in {}, every multicast frame dropped (checked)",
-            cluster.host_iface, cluster.netns.name
-        ),
-        Config::Multicast => eprintln!(
-            "qemu-cluster: segment: QEMU multicast socket {}:{}",
-            cluster.segment.group, cluster.segment.port
-        ),
-    }
+    eprintln!("qemu-cluster: segment: {}", cluster.segment_text());
     let mut report = Report::new("qemu-cluster");
     let all = [
         "bootstrap",

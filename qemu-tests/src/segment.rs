@@ -185,6 +185,52 @@ impl Drop for TapBridge {
     }
 }
 
+/// Datagrams the host dropped at the UDP sockets process `pid` holds (the `drops` column of
+/// `/proc/net/udp`, summed): for a QEMU on a [`Segment`], frames of the segment its NIC
+/// never saw because its socket's receive buffer was full. `None` when the process is gone.
+pub fn udp_drops_of(pid: u32) -> Option<u64> {
+    let inodes: std::collections::BTreeSet<String> = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .ok()?
+        .flatten()
+        .filter_map(|e| std::fs::read_link(e.path()).ok())
+        .filter_map(|l| {
+            l.to_str()
+                .and_then(|t| t.strip_prefix("socket:["))
+                .and_then(|t| t.strip_suffix(']'))
+                .map(str::to_owned)
+        })
+        .collect();
+    let table = std::fs::read_to_string(format!("/proc/{pid}/net/udp")).ok()?;
+    Some(udp_drops_in(&table, &inodes))
+}
+
+/// The sum of the `drops` column (the last) of the rows of a `/proc/net/udp` table whose
+/// inode (the tenth column) is one of `inodes`.
+fn udp_drops_in(table: &str, inodes: &std::collections::BTreeSet<String>) -> u64 {
+    table
+        .lines()
+        .skip(1)
+        .filter_map(|l| {
+            let cols: Vec<&str> = l.split_whitespace().collect();
+            let inode = cols.get(9)?;
+            inodes
+                .contains(*inode)
+                .then(|| cols.last()?.parse::<u64>().ok())
+                .flatten()
+        })
+        .sum()
+}
+
+/// Frames tap `tap` in `netns` could not queue towards its reader (its QEMU): the TX drops
+/// of the tap (`ip -s link`), the [`BridgeSegment`] counterpart of [`udp_drops_of`].
+pub fn tap_drops(netns: &str, tap: &str) -> Result<u64> {
+    let out = run_in(netns, &["ip", "-s", "-j", "link", "show", "dev", tap], None)?;
+    let doc: serde_json::Value = serde_json::from_str(&out)?;
+    doc[0]["stats64"]["tx"]["dropped"]
+        .as_u64()
+        .with_context(|| format!("no TX drop counter for {tap}: {out}"))
+}
+
 /// How a VM's NIC reaches its segment.
 #[derive(Debug)]
 pub enum NicLink {
@@ -227,12 +273,15 @@ const DROP_MULTICAST: &str = "table bridge kqnomcast {
 }
 ";
 
-/// A bridge of taps in a network namespace that drops multicast (see the module docs).
+/// A bridge of taps in a network namespace: one that drops multicast (see the module docs),
+/// or a plain learning switch ([`BridgeSegment::create_switch`]).
 #[derive(Debug)]
 pub struct BridgeSegment {
     netns: String,
     /// The bridge device, which carries the host-side participant's address.
     pub bridge: String,
+    /// Whether the nftables rule drops multicast on it.
+    drops_multicast: bool,
 }
 
 fn run_in(netns: &str, args: &[&str], stdin: Option<&str>) -> Result<String> {
@@ -290,9 +339,59 @@ impl BridgeSegment {
         let seg = BridgeSegment {
             netns: netns.to_string(),
             bridge: bridge.to_string(),
+            drops_multicast: true,
         };
         seg.check_multicast_blocked()?;
         Ok(seg)
+    }
+
+    /// Creates bridge `bridge` in `netns` as a plain learning switch where multicast passes:
+    /// a unicast frame goes to the one port its destination MAC was learnt on, multicast and
+    /// broadcast to every port, as a real switch does. Unlike [`Segment`] (a hub: every frame
+    /// one UDP datagram to every QEMU), a bulk transfer between two VMs then costs the other
+    /// VMs' QEMUs nothing, and no burst of it fills their receive queues ahead of a VRRP
+    /// advert (docs/qemu-cluster.md). Multicast snooping is off: every group floods, with no
+    /// IGMP/MLD querier needed (VRRP's 224.0.0.18 and ff02::12, mDNS).
+    pub fn create_switch(netns: &str, bridge: &str) -> Result<Self> {
+        run_in(
+            netns,
+            &[
+                "ip",
+                "link",
+                "add",
+                bridge,
+                "type",
+                "bridge",
+                "mcast_snooping",
+                "0",
+            ],
+            None,
+        )?;
+        run_in(
+            netns,
+            &[
+                "sysctl",
+                "-qw",
+                &format!("net.ipv6.conf.{bridge}.disable_ipv6=1"),
+            ],
+            None,
+        )?;
+        run_in(netns, &["ip", "link", "set", bridge, "up"], None)?;
+        Ok(BridgeSegment {
+            netns: netns.to_string(),
+            bridge: bridge.to_string(),
+            drops_multicast: false,
+        })
+    }
+
+    /// The frames the kernel could not queue towards tap `tap` of this bridge.
+    pub fn tap_drops(&self, tap: &str) -> Result<u64> {
+        tap_drops(&self.netns, tap)
+    }
+
+    /// Whether this bridge drops multicast ([`BridgeSegment::create`]).
+    pub fn drops_multicast(&self) -> bool {
+        self.drops_multicast
     }
 
     /// Multicast frames the rule dropped so far.
@@ -453,4 +552,22 @@ fn enter_netns(netns: &str) -> Result<()> {
     nix::sched::setns(&ns, nix::sched::CloneFlags::CLONE_NEWNET)
         .with_context(|| format!("entering network namespace {netns}"))?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn udp_drops_are_summed_over_the_process_sockets_only() {
+        // /proc/net/udp as Linux 6 writes it (drops last, inode tenth).
+        let table = "   sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode ref pointer drops\n\
+  12: 0100007F:4E21 00000000:0000 07 00000000:00034000 00:00000000 00000000     0        0 81234 2 0000000000000000 17\n\
+  13: 0100007F:4E22 00000000:0000 07 00000000:00000000 00:00000000 00000000     0        0 81235 2 0000000000000000 5\n\
+  14: 00000000:14E9 00000000:0000 07 00000000:00000000 00:00000000 00000000     0        0 99999 2 0000000000000000 400\n";
+        let ours: std::collections::BTreeSet<String> =
+            ["81234".to_string(), "81235".to_string()].into();
+        assert_eq!(udp_drops_in(table, &ours), 22);
+        assert_eq!(udp_drops_in(table, &Default::default()), 0);
+    }
 }

@@ -258,6 +258,11 @@ impl Vm {
         self.wait_exit(timeout)
     }
 
+    /// QEMU's process ID while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
     /// Whether QEMU still runs (not killed, powered off or reaped).
     pub fn is_running(&mut self) -> bool {
         self.child

@@ -3,40 +3,51 @@
 //! masters on the RHCOS stand-in, no workers: their agent is PID 1 of the appliance, which
 //! docs/operations.md reprovisions rather than restarts), pivots, then runs
 //! [`keelson_qemu_tests::day2`]: a rolling agent upgrade through the API VIP with a client
-//! counting failures, and a master replaced by a new one at another address.
+//! counting failures, the membership key rotated node by node (one node left on the old key
+//! and refused, then caught up), and a master replaced by a new one at another address.
 //!
-//! `qemu-day2 [--config multicast|unicast]`: `multicast` (the default) runs VRRP multicast and
+//! `qemu-day2 [--config multicast|unicast] [--segment switch|hub]`: `multicast` (the default) runs VRRP multicast and
 //! mDNS members, so a new master at a new address needs no `cluster.json` edit (unicast lists
 //! no master addresses either, but multicast is the configuration docs/operations.md's
 //! replacement needs nothing for). Environment as `qemu-cluster`'s, and `KEELSON_AGENT_NEW`:
 //! the binary the roll installs (default: `KEELSON_AGENT_BIN`, a rolling restart through the
 //! upgrade procedure); `QEMU_CLUSTER_WORK` defaults to `target/qemu-day2/<config>`.
+//! `--segment` (multicast configuration only): `switch` (the default) puts the VMs on a
+//! learning bridge of taps where multicast passes; `hub` on QEMU's multicast socket segment,
+//! where every frame of a bulk transfer between two VMs reaches every VM's QEMU
+//! (docs/qemu-cluster.md, "Day 2").
 
 use std::time::Instant;
 
 use anyhow::{Result, bail};
-use keelson_qemu_tests::cluster::{self, Cluster, Config, ImageKind};
+use keelson_qemu_tests::cluster::{self, Cluster, Config, ImageKind, MulticastSegment};
 use keelson_qemu_tests::day2;
 use keelson_qemu_tests::payload::{build, env_path, standin};
 use keelson_qemu_tests::report::Report;
 use keelson_qemu_tests::scenarios;
 
 fn main() {
-    let mut args = std::env::args().skip(1);
-    let result = match (args.next().as_deref(), args.next()) {
-        (None, _) => run(Config::Multicast),
-        (Some("--config"), Some(c)) => c.parse().and_then(run),
-        _ => Err(anyhow::anyhow!(
-            "usage: qemu-day2 [--config multicast|unicast]"
-        )),
-    };
-    if let Err(e) = result {
+    if let Err(e) = parse(std::env::args().skip(1)).and_then(|(c, s)| run(c, s)) {
         eprintln!("qemu-day2: {e:#}");
         std::process::exit(1);
     }
 }
 
-fn run(config: Config) -> Result<()> {
+/// `[--config multicast|unicast] [--segment switch|hub]`.
+fn parse(mut args: impl Iterator<Item = String>) -> Result<(Config, MulticastSegment)> {
+    let mut config = Config::Multicast;
+    let mut segment = MulticastSegment::Switch;
+    while let Some(flag) = args.next() {
+        match (flag.as_str(), args.next()) {
+            ("--config", Some(v)) => config = v.parse()?,
+            ("--segment", Some(v)) => segment = v.parse()?,
+            _ => bail!("usage: qemu-day2 [--config multicast|unicast] [--segment switch|hub]"),
+        }
+    }
+    Ok((config, segment))
+}
+
+fn run(config: Config, segment: MulticastSegment) -> Result<()> {
     let start = Instant::now();
     let work = env_path(
         "QEMU_CLUSTER_WORK",
@@ -68,11 +79,20 @@ fn run(config: Config) -> Result<()> {
         .into_iter()
         .filter(|n| n.role != "worker")
         .collect();
-    let mut cluster = Cluster::new(&work, &out, &image, config, plan, Some(standin()?))?;
+    let mut cluster =
+        Cluster::with_segment(&work, &out, &image, config, segment, plan, Some(standin()?))?;
+    eprintln!("qemu-day2: segment: {}", cluster.segment_text());
     let mut report = Report::new("qemu-day2");
     let all = ["bootstrap", "master-0", "master-1", "master-2"];
     let masters_only = ["master-0", "master-1", "master-2", "master-3"];
-    let order = ["1 boot", "2 pivot", "3 api", "4 roll", "5 replace"];
+    let order = [
+        "1 boot",
+        "2 pivot",
+        "3 api",
+        "4 roll",
+        "5 rotate",
+        "6 replace",
+    ];
     let passed = (|| {
         report.run(
             &mut cluster,
@@ -95,8 +115,8 @@ fn run(config: Config) -> Result<()> {
             |c| scenarios::api_spread(c),
             |d| d.clone(),
         )?;
-        // The replacement does not need the roll to have passed: run it either way, for
-        // its figures (the run still fails).
+        // The rotation and the replacement do not need the roll (or the rotation) to have
+        // passed: run each either way, for its figures (the run still fails).
         let _ = report.run(
             &mut cluster,
             order[3],
@@ -104,7 +124,10 @@ fn run(config: Config) -> Result<()> {
             |c| day2::roll(c, &new_agent),
             |d| d.clone(),
         );
-        report.run(&mut cluster, order[4], &masters_only, day2::replace, |d| {
+        let _ = report.run(&mut cluster, order[4], &all[1..], day2::rotate, |d| {
+            d.clone()
+        });
+        report.run(&mut cluster, order[5], &masters_only, day2::replace, |d| {
             d.clone()
         })?;
         Some(())
