@@ -1041,6 +1041,51 @@ async fn idle_and_connect_timeouts_past_the_shared_tick_still_fire_when_due() {
     p.shutdown().await;
 }
 
+/// The idle timeout counts from the last byte moved (the connection's deadline moves on with
+/// every byte; the timer armed for an earlier deadline is re-armed when it fires): a
+/// connection that keeps talking stays open past it, and is closed once quiet that long.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_idle_timeout_counts_from_the_last_byte_moved() {
+    use keelson_agent::proxy::lazy_timer::TICK;
+    // Long enough that a loaded machine's scheduling stalls between pings stay well inside.
+    let idle = TICK * 12;
+    let echo = echo_backend().await;
+    let p = start(
+        ProxyConfig {
+            idle_timeout: idle,
+            ..config()
+        },
+        &[echo.addr],
+    );
+    let mut c = TcpStream::connect(p.addr).await.unwrap();
+    let since = Instant::now();
+    let quiet = loop {
+        ping(&mut c)
+            .await
+            .expect("a talking connection stays open past the idle timeout");
+        // About when the proxy last moved a byte (the echo's, just before this read it).
+        let last = Instant::now();
+        if since.elapsed() >= idle * 2 {
+            break last;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let mut buf = [0u8; 1];
+    let n = tokio::time::timeout(SOON, c.read(&mut buf))
+        .await
+        .expect("closed once quiet for the idle timeout")
+        .unwrap_or(0);
+    assert_eq!(n, 0);
+    // Loose: the client reads a scheduling moment after the proxy wrote; what it rules out is
+    // a timeout counted from anything earlier (the connection's start is two timeouts back).
+    assert!(
+        quiet.elapsed() >= idle / 2,
+        "closed {:?} after the last byte",
+        quiet.elapsed()
+    );
+    p.shutdown().await;
+}
+
 // ---------------------------------------------------------------------------------------
 // Descriptor exhaustion, in a child process
 
