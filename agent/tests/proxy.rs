@@ -930,16 +930,19 @@ async fn drain_timeout_cuts_a_stuck_connection() {
 // ---------------------------------------------------------------------------------------
 // Idle and vanished clients
 
+/// A proxy in front of `echo` with the idle timeout `idle`.
+fn with_idle_timeout(idle: Duration, echo: &Echo) -> Running {
+    let cfg = ProxyConfig {
+        idle_timeout: idle,
+        ..config()
+    };
+    start(cfg, &[echo.addr])
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn silent_and_vanished_clients_leak_nothing() {
     let echo = echo_backend().await;
-    let p = start(
-        ProxyConfig {
-            idle_timeout: Duration::from_millis(300),
-            ..config()
-        },
-        &[echo.addr],
-    );
+    let p = with_idle_timeout(Duration::from_millis(300), &echo);
     // Connects and never sends: the idle timeout closes both sides.
     let mut silent = TcpStream::connect(p.addr).await.unwrap();
     wait_until("silent client proxied", || {
@@ -990,13 +993,7 @@ async fn idle_and_connect_timeouts_past_the_shared_tick_still_fire_when_due() {
     use keelson_agent::proxy::lazy_timer::TICK;
     let idle = TICK * 3;
     let echo = echo_backend().await;
-    let p = start(
-        ProxyConfig {
-            idle_timeout: idle,
-            ..config()
-        },
-        &[echo.addr],
-    );
+    let p = with_idle_timeout(idle, &echo);
     let mut quiet = TcpStream::connect(p.addr).await.unwrap();
     let since = Instant::now();
     ping(&mut quiet).await.unwrap();
@@ -1050,13 +1047,7 @@ async fn the_idle_timeout_counts_from_the_last_byte_moved() {
     // Long enough that a loaded machine's scheduling stalls between pings stay well inside.
     let idle = TICK * 12;
     let echo = echo_backend().await;
-    let p = start(
-        ProxyConfig {
-            idle_timeout: idle,
-            ..config()
-        },
-        &[echo.addr],
-    );
+    let p = with_idle_timeout(idle, &echo);
     let mut c = TcpStream::connect(p.addr).await.unwrap();
     let since = Instant::now();
     let quiet = loop {
