@@ -930,16 +930,19 @@ async fn drain_timeout_cuts_a_stuck_connection() {
 // ---------------------------------------------------------------------------------------
 // Idle and vanished clients
 
+/// A proxy in front of `echo` with the idle timeout `idle`.
+fn with_idle_timeout(idle: Duration, echo: &Echo) -> Running {
+    let cfg = ProxyConfig {
+        idle_timeout: idle,
+        ..config()
+    };
+    start(cfg, &[echo.addr])
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn silent_and_vanished_clients_leak_nothing() {
     let echo = echo_backend().await;
-    let p = start(
-        ProxyConfig {
-            idle_timeout: Duration::from_millis(300),
-            ..config()
-        },
-        &[echo.addr],
-    );
+    let p = with_idle_timeout(Duration::from_millis(300), &echo);
     // Connects and never sends: the idle timeout closes both sides.
     let mut silent = TcpStream::connect(p.addr).await.unwrap();
     wait_until("silent client proxied", || {
@@ -990,13 +993,7 @@ async fn idle_and_connect_timeouts_past_the_shared_tick_still_fire_when_due() {
     use keelson_agent::proxy::lazy_timer::TICK;
     let idle = TICK * 3;
     let echo = echo_backend().await;
-    let p = start(
-        ProxyConfig {
-            idle_timeout: idle,
-            ..config()
-        },
-        &[echo.addr],
-    );
+    let p = with_idle_timeout(idle, &echo);
     let mut quiet = TcpStream::connect(p.addr).await.unwrap();
     let since = Instant::now();
     ping(&mut quiet).await.unwrap();
@@ -1038,6 +1035,45 @@ async fn idle_and_connect_timeouts_past_the_shared_tick_still_fire_when_due() {
         since.elapsed()
     );
     assert_eq!(p.snapshot(silent).connect_failures, 1);
+    p.shutdown().await;
+}
+
+/// The idle timeout counts from the last byte moved (the connection's deadline moves on with
+/// every byte; the timer armed for an earlier deadline is re-armed when it fires): a
+/// connection that keeps talking stays open past it, and is closed once quiet that long.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_idle_timeout_counts_from_the_last_byte_moved() {
+    use keelson_agent::proxy::lazy_timer::TICK;
+    // Long enough that a loaded machine's scheduling stalls between pings stay well inside.
+    let idle = TICK * 12;
+    let echo = echo_backend().await;
+    let p = with_idle_timeout(idle, &echo);
+    let mut c = TcpStream::connect(p.addr).await.unwrap();
+    let since = Instant::now();
+    let quiet = loop {
+        ping(&mut c)
+            .await
+            .expect("a talking connection stays open past the idle timeout");
+        // About when the proxy last moved a byte (the echo's, just before this read it).
+        let last = Instant::now();
+        if since.elapsed() >= idle * 2 {
+            break last;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let mut buf = [0u8; 1];
+    let n = tokio::time::timeout(SOON, c.read(&mut buf))
+        .await
+        .expect("closed once quiet for the idle timeout")
+        .unwrap_or(0);
+    assert_eq!(n, 0);
+    // Loose: the client reads a scheduling moment after the proxy wrote; what it rules out is
+    // a timeout counted from anything earlier (the connection's start is two timeouts back).
+    assert!(
+        quiet.elapsed() >= idle / 2,
+        "closed {:?} after the last byte",
+        quiet.elapsed()
+    );
     p.shutdown().await;
 }
 

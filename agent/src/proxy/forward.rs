@@ -1,28 +1,33 @@
 //! Moving bytes between a client and a backend. Each direction starts with a small buffered
 //! copy and, once a read fills the buffer (bulk data), moves on to `splice(2)` through a
 //! pooled pipe (the bytes never enter user space); where the kernel refuses to splice, or
-//! when splicing is off, it copies with a large buffer. Each direction runs on its own; when
-//! one side sends FIN the other side's write half is shut down and the other direction keeps
-//! flowing (TCP half-close), as haproxy does.
+//! when splicing is off, it copies with a large buffer. The two directions go on
+//! independently (in one hand-written future, [`Forward`]); when one side sends FIN the
+//! other side's write half is shut down and the other direction keeps flowing (TCP
+//! half-close), as haproxy does.
 //!
 //! A buffer is taken from a per-thread pool when a socket has data and goes back once that
 //! data is written, as haproxy allocates its buffers: an open connection that is quiet (a
 //! watch, a kubelet between heartbeats) holds no buffer, and a short one allocates none.
 
 use std::cell::RefCell;
+use std::future::Future;
 use std::io;
 use std::net::Shutdown;
 use std::os::fd::{AsRawFd, OwnedFd};
+use std::pin::Pin;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::task::{Context, Poll, ready};
+use std::time::Duration;
 
 use nix::fcntl::{FcntlArg, OFlag, SpliceFFlags};
 use nix::sys::socket::{MsgFlags, recv, send};
 use tokio::io::Interest;
 use tokio::net::TcpStream;
 
-use super::lazy_timer::Ticker;
+use tokio::time::Instant;
+
+use super::lazy_timer::{LazyDeadline, Ticker};
 
 /// Bytes moved per `splice` call / buffer size of the copy without splice.
 const CHUNK: usize = 256 * 1024;
@@ -59,102 +64,331 @@ impl Meter for () {
 
 /// Proxies between `client` and `server` until both directions are closed, one fails, or
 /// nothing moves for `idle` (timed with `ticker`). `splice` selects zero-copy forwarding.
-pub async fn forward(
-    client: &TcpStream,
-    server: &TcpStream,
-    idle: Duration,
-    ticker: &Ticker,
-    splice: bool,
-    meter: &dyn Meter,
-) -> io::Result<(End, Moved)> {
-    let start = Instant::now();
-    let last = AtomicU64::new(0);
-    let done = AtomicU8::new(0);
-    let up = one_way(client, server, splice, &last, &done, start, true, meter);
-    let down = one_way(server, client, splice, &last, &done, start, false, meter);
-    let idle_watch = async {
-        loop {
-            let since = start
-                .elapsed()
-                .saturating_sub(Duration::from_millis(last.load(Ordering::Relaxed)));
-            if since >= idle {
-                return;
-            }
-            ticker.sleep(idle - since).await;
-        }
-    };
-    tokio::select! {
-        r = async { tokio::try_join!(up, down) } => {
-            let (u, d) = r?;
-            Ok((End::Closed, Moved { up: u, down: d }))
-        }
-        () = idle_watch => Ok((End::Idle, Moved::default())),
-    }
-}
-
-/// One direction: `src` → `dst`, then shut down `dst`'s write half on EOF (unless the other
-/// direction is finished too: then both sockets are about to be closed, which sends the FIN).
 ///
-/// With `splice` the direction starts with a small buffered copy (requests and answers of an
-/// API call are small, and for them `read`/`write` is cheaper than two splices through a
-/// pipe); the first read that fills the buffer shows bulk data and switches to `splice(2)`
-/// (haproxy's `splice-auto`). Without `splice` it copies with a large buffer throughout.
-#[allow(clippy::too_many_arguments)]
-async fn one_way(
-    src: &TcpStream,
-    dst: &TcpStream,
+/// Each direction starts with a small buffered copy (requests and answers of an API call are
+/// small, and for them `read`/`write` is cheaper than two splices through a pipe); the first
+/// read that fills the buffer shows bulk data and switches it to `splice(2)` (haproxy's
+/// `splice-auto`), or to a copy with a large buffer where the kernel refuses to splice this
+/// pair. Without `splice` it copies with a large buffer throughout. When one direction reads
+/// EOF its destination's write half is shut down, unless the other direction is finished
+/// too: then both sockets are about to be closed, which sends the FIN.
+pub fn forward<'a>(
+    client: &'a TcpStream,
+    server: &'a TcpStream,
+    idle: Duration,
+    ticker: &'a Ticker,
     splice: bool,
-    last: &AtomicU64,
-    done: &AtomicU8,
-    start: Instant,
-    up: bool,
-    meter: &dyn Meter,
-) -> io::Result<u64> {
-    let touch = || last.store(start.elapsed().as_millis() as u64, Ordering::Relaxed);
-    let mut total = 0u64;
-    if splice {
-        if let Copied::Bulk =
-            copy_loop(src, dst, SMALL, true, &touch, &mut total, up, meter).await?
-        {
-            // Boxed: its state (pipe, splice loop, fallback copy) exists only once a
-            // direction carries bulk data, not in every open connection's task.
-            Box::pin(splice_or_copy(src, dst, &touch, &mut total, up, meter)).await?;
-        }
-    } else {
-        copy_loop(src, dst, CHUNK, false, &touch, &mut total, up, meter).await?;
+    meter: &'a dyn Meter,
+) -> Forward<'a> {
+    Forward {
+        client,
+        server,
+        meter,
+        idle,
+        last: Instant::now(),
+        up: Dir::new(splice),
+        down: Dir::new(splice),
+        idle_wait: LazyDeadline::new(ticker),
     }
-    // Both directions have read EOF when this is the second: nothing is left unread, so
-    // closing (right after) sends a FIN, not a reset, and the shutdown would be a wasted call.
-    if done.fetch_add(1, Ordering::AcqRel) == 0 {
-        let _ = socket2::SockRef::from(dst).shutdown(Shutdown::Write);
-    }
-    Ok(total)
 }
 
-/// Splices until EOF; copies instead where this socket pair cannot splice.
-async fn splice_or_copy(
-    src: &TcpStream,
-    dst: &TcpStream,
-    touch: &(dyn Fn() + Sync),
-    total: &mut u64,
-    up: bool,
-    meter: &dyn Meter,
-) -> io::Result<()> {
-    if let Ok(mut pipe) = Pipe::get() {
-        let before = *total;
-        match splice_loop(src, dst, &mut pipe, touch, total, up, meter).await {
-            Ok(()) => {
-                // Drained: reusable.
-                pipe.put();
-                return Ok(());
+pin_project_lite::pin_project! {
+    /// The future of [`forward`], written by hand rather than as async functions: it lives in
+    /// every open connection's task for the connection's life, and as a state machine it
+    /// holds only what it needs (a few hundred bytes) where nested async functions held
+    /// every await point's readiness futures and locals side by side. Each socket's two
+    /// waker slots fit the two directions exactly: up reads the client and writes the
+    /// server, down reads the server and writes the client.
+    pub struct Forward<'a> {
+        client: &'a TcpStream,
+        server: &'a TcpStream,
+        meter: &'a dyn Meter,
+        idle: Duration,
+        // When a byte last moved either way.
+        last: Instant,
+        // Client -> backend.
+        up: Dir,
+        // Backend -> client.
+        down: Dir,
+        #[pin]
+        idle_wait: LazyDeadline<'a>,
+    }
+}
+
+impl Future for Forward<'_> {
+    type Output = io::Result<(End, Moved)>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        let (client, server, meter) = (*this.client, *this.server, *this.meter);
+        let mut moved = false;
+        if !this.up.done()
+            && let Poll::Ready(r) = this
+                .up
+                .poll_move(cx, client, server, true, meter, &mut moved)
+        {
+            r?;
+            if !this.down.done() {
+                let _ = socket2::SockRef::from(server).shutdown(Shutdown::Write);
             }
-            // EINVAL before any byte moved: the pipe is empty and this pair cannot splice.
-            Err(e) if e.raw_os_error() == Some(libc::EINVAL) && *total == before => pipe.put(),
-            Err(e) => return Err(e),
+        }
+        if !this.down.done()
+            && let Poll::Ready(r) = this
+                .down
+                .poll_move(cx, server, client, false, meter, &mut moved)
+        {
+            r?;
+            if !this.up.done() {
+                let _ = socket2::SockRef::from(client).shutdown(Shutdown::Write);
+            }
+        }
+        if this.up.done() && this.down.done() {
+            let moved = Moved {
+                up: this.up.total,
+                down: this.down.total,
+            };
+            return Poll::Ready(Ok((End::Closed, moved)));
+        }
+        if moved {
+            *this.last = Instant::now();
+        }
+        ready!(this.idle_wait.poll_deadline(cx, *this.last + *this.idle));
+        Poll::Ready(Ok((End::Idle, Moved::default())))
+    }
+}
+
+/// What one direction is doing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    /// Copying with a [`SMALL`] buffer; a full read switches to [`Mode::Splice`].
+    Small,
+    /// Copying with a [`CHUNK`] buffer (no splice, or the kernel refused it).
+    Copy,
+    /// Splicing through `Dir::pipe`.
+    Splice,
+    /// EOF read and everything written.
+    Done,
+}
+
+/// One direction's state: `src` -> `dst`.
+struct Dir {
+    mode: Mode,
+    /// EOF follows the data in `buf`: skip the `recv` that could only return 0 (see
+    /// [`fin_seen`]).
+    eof_next: bool,
+    /// A byte went into the pipe: an `EINVAL` after that is an error, not "cannot splice".
+    spliced: bool,
+    /// Read and not yet written: `buf[off..len]`. A buffer is held only meanwhile.
+    buf: Option<PooledBuf>,
+    off: usize,
+    len: usize,
+    /// Only in [`Mode::Splice`].
+    pipe: Option<Pipe>,
+    /// Bytes in `pipe`, not yet written.
+    in_pipe: usize,
+    /// Bytes written to `dst`.
+    total: u64,
+}
+
+fn write_zero(what: &str) -> io::Error {
+    io::Error::new(io::ErrorKind::WriteZero, format!("{what} wrote 0"))
+}
+
+fn would_block(e: &io::Error) -> bool {
+    e.kind() == io::ErrorKind::WouldBlock
+}
+
+impl Dir {
+    fn new(splice: bool) -> Self {
+        Self {
+            mode: if splice { Mode::Small } else { Mode::Copy },
+            eof_next: false,
+            spliced: false,
+            buf: None,
+            off: 0,
+            len: 0,
+            pipe: None,
+            in_pipe: 0,
+            total: 0,
         }
     }
-    copy_loop(src, dst, CHUNK, false, touch, total, up, meter).await?;
-    Ok(())
+
+    fn done(&self) -> bool {
+        self.mode == Mode::Done
+    }
+
+    /// `src` sent FIN and all it sent is written: the direction is done.
+    fn eof(&mut self) -> Poll<io::Result<()>> {
+        self.mode = Mode::Done;
+        self.buf = None;
+        if let Some(p) = self.pipe.take() {
+            // Drained: reusable.
+            p.put();
+        }
+        Poll::Ready(Ok(()))
+    }
+
+    /// Moves bytes until `src` or `dst` has to wait (Pending, with the waker in that
+    /// socket's reader or writer slot) or `src` sent FIN and everything is written (Ready).
+    /// Sets `moved` when a byte was read or written.
+    fn poll_move(
+        &mut self,
+        cx: &mut Context<'_>,
+        src: &TcpStream,
+        dst: &TcpStream,
+        up: bool,
+        meter: &dyn Meter,
+        moved: &mut bool,
+    ) -> Poll<io::Result<()>> {
+        let flags = SpliceFFlags::SPLICE_F_NONBLOCK | SpliceFFlags::SPLICE_F_MOVE;
+        loop {
+            // What was read goes out first.
+            if let Some(buf) = &self.buf {
+                while self.off < self.len {
+                    ready!(dst.poll_write_ready(cx))?;
+                    let data = &buf.0[self.off..self.len];
+                    let r = dst.try_io(Interest::WRITABLE, || {
+                        send(dst.as_raw_fd(), data, MsgFlags::MSG_NOSIGNAL).map_err(io::Error::from)
+                    });
+                    match r {
+                        Ok(0) => return Poll::Ready(Err(write_zero("send"))),
+                        Ok(m) => {
+                            self.off += m;
+                            self.total += m as u64;
+                            meter.add(up, m as u64);
+                            *moved = true;
+                        }
+                        Err(e) if would_block(&e) => {}
+                        Err(e) => return Poll::Ready(Err(e)),
+                    }
+                }
+                let full = self.len == buf.0.len();
+                // Written: the buffer goes back to the pool.
+                self.buf = None;
+                if self.eof_next {
+                    return self.eof();
+                }
+                if full && self.mode == Mode::Small {
+                    // Bulk data: splice from now on (copy where no pipe can be had).
+                    match Pipe::get() {
+                        Ok(p) => {
+                            self.pipe = Some(p);
+                            self.mode = Mode::Splice;
+                        }
+                        Err(_) => self.mode = Mode::Copy,
+                    }
+                }
+            }
+            if let Some(pipe) = &self.pipe {
+                while self.in_pipe > 0 {
+                    ready!(dst.poll_write_ready(cx))?;
+                    let left = self.in_pipe;
+                    let r = dst.try_io(Interest::WRITABLE, || {
+                        nix::fcntl::splice(&pipe.r, None, dst, None, left, flags)
+                            .map_err(io::Error::from)
+                    });
+                    match r {
+                        Ok(0) => return Poll::Ready(Err(write_zero("splice"))),
+                        Ok(m) => {
+                            self.in_pipe -= m;
+                            self.total += m as u64;
+                            meter.add(up, m as u64);
+                            *moved = true;
+                        }
+                        Err(e) if would_block(&e) => {}
+                        Err(e) => return Poll::Ready(Err(e)),
+                    }
+                }
+            }
+            let size = match self.mode {
+                Mode::Done => return Poll::Ready(Ok(())),
+                Mode::Small => SMALL,
+                Mode::Copy => CHUNK,
+                Mode::Splice => {
+                    ready!(src.poll_read_ready(cx))?;
+                    let Some(pipe) = &self.pipe else {
+                        self.mode = Mode::Copy;
+                        continue;
+                    };
+                    let r = src.try_io(Interest::READABLE, || {
+                        nix::fcntl::splice(src, None, &pipe.w, None, CHUNK, flags)
+                            .map_err(io::Error::from)
+                    });
+                    match r {
+                        Ok(0) => return self.eof(),
+                        Ok(n) => {
+                            self.in_pipe = n;
+                            self.spliced = true;
+                            *moved = true;
+                        }
+                        Err(e) if would_block(&e) => {}
+                        // Before any byte entered the pipe: this pair cannot splice; the
+                        // pipe is empty and reusable, and the direction copies instead.
+                        Err(e) if e.raw_os_error() == Some(libc::EINVAL) && !self.spliced => {
+                            if let Some(p) = self.pipe.take() {
+                                p.put();
+                            }
+                            self.mode = Mode::Copy;
+                        }
+                        Err(e) => return Poll::Ready(Err(e)),
+                    }
+                    continue;
+                }
+            };
+            // A buffered read: wait until `src` has data (or EOF), and take a buffer only then.
+            ready!(src.poll_read_ready(cx))?;
+            let fin_seen = fin_seen(src, cx);
+            let mut buf = PooledBuf::take(size);
+            let b = &mut buf.0[..];
+            let len = b.len();
+            let mut short = None;
+            // A read shorter than the buffer emptied the socket: its readiness is cleared at
+            // once (the closure says WouldBlock), so the next read waits for the next epoll
+            // event instead of trying a `recv` that would only say EAGAIN (one system call
+            // per request and answer saved). tokio clears only if no new event arrived since
+            // it was observed, and keeps "read closed" set, so neither new data nor a FIN
+            // can be missed.
+            let r = src.try_io(Interest::READABLE, || {
+                let n = recv(src.as_raw_fd(), b, MsgFlags::empty()).map_err(io::Error::from)?;
+                if n > 0 && n < len {
+                    short = Some(n);
+                    return Err(io::ErrorKind::WouldBlock.into());
+                }
+                Ok(n)
+            });
+            let (n, eof_next) = match (r, short) {
+                (_, Some(n)) => (n, fin_seen),
+                (Ok(0), None) => return self.eof(),
+                (Ok(n), None) => (n, false),
+                (Err(e), None) if would_block(&e) => continue,
+                (Err(e), None) => return Poll::Ready(Err(e)),
+            };
+            self.buf = Some(buf);
+            self.off = 0;
+            self.len = n;
+            self.eof_next = eof_next;
+            *moved = true;
+        }
+    }
+}
+
+/// Whether epoll had reported the peer's FIN (`EPOLLRDHUP`, without an error) on `src`,
+/// which is read-ready, before the read that follows. A short read then took every byte sent
+/// before the FIN and the next `recv` could only return 0: the direction skips it (one
+/// system call per direction of a connection whose last data and FIN arrive together, as
+/// an answer followed by `Connection: close` does).
+///
+/// `poll_read_ready` does not say which readiness it saw; `ready()` does, and on a socket
+/// that is ready it returns at once without registering anything. It is dropped right
+/// away: were it pending (it cannot be: only this direction clears the read readiness), the
+/// answer is just "not seen", which costs the skipped call and nothing else.
+fn fin_seen(src: &TcpStream, cx: &mut Context<'_>) -> bool {
+    // ERROR too: a reset also reports "read closed", and must still surface as an error.
+    let ready = std::pin::pin!(src.ready(Interest::READABLE | Interest::ERROR));
+    match ready.poll(cx) {
+        Poll::Ready(Ok(r)) => r.is_read_closed() && !r.is_error(),
+        _ => false,
+    }
 }
 
 /// A non-blocking pipe used as the splice buffer.
@@ -202,45 +436,6 @@ impl Pipe {
     }
 }
 
-async fn splice_loop(
-    src: &TcpStream,
-    dst: &TcpStream,
-    pipe: &mut Pipe,
-    touch: &(dyn Fn() + Sync),
-    total: &mut u64,
-    up: bool,
-    meter: &dyn Meter,
-) -> io::Result<()> {
-    let flags = SpliceFFlags::SPLICE_F_NONBLOCK | SpliceFFlags::SPLICE_F_MOVE;
-    loop {
-        let n = src
-            .async_io(Interest::READABLE, || {
-                nix::fcntl::splice(src, None, &pipe.w, None, CHUNK, flags).map_err(io::Error::from)
-            })
-            .await?;
-        if n == 0 {
-            return Ok(());
-        }
-        touch();
-        let mut left = n;
-        while left > 0 {
-            let m = dst
-                .async_io(Interest::WRITABLE, || {
-                    nix::fcntl::splice(&pipe.r, None, dst, None, left, flags)
-                        .map_err(io::Error::from)
-                })
-                .await?;
-            if m == 0 {
-                return Err(io::Error::new(io::ErrorKind::WriteZero, "splice wrote 0"));
-            }
-            left -= m;
-            *total += m as u64;
-            meter.add(up, m as u64);
-            touch();
-        }
-    }
-}
-
 /// Bytes of spare buffers kept per thread and size ([`SMALL`] and [`CHUNK`]): 32 small
 /// ones, two large ones.
 const SPARE_BYTES: usize = 512 * 1024;
@@ -252,7 +447,7 @@ thread_local! {
 
 /// A read buffer from the current thread's pool; back to the pool of whatever thread drops
 /// it (tasks move between threads; the pools only need to stay bounded, not balanced).
-struct PooledBuf(Option<Box<[u8]>>);
+struct PooledBuf(Box<[u8]>);
 
 impl PooledBuf {
     fn take(size: usize) -> Self {
@@ -264,19 +459,14 @@ impl PooledBuf {
             CHUNK => spare(&SPARE_CHUNK),
             _ => None,
         };
-        Self(Some(
-            b.unwrap_or_else(|| vec![0u8; size].into_boxed_slice()),
-        ))
-    }
-
-    fn get(&mut self) -> &mut [u8] {
-        self.0.as_deref_mut().unwrap_or_default()
+        Self(b.unwrap_or_else(|| vec![0u8; size].into_boxed_slice()))
     }
 }
 
 impl Drop for PooledBuf {
     fn drop(&mut self) {
-        let Some(b) = self.0.take() else { return };
+        // An empty boxed slice allocates nothing.
+        let b = std::mem::take(&mut self.0);
         let pool = match b.len() {
             SMALL => &SPARE_SMALL,
             CHUNK => &SPARE_CHUNK,
@@ -291,95 +481,6 @@ impl Drop for PooledBuf {
     }
 }
 
-/// Waits until `src` has data (or EOF) and reads it into a buffer of `size` taken only then.
-/// A read shorter than the buffer emptied the socket: its readiness is cleared at once, so
-/// the next read waits for the next epoll event instead of trying a `recv` that would only
-/// say `EAGAIN` (one system call per request and answer saved). tokio clears only if no new
-/// event arrived since it was observed, and keeps "read closed" set, so neither new data
-/// nor a FIN can be missed.
-///
-/// Returns the buffer, the count (0: EOF) and whether EOF is known to follow: epoll had
-/// already reported the peer's FIN (`EPOLLRDHUP`, without an error) when the read began and
-/// the read was short, so it took every byte sent before the FIN and the next `recv` could
-/// only return 0 — the caller skips it (one system call per direction of a connection whose
-/// last data and FIN arrive together, as an answer followed by `Connection: close` does).
-async fn read_drained(src: &TcpStream, size: usize) -> io::Result<(PooledBuf, usize, bool)> {
-    loop {
-        // ERROR too: a reset also reports "read closed", and must still surface as an error.
-        let ready = src.ready(Interest::READABLE | Interest::ERROR).await?;
-        let fin_seen = ready.is_read_closed() && !ready.is_error();
-        let mut buf = PooledBuf::take(size);
-        let b = buf.get();
-        let len = b.len();
-        let mut short = None;
-        let r = src.try_io(Interest::READABLE, || {
-            let n = recv(src.as_raw_fd(), b, MsgFlags::empty()).map_err(io::Error::from)?;
-            if n > 0 && n < len {
-                short = Some(n);
-                return Err(io::ErrorKind::WouldBlock.into());
-            }
-            Ok(n)
-        });
-        match (r, short) {
-            (_, Some(n)) => return Ok((buf, n, fin_seen)),
-            (Ok(n), None) => return Ok((buf, n, false)),
-            (Err(e), None) if e.kind() == io::ErrorKind::WouldBlock => continue,
-            (Err(e), None) => return Err(e),
-        }
-    }
-}
-
-/// How a buffered copy ended.
-enum Copied {
-    /// `src` sent FIN.
-    Eof,
-    /// A read filled the whole buffer (only with `stop_on_full`): bulk data, worth splicing.
-    Bulk,
-}
-
-#[allow(clippy::too_many_arguments)]
-async fn copy_loop(
-    src: &TcpStream,
-    dst: &TcpStream,
-    size: usize,
-    stop_on_full: bool,
-    touch: &(dyn Fn() + Sync),
-    total: &mut u64,
-    up: bool,
-    meter: &dyn Meter,
-) -> io::Result<Copied> {
-    loop {
-        let (mut buf, n, eof_next) = read_drained(src, size).await?;
-        if n == 0 {
-            return Ok(Copied::Eof);
-        }
-        let buf = buf.get();
-        touch();
-        let mut off = 0;
-        while off < n {
-            let m = dst
-                .async_io(Interest::WRITABLE, || {
-                    send(dst.as_raw_fd(), &buf[off..n], MsgFlags::MSG_NOSIGNAL)
-                        .map_err(io::Error::from)
-                })
-                .await?;
-            if m == 0 {
-                return Err(io::Error::new(io::ErrorKind::WriteZero, "wrote 0"));
-            }
-            off += m;
-            *total += m as u64;
-            meter.add(up, m as u64);
-            touch();
-        }
-        if eof_next {
-            return Ok(Copied::Eof);
-        }
-        if stop_on_full && n == size {
-            return Ok(Copied::Bulk);
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -387,11 +488,11 @@ mod tests {
     #[test]
     fn a_returned_buffer_is_reused_and_the_pool_stays_bounded() {
         let first = PooledBuf::take(SMALL);
-        let ptr = first.0.as_ref().map(|b| b.as_ptr());
+        let ptr = first.0.as_ptr();
         drop(first);
         let again = PooledBuf::take(SMALL);
-        assert_eq!(again.0.as_ref().map(|b| b.as_ptr()), ptr, "spare reused");
-        assert_eq!(again.0.as_ref().map(|b| b.len()), Some(SMALL));
+        assert_eq!(again.0.as_ptr(), ptr, "spare reused");
+        assert_eq!(again.0.len(), SMALL);
         drop(again);
 
         let many: Vec<_> = (0..100).map(|_| PooledBuf::take(CHUNK)).collect();

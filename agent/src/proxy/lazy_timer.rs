@@ -9,11 +9,15 @@
 //! the shared [`Ticker`]'s next tick (a place in a wait list, no timer), and only a sleep
 //! still alive then arms a real timer for what is left, so it still ends on time.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
 use tokio::sync::Notify;
-use tokio::time::Instant;
+use tokio::sync::futures::Notified;
+use tokio::time::{Instant, Sleep};
 use tokio_util::sync::CancellationToken;
 
 /// Time between the shared ticks; sleeps shorter than one tick use a timer at once.
@@ -86,6 +90,87 @@ impl Ticker {
     }
 }
 
+pin_project_lite::pin_project! {
+    /// A wait for a deadline that only moves later (an idle timeout: last activity + the
+    /// timeout), polled by a hand-written future with the current deadline each time. Like
+    /// [`Ticker::sleep`] it waits for a shared tick before it arms a timer; a timer that
+    /// fires before the (since moved) deadline is re-armed in place, without allocating.
+    pub struct LazyDeadline<'a> {
+        ticker: &'a Ticker,
+        #[pin]
+        phase: Phase<'a>,
+    }
+}
+
+pin_project_lite::pin_project! {
+    #[project = PhaseProj]
+    enum Phase<'a> {
+        Start,
+        Tick {
+            #[pin]
+            tick: Notified<'a>,
+            waiting: Waiting<'a>,
+        },
+        Timer {
+            #[pin]
+            sleep: Sleep,
+        },
+    }
+}
+
+impl<'a> LazyDeadline<'a> {
+    /// A wait on `ticker`'s ticks; nothing is registered until it is polled.
+    pub fn new(ticker: &'a Ticker) -> Self {
+        Self {
+            ticker,
+            phase: Phase::Start,
+        }
+    }
+
+    /// Ready once `deadline` has passed. The caller passes the current deadline on every
+    /// poll; a later one than the last is picked up when the armed timer fires.
+    pub fn poll_deadline(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        deadline: Instant,
+    ) -> Poll<()> {
+        let mut this = self.project();
+        loop {
+            let now = Instant::now();
+            if now >= deadline {
+                this.phase.set(Phase::Start);
+                return Poll::Ready(());
+            }
+            match this.phase.as_mut().project() {
+                PhaseProj::Start => {
+                    if waits_for_tick(deadline - now) {
+                        let waiting = Waiting::enter(this.ticker);
+                        let tick = this.ticker.tick.notified();
+                        this.phase.set(Phase::Tick { tick, waiting });
+                    } else {
+                        this.phase.set(Phase::Timer {
+                            sleep: tokio::time::sleep_until(deadline),
+                        });
+                    }
+                }
+                PhaseProj::Tick { tick, .. } => {
+                    ready!(tick.poll(cx));
+                    this.phase.set(Phase::Timer {
+                        sleep: tokio::time::sleep_until(deadline),
+                    });
+                }
+                PhaseProj::Timer { mut sleep } => {
+                    if sleep.is_elapsed() {
+                        // Fired before the deadline, which moved since it was armed.
+                        sleep.as_mut().reset(deadline);
+                    }
+                    ready!(sleep.poll(cx));
+                }
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -141,6 +226,32 @@ mod tests {
         futures::future::join_all(all).await;
         assert!(start.elapsed() >= TICK * 2 + Duration::from_millis(99));
         assert!(start.elapsed() < TICK * 4, "took {:?}", start.elapsed());
+        stop.cancel();
+    }
+
+    #[tokio::test]
+    async fn a_deadline_moved_later_is_waited_for() {
+        let (t, stop) = ticking().await;
+        let start = Instant::now();
+        let first = start + TICK * 2;
+        let moved = start + TICK * 4;
+        let mut wait = std::pin::pin!(LazyDeadline::new(&t));
+        // Polled with the first deadline until its timer is armed, then with the later one.
+        let early = std::future::poll_fn(|cx| {
+            let d = if Instant::now() < start + TICK + TICK / 2 {
+                first
+            } else {
+                moved
+            };
+            wait.as_mut().poll_deadline(cx, d)
+        });
+        tokio::time::timeout(TICK * 40, early).await.unwrap();
+        assert!(
+            start.elapsed() >= moved - start,
+            "ended {:?} after start",
+            start.elapsed()
+        );
+        assert_eq!(t.waiting.load(Ordering::Relaxed), 0);
         stop.cancel();
     }
 }

@@ -813,8 +813,9 @@ mod tests {
 
     /// What an open connection costs in the proxy's memory is mostly its task: the future
     /// of `handle` (connect, then forward) lives in one allocation for the connection's life.
-    /// A page at most (3,376 bytes in a debug build with Rust 1.95; release builds are
-    /// smaller): a buffer or a second copy of the forwarding state slipping into it would
+    /// 784 bytes in a debug build with Rust 1.95 (3,376 while the forwarding was two nested
+    /// async functions per direction; `forward::Forward` alone is 312): a buffer, a
+    /// readiness future or a second copy of the forwarding state slipping into it would
     /// multiply every open connection's memory.
     #[tokio::test]
     async fn an_open_connection_task_stays_small() {
@@ -830,6 +831,6 @@ mod tests {
         let (_s, peer) = l.accept().await.unwrap();
         let task = handle(&proxy.shared, c, peer);
         let size = std::mem::size_of_val(&task);
-        assert!(size <= 4096, "a connection's task takes {size} bytes");
+        assert!(size <= 1024, "a connection's task takes {size} bytes");
     }
 }
