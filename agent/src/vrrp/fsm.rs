@@ -580,19 +580,7 @@ mod tests {
     /// `10.0.0.10` as rivals at `prio`, all hearing that master and then its goodbye at
     /// 1.5 s.
     fn after_goodbye(prio: u8, addrs: &[&str]) -> Vec<Machine> {
-        let mut all: Vec<&str> = addrs.to_vec();
-        all.push("10.0.0.10");
-        addrs
-            .iter()
-            .map(|a| {
-                let mut m = machine(prio, true, a);
-                m.set_rivals(all.iter().map(|r| (ip(r), prio)).collect());
-                m.startup(ms(0));
-                m.on_advert(ms(1000), ip("10.0.0.10"), &adv(prio));
-                m.on_advert(ms(1500), ip("10.0.0.10"), &adv(0));
-                m
-            })
-            .collect()
+        after_last_advert(prio, addrs, Some(0))
     }
 
     #[test]
