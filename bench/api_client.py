@@ -8,8 +8,9 @@
                                      retried at once on a new one (Go's net/http does)
   api_client.py report KILL_MS NEW LONG NODE   the figures of one run (one line of JSON)
 
-Each request is written to OUT as `sent_ms ok done_ms node` (node: the X-Node header of
-the stand-in apiserver that answered, `-` on failure). Runs until SIGTERM.
+Each request is written to OUT as `sent_ms ok done_ms node why` (node: the X-Node header
+of the stand-in apiserver that answered, `-` on failure; why: `-`, or on failure the
+exception and the step it broke, as `ConnectionResetError@request`). Runs until SIGTERM.
 """
 
 import json
@@ -66,24 +67,31 @@ def read_response(conn, deadline):
 REQUEST = b"GET /readyz HTTP/1.1\r\nHost: api\r\nUser-Agent: api_outage\r\n\r\n"
 
 
+def why(e, step):
+    """What broke a request, one word: the exception's class and the step."""
+    return f"{type(e).__name__}@{step}"
+
+
 def one_new(host, port, ctx, out, lock):
     sent = now_ms()
     deadline = time.time() + TIMEOUT
-    ok, node = 0, "-"
+    ok, node, err, step = 0, "-", "-", "connect"
     try:
         raw = socket.create_connection((host, port), timeout=TIMEOUT)
         try:
             raw.settimeout(max(0.001, deadline - time.time()))
+            step = "tls"
             conn = ctx.wrap_socket(raw)
+            step = "request"
             conn.sendall(REQUEST)
             node = read_response(conn, deadline)
             ok = 1
         finally:
             raw.close()
-    except Exception:
-        pass
+    except Exception as e:
+        err = why(e, step)
     with lock:
-        out.write(f"{sent:.0f} {ok} {now_ms():.0f} {node}\n")
+        out.write(f"{sent:.0f} {ok} {now_ms():.0f} {node} {err}\n")
 
 
 def run_new(host, port, path, stop):
@@ -111,7 +119,7 @@ def run_long(host, port, path, stop):
         while not stop.is_set():
             sent = now_ms()
             deadline = time.time() + TIMEOUT
-            ok, node = 0, "-"
+            ok, node, err = 0, "-", "-"
             try:
                 try:
                     reused = conn is not None
@@ -129,14 +137,15 @@ def run_long(host, port, path, stop):
                     conn.sendall(REQUEST)
                     node = read_response(conn, deadline)
                 ok = 1
-            except Exception:
+            except Exception as e:
+                err = why(e, "reused" if reused else "new")
                 if conn is not None:
                     try:
                         conn.close()
                     except Exception:
                         pass
                 conn = None
-            out.write(f"{sent:.0f} {ok} {now_ms():.0f} {node}\n")
+            out.write(f"{sent:.0f} {ok} {now_ms():.0f} {node} {err}\n")
             time.sleep(max(0.0, 0.2 - (now_ms() - sent) / 1000.0))
 
 
@@ -145,8 +154,8 @@ def load(path):
     with open(path) as f:
         for line in f:
             p = line.split()
-            if len(p) == 4:
-                rows.append((float(p[0]), p[1] == "1", float(p[2]), p[3]))
+            if len(p) >= 4:
+                rows.append((float(p[0]), p[1] == "1", float(p[2]), p[3], p[4] if len(p) > 4 else "-"))
     return sorted(rows)
 
 
@@ -179,6 +188,8 @@ def report(kill_ms, new_path, long_path, killed_node):
         "failed_after_vip_back": len(after_back),
         "long_reconnect_ms": (served[2] - kill_ms) if served else None,
         "long_failed": long_fails,
+        # When each failed request was sent (ms after the event) and what broke it.
+        "failures": [[round(r[0] - kill_ms), r[4]] for r in fails][:10],
     }))
 
 

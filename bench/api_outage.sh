@@ -11,8 +11,10 @@
 # Cases: `kill` — the holder's link is cut on the bridge side and every process in its
 # namespace stopped and killed (no goodbye); `apiserver` — the holder's apiserver is killed
 # (SIGKILL) while the node and its load balancer live; `stop` — a clean stop: the holder's
-# load balancer stack gets SIGTERM (keelson: the agent; OpenShift: keepalived and haproxy),
-# then its apiserver is stopped and its link cut, as in a reboot; `roll` — a rolling restart
+# load balancer stack gets SIGTERM (keelson: the agent; OpenShift: keepalived and haproxy)
+# and is waited for, then its apiserver stops as kube-apiserver does on SIGTERM (new
+# connections refused, 1 s for requests in flight, then it exits: `stop_standin`), then its
+# link is cut, as in a reboot; `roll` — a rolling restart
 # of the load balancer stack on every master, one at a time, the backups first and the VIP's
 # holder last (docs/operations.md, "Upgrading the agent"): SIGTERM, wait until it is gone,
 # start it again (keelson: `$KEELSON_AGENT_NEW`, an upgrade, when set), wait until the VIP
@@ -85,11 +87,14 @@ one_run() { # stack case -> one JSON line
         kill_standin "$h"
     else
         t0=$(now_ms)
-        # A clean stop of the load balancer stack, then the rest of the node goes away.
+        # A clean stop of the load balancer stack (SIGTERM, as systemd stops a unit), then
+        # the apiserver stops as kube-apiserver does (new connections refused, requests in
+        # flight finished), then the rest of the node goes away.
         kill -TERM $(cat "$d/lb.pids") 2>/dev/null || true
         for pid in $(cat "$d/lb.pids"); do
             while kill -0 "$pid" 2>/dev/null; do sleep 0.05; done
         done
+        stop_standin "$h"
         kill_ns "$n"
         ip -n $BR link set "${P}v$h" down
     fi
@@ -123,7 +128,7 @@ for case in $CASES; do
         for stack in $order; do
             line=$(one_run "$stack" "$case")
             echo "$line" >>"$RESULTS"
-            echo "$line" | jq -r --arg r "$r" --arg load "$(cut -d' ' -f1 /proc/loadavg)" '"  \(.case) round \($r) \(.stack|.+"          "|.[0:9]): \(.failed)/\(.requests) failed, VIP back \(.vip_back_ms) ms, last failure \(.last_failure_ms) ms, failed after VIP back \(.failed_after_vip_back), long-lived served again \(.long_reconnect_ms) ms (\(.long_failed) failed), VIP \(.holder) -> \(.holder_after); load \($load)"'
+            echo "$line" | jq -r --arg r "$r" --arg load "$(cut -d' ' -f1 /proc/loadavg)" '"  \(.case) round \($r) \(.stack|.+"          "|.[0:9]): \(.failed)/\(.requests) failed, VIP back \(.vip_back_ms) ms, last failure \(.last_failure_ms) ms, failed after VIP back \(.failed_after_vip_back), long-lived served again \(.long_reconnect_ms) ms (\(.long_failed) failed), VIP \(.holder) -> \(.holder_after); load \($load)\(if (.failures|length) > 0 and .failed < 10 then "; failed: \(.failures|map("\(.[0]) ms \(.[1])")|join(", "))" else "" end)"'
         done
     done
 done

@@ -18,7 +18,8 @@
 #
 # Usage (root): bench/vip_soak.sh [secs=600] [conditions="slow netem"]
 #   KEELSON_AGENT, KEELSON, KUBE_STANDIN: binaries (as bench/api_outage.sh), STACKS
-#   (default "keelson ocp-2024"), one after the other in each condition.
+#   (default "keelson ocp-2024"), one after the other in each condition; KEEP=DIR keeps each
+#   run's logs and samples (with the moves' times, ms into the soak, in moved_at_ms).
 set -euo pipefail
 
 SECS=${1:-600}
@@ -61,7 +62,7 @@ holders() {
 }
 
 one_soak() { # stack condition -> one JSON line
-    local stack=$1 cond=$2 h t0 moves=0 dual=0 none=0 samples=0 last cur
+    local stack=$1 cond=$2 h t0 moves=0 dual=0 none=0 samples=0 last cur moved_at=""
     setup
     start_stack "$stack"
     settle || { tail -n 20 "$WORK"/run/*/*.log >&2; return 1; }
@@ -98,7 +99,7 @@ one_soak() { # stack condition -> one JSON line
         case $cur in
             "") none=$((none + 1)) ;;
             *" "*) dual=$((dual + 1)) ;;
-            *) if [ "$cur" != "$last" ]; then moves=$((moves + 1)); last=$cur; fi ;;
+            *) if [ "$cur" != "$last" ]; then moves=$((moves + 1)); moved_at+="$(($(now_ms) - t0)) "; last=$cur; fi ;;
         esac
         if ((samples % 50 == 0)); then
             load_sum=$(awk -v a="$load_sum" -v b="$(cut -d' ' -f1 /proc/loadavg)" 'BEGIN{print a+b}')
@@ -125,9 +126,13 @@ one_soak() { # stack condition -> one JSON line
         done
     fi
     stop_relays
+    if [ -n "${KEEP:-}" ]; then # the agents' and load balancers' logs, the client's samples
+        mkdir -p "$KEEP/$cond-$stack" && cp -r "$WORK"/run/. "$KEEP/$cond-$stack/"
+        echo "$moved_at" >"$KEEP/$cond-$stack/moved_at_ms"
+    fi
     local load
     load=$(awk -v a="$load_sum" -v n="$load_n" 'BEGIN{ if (n) printf "%.1f", a/n; else print "null" }')
-    echo "{\"stack\":\"$stack\",\"condition\":\"$cond\",\"netem\":\"$([ "$cond" = netem ] && echo "$NETEM")\",\"secs\":$SECS,\"moves\":$moves,\"dual_samples\":$dual,\"none_samples\":$none,\"samples\":$samples,\"requests\":$(echo "$report" | jq .requests),\"failed\":$(echo "$report" | jq .failed),\"dead_apiserver_moved_ms\":$dead_ms,\"mean_load\":$load}"
+    echo "{\"stack\":\"$stack\",\"condition\":\"$cond\",\"netem\":\"$([ "$cond" = netem ] && echo "$NETEM")\",\"secs\":$SECS,\"moves\":$moves,\"moved_at_ms\":\"${moved_at% }\",\"dual_samples\":$dual,\"none_samples\":$none,\"samples\":$samples,\"requests\":$(echo "$report" | jq .requests),\"failed\":$(echo "$report" | jq .failed),\"dead_apiserver_moved_ms\":$dead_ms,\"mean_load\":$load}"
 }
 
 echo "VIP soak: $CONDITIONS, ${SECS} s each, stacks $STACKS; $(date -u +%FT%TZ)"
@@ -137,7 +142,7 @@ print_configs $STACKS
 for cond in $CONDITIONS; do
     for stack in $STACKS; do
         line=$(one_soak "$stack" "$cond")
-        echo "$line" | jq -r '"  \(.condition) \(.stack|.+"          "|.[0:9]): \(if .netem != "" then "(" + .netem + ") " else "" end)VIP moved \(.moves) times in \(.secs) s (two holders in \(.dual_samples), none in \(.none_samples) of \(.samples) samples); \(.failed)/\(.requests) requests failed; then the holder'"'"'s apiserver killed: VIP left it after \(.dead_apiserver_moved_ms // "no move within 30 000") ms; mean load \(.mean_load)"'
+        echo "$line" | jq -r '"  \(.condition) \(.stack|.+"          "|.[0:9]): \(if .netem != "" then "(" + .netem + ") " else "" end)VIP moved \(.moves) times\(if .moved_at_ms != "" then " (at " + .moved_at_ms + " ms)" else "" end) in \(.secs) s (two holders in \(.dual_samples), none in \(.none_samples) of \(.samples) samples); \(.failed)/\(.requests) requests failed; then the holder'"'"'s apiserver killed: VIP left it after \(.dead_apiserver_moved_ms // "no move within 30 000") ms; mean load \(.mean_load)"'
     done
 done
 echo "load at end: $(cut -d' ' -f1-3 /proc/loadavg)"

@@ -366,6 +366,21 @@ kill_standin() {
     return 1
 }
 
+# Stops master $1's apiserver stand-in the way kube-apiserver stops on SIGTERM in a clean
+# shutdown: it stops accepting (new connections refused, as by a closed listener, so a load
+# balancer tries another backend), lets the requests in flight finish (1 s, the clients'
+# timeout), then exits, closing its idle keep-alive connections. kube-standin has no
+# SIGTERM handler of its own (qemu-tests), so nftables refuses the new connections first.
+stop_standin() {
+    ip netns exec "$(ns "$1")" nft -f - <<EOF
+table inet kao_stop {
+    chain in { type filter hook input priority 0; tcp dport 6443 tcp flags & (syn | ack) == syn reject with tcp reset; }
+}
+EOF
+    sleep 1
+    kill_standin "$1"
+}
+
 # The master other than $1 holding the VIP, or none (a killed node keeps the address on
 # its interface: it is not a holder anyone reaches).
 holder_except() {

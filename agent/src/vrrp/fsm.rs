@@ -80,6 +80,10 @@ pub struct Machine {
     /// The other routers that could take over after a goodbye, by address, with the
     /// priority each is assumed to run at ([`Machine::set_rivals`]).
     rivals: BTreeMap<IpAddr, u8>,
+    /// The current Master_Down wait already includes our rank ([`Machine::rank_wait`]):
+    /// a goodbye's wait does, and so does the extension a ranked backup takes once when
+    /// Master_Down runs out.
+    ranked: bool,
 }
 
 fn cs(c: u64) -> Duration {
@@ -100,6 +104,7 @@ impl Machine {
             master_heard: None,
             transitions: 0,
             rivals: BTreeMap::new(),
+            ranked: false,
         }
     }
 
@@ -188,35 +193,54 @@ impl Machine {
     /// Master_Down_Interval whatever the rank. A leaving keelson master keeps the VIP
     /// until its successor's first advert, so the wait costs clients nothing.
     pub fn goodbye_wait(&self, leaving: IpAddr) -> Duration {
+        let interval_us = u64::from(self.master_interval_cs) * 10_000;
+        self.skew()
+            + Duration::from_micros(u64::from(self.goodbye_rank(leaving)) * interval_us)
+            + self.tiebreak()
+    }
+
+    /// The address tie-break: 0-15.5 % of an advert interval by the low bits of our
+    /// address, higher addresses first.
+    fn tiebreak(&self) -> Duration {
         let low = match self.params.primary {
             IpAddr::V4(a) => a.octets()[3],
             IpAddr::V6(a) => a.octets()[15],
         };
         let interval_us = u64::from(self.master_interval_cs) * 10_000;
-        let tiebreak = Duration::from_micros(u64::from(31 - low % 32) * interval_us / 200);
-        self.skew()
-            + Duration::from_micros(u64::from(self.goodbye_rank(leaving)) * interval_us)
-            + tiebreak
+        Duration::from_micros(u64::from(31 - low % 32) * interval_us / 200)
+    }
+
+    /// In Backup, when Master_Down has just run out: how much longer this backup waits
+    /// before it claims, if at all — one Master_Adver_Interval per
+    /// [`Machine::goodbye_rank`] (the master we followed counting as the one leaving),
+    /// plus the address tie-break; `None` for the first-ranked backup, which claims at
+    /// once as the RFC says, and once the wait was taken (or was a goodbye's, which
+    /// includes it).
+    ///
+    /// Master_Down runs out at the same moment on every backup that heard the same last
+    /// advert: when the master died (its adverts stopped), and when it lives but advertises
+    /// a priority the backups preempt (its apiserver check failed). Backups of equal
+    /// priority then all claim together, as after a goodbye without ranks: each announces
+    /// the VIP, and a host that believed one that then yields loses its connections. With
+    /// the rank, the second waits an interval more and hears the first one's advert (on
+    /// the real OpenStack, TCG guests, two masters claimed 0.6 s apart when the holder was
+    /// powered off, each gave way to the other and the VIP was dark for 4 s).
+    /// Without a master heard (startup) every backup claims at Master_Down as before.
+    pub fn rank_wait(&self) -> Option<Duration> {
+        if self.ranked || self.state != State::Backup {
+            return None;
+        }
+        let (master, _) = self.master?;
+        let rank = self.goodbye_rank(master);
+        (rank > 0).then(|| {
+            Duration::from_micros(u64::from(rank) * u64::from(self.master_interval_cs) * 10_000)
+                + self.tiebreak()
+        })
     }
 
     /// Master_Down_Interval = 3 * Master_Adver_Interval + Skew_Time.
     pub fn master_down_interval(&self) -> Duration {
         cs(3 * u64::from(self.master_interval_cs)) + self.skew()
-    }
-
-    /// How long a backup waits without an advert from the master `master` before it takes
-    /// over: Master_Down_Interval, plus one Master_Adver_Interval per rank among the routers
-    /// left ([`Machine::goodbye_rank`]). Backups of equal priority have the same Skew_Time,
-    /// so when a master dies they all claim within their hosts' jitter: on a real OpenStack
-    /// (TCG guests, 2026-11-26) two masters claimed within 0.6 s of each other, each then
-    /// gave way to the other (one outranked by address, the other by the ARP conflict rule
-    /// against the first's hand-over) and the VIP was dark for 4 s. Ranked, the first
-    /// claims at Master_Down_Interval as the RFC says, and the next hears its advert a whole
-    /// interval before its own wait ends. Nobody known (no members): the RFC's wait.
-    pub fn silent_master_wait(&self, master: IpAddr) -> Duration {
-        let interval_us = u64::from(self.master_interval_cs) * 10_000;
-        self.master_down_interval()
-            + Duration::from_micros(u64::from(self.goodbye_rank(master)) * interval_us)
     }
 
     /// When [`Machine::on_timer`] must be called next, if ever.
@@ -250,6 +274,7 @@ impl Machine {
         self.transitions += 1;
         self.adver_at = None;
         self.master_down_at = Some(now + self.master_down_interval());
+        self.ranked = false;
     }
 
     /// Startup event (RFC 5798 §6.4.1): the address owner (255) goes master at once,
@@ -288,6 +313,12 @@ impl Machine {
     pub fn on_timer(&mut self, now: Duration) -> Vec<Action> {
         match self.state {
             State::Backup if self.master_down_at.is_some_and(|t| now >= t) => {
+                if let Some(wait) = self.rank_wait() {
+                    // Ranked behind another backup: give its claim an interval to arrive.
+                    self.ranked = true;
+                    self.master_down_at = Some(now + wait);
+                    return Vec::new();
+                }
                 self.become_master(now)
             }
             State::Master if self.adver_at.is_some_and(|t| now >= t) => {
@@ -313,9 +344,11 @@ impl Machine {
                     // The master is leaving: take over after Skew_Time, plus our rank's
                     // wait and the address tie-break.
                     self.master_down_at = Some(now + self.goodbye_wait(src));
+                    self.ranked = true;
                 } else if !self.params.preempt || advert.priority >= self.priority {
                     self.master_interval_cs = advert.interval_cs;
-                    self.master_down_at = Some(now + self.silent_master_wait(src));
+                    self.master_down_at = Some(now + self.master_down_interval());
+                    self.ranked = false;
                     self.master = Some((src, advert.priority));
                     self.master_heard = Some(now);
                 } else if self.master.is_some_and(|(m, _)| m == src) {
@@ -377,6 +410,7 @@ impl Machine {
     pub fn restart_master_down(&mut self, now: Duration) {
         if self.state == State::Backup {
             self.master_down_at = Some(now + self.master_down_interval());
+            self.ranked = false;
         }
     }
 
@@ -548,19 +582,7 @@ mod tests {
     /// `10.0.0.10` as rivals at `prio`, all hearing that master and then its goodbye at
     /// 1.5 s.
     fn after_goodbye(prio: u8, addrs: &[&str]) -> Vec<Machine> {
-        let mut all: Vec<&str> = addrs.to_vec();
-        all.push("10.0.0.10");
-        addrs
-            .iter()
-            .map(|a| {
-                let mut m = machine(prio, true, a);
-                m.set_rivals(all.iter().map(|r| (ip(r), prio)).collect());
-                m.startup(ms(0));
-                m.on_advert(ms(1000), ip("10.0.0.10"), &adv(prio));
-                m.on_advert(ms(1500), ip("10.0.0.10"), &adv(0));
-                m
-            })
-            .collect()
+        after_last_advert(prio, addrs, Some(0))
     }
 
     #[test]
@@ -598,43 +620,90 @@ mod tests {
         assert_eq!(ms_[0].transitions(), 1, "never master");
     }
 
-    #[test]
-    fn a_silent_master_is_waited_out_by_rank() {
-        let master = ip("10.0.0.10");
-        let advert = adv(120);
-        let mut first = machine(120, true, "10.0.0.30");
-        let mut second = machine(120, true, "10.0.0.20");
-        let rivals: BTreeMap<IpAddr, u8> = [
-            (ip("10.0.0.10"), 120),
-            (ip("10.0.0.20"), 120),
-            (ip("10.0.0.30"), 120),
-        ]
-        .into_iter()
-        .collect();
-        for m in [&mut first, &mut second] {
-            m.set_rivals(rivals.clone());
-            m.startup(ms(0));
-            m.on_advert(ms(1000), master, &advert);
-        }
-        // The higher address ranks first and waits the RFC's interval; the other one more
-        // advert interval, so it hears the first's advert before it would claim.
-        let first_at = ms(1000) + first.master_down_interval();
-        assert_eq!(first.next_deadline(), Some(first_at));
-        assert_eq!(second.next_deadline(), Some(first_at + ms(1000)));
-        let actions = first.on_timer(first_at);
-        assert!(actions.contains(&Action::AddVip));
-        assert!(second.on_timer(first_at).is_empty(), "second waits");
-        second.on_advert(first_at + ms(10), ip("10.0.0.30"), &advert);
-        assert!(second.on_timer(first_at + ms(1000)).is_empty());
-        assert_eq!(second.state(), State::Backup);
-        // Nobody known: the RFC's Master_Down_Interval, unchanged.
-        let mut alone = machine(120, true, "10.0.0.20");
-        alone.startup(ms(0));
-        alone.on_advert(ms(1000), master, &advert);
+    /// Backups of priority `prio` at `addrs`, each knowing the others and the master
+    /// `10.0.0.10` as rivals at `prio`, all hearing that master at `prio` at 1 s and then,
+    /// at 1.5 s, at `then` (`None`: its adverts stop).
+    fn after_last_advert(prio: u8, addrs: &[&str], then: Option<u8>) -> Vec<Machine> {
+        let mut all: Vec<&str> = addrs.to_vec();
+        all.push("10.0.0.10");
+        addrs
+            .iter()
+            .map(|a| {
+                let mut m = machine(prio, true, a);
+                m.set_rivals(all.iter().map(|r| (ip(r), prio)).collect());
+                m.startup(ms(0));
+                m.on_advert(ms(1000), ip("10.0.0.10"), &adv(prio));
+                if let Some(p) = then {
+                    m.on_advert(ms(1500), ip("10.0.0.10"), &adv(p));
+                }
+                m
+            })
+            .collect()
+    }
+
+    /// Both backups' Master_Down runs out at once (they heard the same last advert): the
+    /// first-ranked claims then, the second waits an interval more and hears it.
+    fn only_one_claims_at_master_down(mut ms_: Vec<Machine>) {
+        let t = ms_[0].next_deadline().unwrap();
+        assert_eq!(t, ms(1000) + ms_[0].master_down_interval());
         assert_eq!(
-            alone.next_deadline(),
-            Some(ms(1000) + alone.master_down_interval())
+            ms_[1].next_deadline(),
+            Some(t),
+            "equal priorities, one deadline"
         );
+        // Both timers run out together (a loaded host runs both late, say).
+        let late = t + ms(300);
+        assert!(ms_[1].on_timer(late).contains(&Action::AddVip), "rank 0");
+        // Rank 1: an interval, and the tie-break of an address ending in 12 (95 ms).
+        assert_eq!(ms_[0].rank_wait(), Some(ms(1095)));
+        assert!(ms_[0].on_timer(late).is_empty());
+        assert_eq!(ms_[0].next_deadline(), Some(late + ms(1095)));
+        ms_[0].on_advert(late + ms(900), ip("10.0.0.44"), &adv(90));
+        assert!(ms_[0].on_timer(late + ms(1095)).is_empty());
+        assert_eq!(ms_[0].state(), State::Backup);
+        assert_eq!(ms_[0].master(), Some((ip("10.0.0.44"), 90)));
+        assert_eq!(ms_[0].transitions(), 1, "never master");
+    }
+
+    #[test]
+    fn equal_backups_preempting_a_live_master_claim_one_at_a_time() {
+        // The master lives but its priority fell below theirs (a check failed): both
+        // backups let Master_Down run out from its last advert at 90.
+        let ms_ = after_last_advert(90, &["10.0.0.12", "10.0.0.44"], Some(70));
+        assert_eq!(ms_[0].silent_master(ms(1600)), None, "alive");
+        only_one_claims_at_master_down(ms_);
+    }
+
+    #[test]
+    fn equal_backups_claim_one_at_a_time_when_the_master_dies() {
+        let ms_ = after_last_advert(90, &["10.0.0.12", "10.0.0.44"], None);
+        only_one_claims_at_master_down(ms_);
+    }
+
+    #[test]
+    fn a_ranked_backup_claims_after_its_wait_when_nobody_did() {
+        let mut ms_ = after_last_advert(90, &["10.0.0.12", "10.0.0.44"], Some(70));
+        let t = ms_[0].next_deadline().unwrap();
+        assert!(ms_[0].on_timer(t).is_empty());
+        // The first-ranked never claims (dead too, or cut off): the wait is taken once.
+        assert!(ms_[0].on_timer(t + ms(1095)).contains(&Action::AddVip));
+        // A whole Master_Down later, every backup of a new master starts unranked again.
+        let mut b = machine(90, true, "10.0.0.12");
+        b.set_rivals(ms_[1].rivals.clone());
+        b.startup(ms(0));
+        assert_eq!(
+            b.rank_wait(),
+            None,
+            "no master heard: startup claims at Master_Down"
+        );
+        assert!(
+            b.on_timer(b.next_deadline().unwrap())
+                .contains(&Action::AddVip)
+        );
+        // And a goodbye's wait already holds the rank: no second wait at its end.
+        let mut g = after_goodbye(90, &["10.0.0.12", "10.0.0.44"]);
+        let end = g[0].next_deadline().unwrap();
+        assert!(g[0].on_timer(end).contains(&Action::AddVip));
     }
 
     #[test]

@@ -588,7 +588,27 @@ impl Runner {
         }
         if self.gate.is_open() || self.machine.state() != State::Backup {
             let silent = self.machine.silent_master(now);
+            let due = self.machine.state() == State::Backup
+                && self.machine.next_deadline().is_some_and(|d| now >= d);
+            if due {
+                // Master_Down ran out: rank ourselves among the backups that saw it too.
+                self.machine.set_rivals(self.rivals());
+            }
+            let wait = due.then(|| self.machine.rank_wait()).flatten();
             let actions = self.machine.on_timer(now);
+            if let (Some(wait), Some((master, _))) = (wait, self.machine.master()) {
+                tracing::info!(
+                    "vrrp {}: Master_Down for {master} ({}); rank {} among the routers left: taking over in {wait:?} unless one ranked before us does",
+                    self.spec.config.name,
+                    if silent.is_some() {
+                        "its adverts stopped"
+                    } else {
+                        "a priority we preempt"
+                    },
+                    self.machine.goodbye_rank(master)
+                );
+                self.publish();
+            }
             self.hint_master_down(silent);
             self.execute(actions).await;
         }
