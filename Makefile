@@ -42,10 +42,13 @@ lint:
 # then the bootstrap and one master through a real all-in-one OpenStack (Nova, Neutron,
 # Glance; docs/openstack.md), which the run installs, starts and stops itself.
 # CI=1: a test that would skip for a missing tool, root or the static agent fails instead.
+# scripts/cargo-tests.sh is `make agent` + `cargo test --workspace --all-targets`, with the
+# agent built beside the tests that do not need it and those run a few at a time
+# (docs/testing.md; TEST_JOBS=1 runs them one at a time).
 test: export CI = 1
-test: setup agent
+test: setup
 	./scripts/selftest.sh
-	cargo test --workspace --all-targets
+	./scripts/cargo-tests.sh
 	$(MAKE) --no-print-directory qemu-cluster CONFIG=unicast
 	QEMU_CLUSTER_MASTERS=appliance $(MAKE) --no-print-directory qemu-cluster CONFIG=multicast
 	$(MAKE) --no-print-directory openstack-cluster OPENSTACK_ARGS=--subset

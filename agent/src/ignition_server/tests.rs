@@ -8,6 +8,12 @@ use super::*;
 use crate::node::NodeIdentity;
 use keelson_cluster::{ClusterConfig, SpecVersion};
 
+/// How long a test waits for the service's ready mark: the start-up (certificates read,
+/// two listeners bound) of a debug build on a loaded 2-core machine. The tests judge what
+/// is served, not how fast the service starts; 5 s failed once in a `make test` whose
+/// unit tests took 116 s instead of 6 (load average 21).
+const READY_LIMIT: Duration = Duration::from_secs(60);
+
 const CLUSTER_JSON: &str = r#"{
   "version": 1, "name": "ocp4", "baseDomain": "osd2019.local",
   "machineNetworks": ["10.0.0.0/16"], "apiVips": ["10.0.0.5"], "ingressVips": ["10.0.0.7"],
@@ -93,13 +99,10 @@ async fn bootstrap_node_serves_master_and_sets_the_bus() {
             .with_listen_ip("127.0.0.1".parse().unwrap())
             .run(ctx, stop.clone()),
     );
-    tokio::time::timeout(
-        Duration::from_secs(5),
-        ready.wait_for(|r| r.contains("ignition")),
-    )
-    .await
-    .expect("ready within 5 s")
-    .unwrap();
+    tokio::time::timeout(READY_LIMIT, ready.wait_for(|r| r.contains("ignition")))
+        .await
+        .expect("ready within READY_LIMIT")
+        .unwrap();
     assert!(*bus.ignition_running.borrow());
     let status = bus.views.ignition.read().expect("ignition view");
     assert!(status.bootstrap);
@@ -193,13 +196,10 @@ async fn master_serves_worker_and_its_own_binary() {
             .run(ctx, stop.clone()),
     );
     let mut ready = bus.ready.subscribe();
-    tokio::time::timeout(
-        Duration::from_secs(5),
-        ready.wait_for(|r| r.contains("ignition")),
-    )
-    .await
-    .unwrap()
-    .unwrap();
+    tokio::time::timeout(READY_LIMIT, ready.wait_for(|r| r.contains("ignition")))
+        .await
+        .expect("ready within READY_LIMIT")
+        .unwrap();
     let plain = bus.views.ignition.read().unwrap().plain.unwrap();
     let (worker, exe_len) = tokio::task::spawn_blocking(move || {
         let w = curl(&[&format!("http://{plain}/config/worker")]);

@@ -235,43 +235,86 @@ impl OpenStackCluster {
     }
 
     /// Deletes every stack, server, port, security group, subnet, network and image of a
-    /// run (what is already gone is no error).
+    /// run (what is already gone is no error). One `openstack` command per kind of resource
+    /// (each costs seconds of client start-up here), one per resource again only when that
+    /// fails, so that one already gone does not stop the others.
     pub fn clean(&self) -> Result<()> {
         let c = &self.client;
-        let delete = |args: &[&str]| match c.run(args) {
-            Err(e) if e.to_string().contains("found") => Ok(String::new()),
-            other => other,
+        let delete = |args: &[&str], ids: &[String]| -> Result<()> {
+            if ids.is_empty() {
+                return Ok(());
+            }
+            let mut all = args.to_vec();
+            all.extend(ids.iter().map(String::as_str));
+            if c.run(&all).is_ok() {
+                return Ok(());
+            }
+            for id in ids {
+                let mut one = args.to_vec();
+                one.push(id);
+                match c.run(&one) {
+                    Err(e) if !e.to_string().contains("found") => return Err(e),
+                    _ => {}
+                }
+            }
+            Ok(())
         };
-        let ids = |list: &[&str], name: Option<&str>| -> Result<Vec<String>> {
+        let ids = |list: &[&str], names: &[&str]| -> Result<Vec<String>> {
             Ok(as_list(c.json(list)?)
                 .into_iter()
-                .filter(|v| name.is_none_or(|n| v["Name"] == n || v["Stack Name"] == n))
+                .filter(|v| {
+                    names.is_empty()
+                        || names
+                            .iter()
+                            .any(|n| v["Name"] == *n || v["Stack Name"] == *n)
+                })
                 .filter_map(|v| v["ID"].as_str().map(str::to_owned))
                 .collect())
         };
-        for id in ids(&["stack", "list"], Some(HEAT_STACK))? {
-            delete(&["stack", "delete", "--yes", "--wait", &id])?;
+        for id in ids(&["stack", "list"], &[HEAT_STACK])? {
+            delete(&["stack", "delete", "--yes", "--wait"], &[id])?;
         }
-        for id in ids(&["server", "list", "-c", "ID", "-c", "Name"], None)? {
-            delete(&["server", "delete", "--wait", &id])?;
-        }
-        for id in ids(&["port", "list", "--tags", CLUSTER, "-c", "ID"], None)? {
-            delete(&["port", "delete", &id])?;
-        }
-        for id in ids(
-            &["security", "group", "list", "-c", "ID", "-c", "Name"],
-            Some(CLUSTER),
-        )? {
-            delete(&["security", "group", "delete", &id])?;
-        }
-        for id in ids(&["network", "list", "--name", CLUSTER, "-c", "ID"], None)? {
-            delete(&["network", "delete", &id])?;
-        }
-        for image in ["keelson", "rhcos"] {
-            for id in ids(&["image", "list", "-c", "ID", "-c", "Name"], Some(image))? {
-                delete(&["image", "delete", &id])?;
+        // Deleted together (`server delete --wait` waits for each in turn), then waited for
+        // as `--wait` does: until the list no longer has them (its bound: 300 s).
+        let servers = ids(&["server", "list", "-c", "ID", "-c", "Name"], &[])?;
+        delete(&["server", "delete"], &servers)?;
+        let t = Instant::now();
+        loop {
+            let left: Vec<String> = ids(&["server", "list", "-c", "ID", "-c", "Name"], &[])?
+                .into_iter()
+                .filter(|id| servers.contains(id))
+                .collect();
+            if left.is_empty() {
+                break;
             }
+            ensure!(
+                t.elapsed() < Duration::from_secs(300),
+                "servers {left:?} not deleted after 300 s"
+            );
+            std::thread::sleep(Duration::from_secs(1));
         }
+        delete(
+            &["port", "delete"],
+            &ids(&["port", "list", "--tags", CLUSTER, "-c", "ID"], &[])?,
+        )?;
+        delete(
+            &["security", "group", "delete"],
+            &ids(
+                &["security", "group", "list", "-c", "ID", "-c", "Name"],
+                &[CLUSTER],
+            )?,
+        )?;
+        delete(
+            &["network", "delete"],
+            &ids(&["network", "list", "--name", CLUSTER, "-c", "ID"], &[])?,
+        )?;
+        delete(
+            &["image", "delete"],
+            &ids(
+                &["image", "list", "-c", "ID", "-c", "Name"],
+                &["keelson", "rhcos"],
+            )?,
+        )?;
         Ok(())
     }
 
