@@ -47,9 +47,6 @@ const HANDOVER_GRACE: Duration = Duration::from_millis(200);
 /// its ARP entry is probed again (10-40 s on Linux) or the refresh (a minute) comes. keepalived
 /// repeats its gratuitous ARPs for the same reason (`garp_master_repeat`, `garp_master_delay`).
 const ANNOUNCE_FOLLOWUPS: u8 = 3;
-/// Packets already queued that a backup reads before acting on its timer (see
-/// `Runner::read_queued`): far more than the routers of one segment send in a stall.
-const QUEUED_BEFORE_TIMER: usize = 64;
 
 /// Per-instance counters.
 #[derive(Debug, Clone, Default, Serialize)]
@@ -556,9 +553,6 @@ impl Runner {
     }
 
     async fn on_timer(&mut self) {
-        if self.machine.state() == State::Backup {
-            self.read_queued().await;
-        }
         let now = self.now();
         match self.gate.on_timer(now, self.holder_arp) {
             GateEvent::Opened => {
@@ -611,29 +605,6 @@ impl Runner {
             }
             self.hint_master_down(silent);
             self.execute(actions).await;
-        }
-    }
-
-    /// Handles the packets already queued on the socket before a backup's timer is acted
-    /// on. When this node was stalled (a loaded host, a descheduled guest) its timer and the
-    /// adverts that arrived meanwhile are ready together, and the loop's `select!` may take
-    /// the timer first: a master that kept advertising would look silent, and this backup
-    /// would claim its VIP for a moment (seen on OpenStack with TCG guests). Bounded, so a
-    /// flood of packets cannot hold the timer off.
-    async fn read_queued(&mut self) {
-        for _ in 0..QUEUED_BEFORE_TIMER {
-            let pkt = match self.sock.try_recv() {
-                Ok(Some(pkt)) => pkt,
-                Ok(None) => return,
-                Err(e) => {
-                    tracing::debug!(
-                        "vrrp {}: reading queued packets: {e}",
-                        self.spec.config.name
-                    );
-                    return;
-                }
-            };
-            self.on_packet(&pkt).await;
         }
     }
 

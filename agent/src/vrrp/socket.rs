@@ -142,25 +142,6 @@ impl VrrpSocket {
     }
 }
 
-impl VrrpSocket {
-    /// A packet already queued on the socket, without waiting: `Ok(None)` when none is.
-    /// The socket is non-blocking (registered with the reactor), so this is one `recvfrom`
-    /// that says `EAGAIN` when the queue is empty.
-    pub fn try_recv(&self) -> io::Result<Option<Received>> {
-        let fd = self.recv.get_ref().as_raw_fd();
-        loop {
-            let r = if self.v6 { recv_v6(fd) } else { recv_v4(fd) };
-            match r {
-                Ok(Some(r)) => return Ok(Some(r)),
-                // A packet we cannot even read an IP header from: skip it.
-                Ok(None) => continue,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(None),
-                Err(e) => return Err(e),
-            }
-        }
-    }
-}
-
 pub(crate) fn register(s: Socket) -> io::Result<AsyncFd<Socket>> {
     // SAFETY: `Socket` owns its descriptor, which stays open and the same until the
     // AsyncFd (which owns the Socket) is dropped.
