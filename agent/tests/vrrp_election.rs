@@ -7,8 +7,6 @@
 //! Needs root (namespaces) and python3 (the malformed-packet injector).
 
 use std::process::Command;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use keelson_testkit::agent::{
@@ -580,21 +578,7 @@ fn clean_stop_moves_the_vip_once(tag: &str, transport: &str, services: &str, rou
     };
     wait_listed(&nodes);
     let steady = 2 * master_down(1000, 40);
-    let mut holder = None;
-    let mut since = Instant::now();
-    wait_for_ok("one VIP holder that stays", Duration::from_secs(60), || {
-        let h = seg.holders(VIP);
-        if h.len() != 1 || Some(h[0]) != holder {
-            holder = h.first().copied().filter(|_| h.len() == 1);
-            since = Instant::now();
-        }
-        if holder.is_some() && since.elapsed() >= steady {
-            Ok(())
-        } else {
-            Err(format!("holders {h:?}"))
-        }
-    });
-    let mut holder = holder.unwrap();
+    let mut holder = seg.wait_steady_holder(VIP, steady, Duration::from_secs(60));
     for round in 0..rounds {
         let others: Vec<usize> = (0..3).filter(|&i| i != holder).collect();
         let goodbyes: Vec<usize> = others.iter().map(|&i| goodbyes_heard(&nodes, i)).collect();
@@ -603,26 +587,7 @@ fn clean_stop_moves_the_vip_once(tag: &str, transport: &str, services: &str, rou
             .map(|&i| api_status(&files, i)["transitions"].as_u64().unwrap())
             .collect();
         // Watch the VIP on the others while the holder stops and after.
-        let stop_watch = Arc::new(AtomicBool::new(false));
-        let watcher = {
-            let (stop_watch, nss) = (stop_watch.clone(), seg.nodes.clone());
-            let others = others.clone();
-            std::thread::spawn(move || {
-                let mut seen = std::collections::BTreeSet::new();
-                while !stop_watch.load(Ordering::Relaxed) {
-                    for &i in &others {
-                        let out = Command::new("ip")
-                            .args(["-n", &nss[i], "-o", "addr", "show", "dev", "eth0"])
-                            .output()
-                            .unwrap();
-                        if String::from_utf8_lossy(&out.stdout).contains(&format!(" {VIP}/")) {
-                            seen.insert(i);
-                        }
-                    }
-                }
-                seen
-            })
-        };
+        let watch = seg.watch_holders(VIP, &others);
         let t = Instant::now();
         let mut leaving = nodes[holder].take().unwrap();
         leaving.proc.signal_term();
@@ -645,8 +610,7 @@ fn clean_stop_moves_the_vip_once(tag: &str, transport: &str, services: &str, rou
         // Long enough for a second claimant: past every rank's wait (under Master_Down
         // after the goodbye, which came before the takeover).
         std::thread::sleep(master_down(1000, 40));
-        stop_watch.store(true, Ordering::Relaxed);
-        let seen = watcher.join().unwrap();
+        let seen = watch.stop();
         let after: Vec<u64> = others
             .iter()
             .map(|&i| api_status(&files, i)["transitions"].as_u64().unwrap())
@@ -659,7 +623,7 @@ fn clean_stop_moves_the_vip_once(tag: &str, transport: &str, services: &str, rou
             dump(&nodes);
         }
         assert_eq!(
-            seen.into_iter().collect::<Vec<_>>(),
+            seen,
             [new_holder],
             "round {round}: only one node may claim {VIP} after {}'s goodbye",
             names[holder]

@@ -11,9 +11,6 @@
 //!
 //! Needs root (namespaces) and nftables.
 
-use std::process::Command;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use keelson_testkit::agent::{RunCluster, RunNode, master_down, member_names};
@@ -53,32 +50,6 @@ fn freeze_until(nodes: &[Option<RunNode>], others: &[usize], until: Instant) {
     std::thread::sleep(until.saturating_duration_since(Instant::now()));
     args[1] = "-CONT";
     sh(&args);
-}
-
-/// Watches which of `others` is ever seen holding the VIP until the flag is set.
-fn watch_holders(
-    seg: &Segment,
-    others: &[usize],
-) -> (Arc<AtomicBool>, std::thread::JoinHandle<Vec<usize>>) {
-    let stop = Arc::new(AtomicBool::new(false));
-    let (flag, nss, others) = (stop.clone(), seg.nodes.clone(), others.to_vec());
-    let thread = std::thread::spawn(move || {
-        let mut seen = std::collections::BTreeSet::new();
-        while !flag.load(Ordering::Relaxed) {
-            for &i in &others {
-                let out = Command::new("ip")
-                    .args(["-n", &nss[i], "-o", "addr", "show", "dev", "eth0"])
-                    .output()
-                    .unwrap();
-                if String::from_utf8_lossy(&out.stdout).contains(&format!(" {VIP}/")) {
-                    seen.insert(i);
-                }
-            }
-            std::thread::sleep(Duration::from_millis(2));
-        }
-        seen.into_iter().collect()
-    });
-    (stop, thread)
 }
 
 /// Each round: the holder's own check refused; one of the two equal backups preempts it,
@@ -175,28 +146,14 @@ fn a_preemption_among_equal_masters_moves_the_vip_once() {
         },
     );
     let steady = 2 * master_down(1000, full);
-    let mut holder = None;
-    let mut since = Instant::now();
-    wait_for_ok("one VIP holder that stays", Duration::from_secs(60), || {
-        let h = seg.holders(VIP);
-        if h.len() != 1 || Some(h[0]) != holder {
-            holder = h.first().copied().filter(|_| h.len() == 1);
-            since = Instant::now();
-        }
-        if holder.is_some() && since.elapsed() >= steady {
-            Ok(())
-        } else {
-            Err(format!("holders {h:?}"))
-        }
-    });
-    let mut holder = holder.unwrap();
+    let mut holder = seg.wait_steady_holder(VIP, steady, Duration::from_secs(60));
     for round in 0..3 {
         let others: Vec<usize> = (0..3).filter(|&i| i != holder).collect();
         let before: Vec<u64> = others
             .iter()
             .map(|&i| api_status(&files, i)["transitions"].as_u64().unwrap())
             .collect();
-        let (stop_watch, watcher) = watch_holders(&seg, &others);
+        let watch = seg.watch_holders(VIP, &others);
         let t = Instant::now();
         nft(
             &seg.nodes[holder],
@@ -241,8 +198,7 @@ fn a_preemption_among_equal_masters_moves_the_vip_once() {
         let took = t.elapsed();
         // Long enough for a second claimant: past every rank's wait.
         std::thread::sleep(master_down(1000, full));
-        stop_watch.store(true, Ordering::Relaxed);
-        let seen = watcher.join().unwrap();
+        let seen = watch.stop();
         let after: Vec<u64> = others
             .iter()
             .map(|&i| api_status(&files, i)["transitions"].as_u64().unwrap())

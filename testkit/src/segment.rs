@@ -3,6 +3,8 @@
 //! (hex), DAD off. Everything is removed on drop.
 
 use std::process::Command;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::cmd::{output_with_stdin, sh};
@@ -110,13 +112,48 @@ impl Segment {
 
     /// Whether node `i` has `address` on `eth0`.
     pub fn holds(&self, i: usize, address: &str) -> bool {
-        let out = Command::new("ip")
-            .args(["-n", &self.nodes[i], "-o", "addr", "show", "dev", "eth0"])
-            .output()
-            .unwrap();
-        String::from_utf8_lossy(&out.stdout)
-            .split_whitespace()
-            .any(|w| w.split('/').next() == Some(address))
+        ns_holds(&self.nodes[i], address)
+    }
+
+    /// Waits (up to `limit`) until one node has held `address` alone for `steady`; that node.
+    pub fn wait_steady_holder(&self, address: &str, steady: Duration, limit: Duration) -> usize {
+        let mut holder = None;
+        let mut since = Instant::now();
+        crate::wait::wait_for_ok("one VIP holder that stays", limit, || {
+            let h = self.holders(address);
+            if h.len() != 1 || Some(h[0]) != holder {
+                holder = h.first().copied().filter(|_| h.len() == 1);
+                since = Instant::now();
+            }
+            if holder.is_some() && since.elapsed() >= steady {
+                Ok(())
+            } else {
+                Err(format!("holders {h:?}"))
+            }
+        });
+        holder.expect("wait_for_ok returned with a holder")
+    }
+
+    /// Watches `nodes` in the background for `address` until [`HolderWatch::stop`]: which
+    /// of them held it at any moment (a claim of a few milliseconds included).
+    pub fn watch_holders(&self, address: &str, nodes: &[usize]) -> HolderWatch {
+        let stop = Arc::new(AtomicBool::new(false));
+        let (flag, address) = (stop.clone(), address.to_owned());
+        let watched: Vec<(usize, String)> =
+            nodes.iter().map(|&i| (i, self.nodes[i].clone())).collect();
+        let thread = std::thread::spawn(move || {
+            let mut seen = std::collections::BTreeSet::new();
+            while !flag.load(Ordering::Relaxed) {
+                for (i, ns) in &watched {
+                    if ns_holds(ns, &address) {
+                        seen.insert(*i);
+                    }
+                }
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            seen.into_iter().collect()
+        });
+        HolderWatch { stop, thread }
     }
 
     /// The nodes holding `address`.
@@ -243,4 +280,30 @@ pub fn nft(ns: &str, rules: &str) {
         "nft in {ns}: {}\n{rules}",
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+/// Whether namespace `ns` has `address` on `eth0`.
+fn ns_holds(ns: &str, address: &str) -> bool {
+    let out = Command::new("ip")
+        .args(["-n", ns, "-o", "addr", "show", "dev", "eth0"])
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .any(|w| w.split('/').next() == Some(address))
+}
+
+/// A background watch of who holds an address ([`Segment::watch_holders`]).
+#[derive(Debug)]
+pub struct HolderWatch {
+    stop: Arc<AtomicBool>,
+    thread: std::thread::JoinHandle<Vec<usize>>,
+}
+
+impl HolderWatch {
+    /// Ends the watch: every watched node seen holding the address, in order.
+    pub fn stop(self) -> Vec<usize> {
+        self.stop.store(true, Ordering::Relaxed);
+        self.thread.join().expect("holder watch panicked")
+    }
 }
