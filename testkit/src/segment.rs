@@ -163,15 +163,28 @@ impl Segment {
             .collect()
     }
 
-    /// Waits until node `i`, and no other, holds `address`; the time it took. Panics
-    /// naming the holders after `limit`.
+    /// Waits until node `i`, and no other, holds `address`; the time it took (until the
+    /// first scan that saw it). Panics naming the holders after `limit`.
+    ///
+    /// Two scans in a row must agree: one scan reads the nodes one after the other (an
+    /// `ip` process each, tens of milliseconds apart on a loaded host), so it can read
+    /// the old holder just before a claim and the new one just after, and miss both
+    /// holding it through the 200 ms hand-over.
     pub fn wait_sole_holder(&self, i: usize, address: &str, limit: Duration) -> Duration {
         let t = Instant::now();
+        let mut first_seen = None;
         loop {
             let h = self.holders(address);
             if h == [i] {
-                return t.elapsed();
+                match first_seen {
+                    Some(at) => return at,
+                    None => {
+                        first_seen = Some(t.elapsed());
+                        continue;
+                    }
+                }
             }
+            first_seen = None;
             assert!(
                 t.elapsed() <= limit,
                 "{address}: expected only node {i} to hold it within {limit:?}, holders {h:?}"

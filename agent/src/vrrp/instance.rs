@@ -587,6 +587,13 @@ impl Runner {
             if due {
                 // Master_Down ran out: rank ourselves among the backups that saw it too.
                 self.machine.set_rivals(self.rivals());
+                tracing::debug!(
+                    "vrrp {}: Master_Down ran out; master {:?}, rivals {:?}, rank wait {:?}",
+                    self.spec.config.name,
+                    self.machine.master(),
+                    self.rivals(),
+                    self.machine.rank_wait()
+                );
             }
             let wait = due.then(|| self.machine.rank_wait()).flatten();
             let actions = self.machine.on_timer(now);
