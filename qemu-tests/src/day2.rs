@@ -15,6 +15,7 @@ use anyhow::{Context, Result, bail, ensure};
 use crate::cluster::{API_VIP, Cluster, ImageKind, MetadataSource, NodePlan};
 use crate::configdrive::NetworkMode;
 use crate::probe::{self, ClientLoop, Sample};
+use crate::report::secs;
 use crate::scenarios::{self, STANDIN_BOOT_TIMEOUT, ZONE, in_node};
 use crate::testbed::Testbed;
 
@@ -26,10 +27,6 @@ const STEP_TIMEOUT: Duration = Duration::from_secs(120);
 /// How long a restarted node may take to be back in every list (docs/operations.md: a
 /// renewal interval; far more under TCG on a loaded host).
 const BACK_TIMEOUT: Duration = Duration::from_secs(120);
-
-fn secs(d: Duration) -> String {
-    format!("{:.1} s", d.as_secs_f64())
-}
 
 /// Runs a shell script in `node` and returns its output (fails on a non-zero exit).
 fn sh(c: &dyn Testbed, node: &str, script: &str) -> Result<String> {

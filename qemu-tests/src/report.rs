@@ -115,3 +115,8 @@ impl Report {
         }
     }
 }
+
+/// A duration as the scenario lines print it: seconds, one decimal.
+pub fn secs(d: std::time::Duration) -> String {
+    format!("{:.1} s", d.as_secs_f64())
+}

@@ -10,6 +10,7 @@ use anyhow::{Context, Result, bail, ensure};
 use crate::cluster::{API_VIP, Cluster, INGRESS_VIP, MetadataSource, ServiceFault};
 use crate::configdrive::NetworkMode;
 use crate::probe::{self, ClientLoop};
+use crate::report::secs;
 use crate::testbed::Testbed;
 
 /// The cluster zone of `examples/install-config.yaml`.
@@ -33,10 +34,6 @@ fn boot_timeout(c: &dyn Testbed, nodes: &[String]) -> Duration {
     } else {
         BOOT_TIMEOUT
     }
-}
-
-fn secs(d: Duration) -> String {
-    format!("{:.1} s", d.as_secs_f64())
 }
 
 /// 1. Boot: every node of the control plane reports ready, the bootstrap holds the API VIP,

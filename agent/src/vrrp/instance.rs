@@ -47,6 +47,9 @@ const HANDOVER_GRACE: Duration = Duration::from_millis(200);
 /// its ARP entry is probed again (10-40 s on Linux) or the refresh (a minute) comes. keepalived
 /// repeats its gratuitous ARPs for the same reason (`garp_master_repeat`, `garp_master_delay`).
 const ANNOUNCE_FOLLOWUPS: u8 = 3;
+/// Packets already queued that a backup reads before acting on its timer (see
+/// `Runner::read_queued`): far more than the routers of one segment send in a stall.
+const QUEUED_BEFORE_TIMER: usize = 64;
 
 /// Per-instance counters.
 #[derive(Debug, Clone, Default, Serialize)]
@@ -553,6 +556,9 @@ impl Runner {
     }
 
     async fn on_timer(&mut self) {
+        if self.machine.state() == State::Backup {
+            self.read_queued().await;
+        }
         let now = self.now();
         match self.gate.on_timer(now, self.holder_arp) {
             GateEvent::Opened => {
@@ -615,10 +621,36 @@ impl Runner {
         }
     }
 
+    /// Handles the packets already queued on the socket before a backup's timer is acted
+    /// on. When this node was stalled (a loaded host, a descheduled guest) its timer and the
+    /// adverts that arrived meanwhile are ready together, and the loop's `select!` may take
+    /// the timer first: a master that kept advertising would look silent, and this backup
+    /// would claim its VIP for a moment (seen on OpenStack with TCG guests). Bounded, so a
+    /// flood of packets cannot hold the timer off.
+    async fn read_queued(&mut self) {
+        for _ in 0..QUEUED_BEFORE_TIMER {
+            let pkt = match self.sock.try_recv() {
+                Ok(Some(pkt)) => pkt,
+                Ok(None) => return,
+                Err(e) => {
+                    tracing::debug!(
+                        "vrrp {}: reading queued packets: {e}",
+                        self.spec.config.name
+                    );
+                    return;
+                }
+            };
+            self.on_packet(&pkt).await;
+        }
+    }
+
     /// One protocol-112 packet: an advert to act on, or a drop counted by reason.
     async fn on_packet(&mut self, pkt: &Received) {
         match self.spec.validate(pkt) {
-            Ok(advert) => self.on_advert(pkt.src, &advert).await,
+            Ok(advert) => {
+                let arrived = self.now().saturating_sub(pkt.age);
+                self.on_advert(pkt.src, &advert, arrived).await;
+            }
             Err(reason) => {
                 tracing::debug!(
                     "vrrp {}: dropped packet from {}: {reason}",
@@ -631,14 +663,15 @@ impl Runner {
         }
     }
 
-    async fn on_advert(&mut self, src: IpAddr, advert: &Advert) {
+    /// A valid advert from `src`, which arrived at `now` (the runner's clock; earlier
+    /// than this moment when it waited in the socket's queue).
+    async fn on_advert(&mut self, src: IpAddr, advert: &Advert, now: Duration) {
         self.counters.adverts_in += 1;
         if advert.priority == 0 {
             self.master_left = Some(src);
         } else if self.master_left == Some(src) {
             self.master_left = None;
         }
-        let now = self.now();
         self.heard.insert(src, (now, advert.priority));
         self.last_other_advert = Some(now);
         if self.findings.remove(&Problem::VrrpBlocked).is_some() {
@@ -1240,6 +1273,7 @@ mod tests {
             dst: GROUP_V4.into(),
             ttl,
             payload: codec::encode(a, src, GROUP_V4.into()).unwrap(),
+            age: Duration::ZERO,
         }
     }
 

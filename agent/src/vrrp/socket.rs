@@ -8,6 +8,7 @@
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV6};
 use std::os::fd::AsRawFd;
+use std::time::Duration;
 
 use nix::sys::socket::{ControlMessageOwned, MsgFlags, SockaddrIn6, SockaddrStorage};
 use socket2::{Domain, InterfaceIndexOrAddress, Protocol, SockAddr, Socket, Type};
@@ -26,6 +27,10 @@ pub struct Received {
     pub ttl: u8,
     /// The VRRP message (IP payload).
     pub payload: Vec<u8>,
+    /// How long before it was read the kernel received it (`SO_TIMESTAMPNS`; zero without
+    /// a timestamp). A packet read after a stall (a loaded host, a descheduled guest)
+    /// counts from when it arrived, not from when we got round to it.
+    pub age: Duration,
 }
 
 /// The pair of sockets of one instance.
@@ -58,6 +63,7 @@ impl VrrpSocket {
         let send = raw(v6, iface)?;
         // Bursts (many routers, or junk) must not overflow the queue between two reads.
         recv.set_recv_buffer_size(1 << 20)?;
+        nix::sys::socket::setsockopt(&recv, nix::sys::socket::sockopt::ReceiveTimestampns, &true)?;
         // Nobody reads the send socket; keep what piles up in it small.
         send.set_recv_buffer_size(1)?;
         match src {
@@ -142,6 +148,25 @@ impl VrrpSocket {
     }
 }
 
+impl VrrpSocket {
+    /// A packet already queued on the socket, without waiting: `Ok(None)` when none is.
+    /// The socket is non-blocking (registered with the reactor), so this is one `recvfrom`
+    /// that says `EAGAIN` when the queue is empty.
+    pub fn try_recv(&self) -> io::Result<Option<Received>> {
+        let fd = self.recv.get_ref().as_raw_fd();
+        loop {
+            let r = if self.v6 { recv_v6(fd) } else { recv_v4(fd) };
+            match r {
+                Ok(Some(r)) => return Ok(Some(r)),
+                // A packet we cannot even read an IP header from: skip it.
+                Ok(None) => continue,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(None),
+                Err(e) => return Err(e),
+            }
+        }
+    }
+}
+
 pub(crate) fn register(s: Socket) -> io::Result<AsyncFd<Socket>> {
     // SAFETY: `Socket` owns its descriptor, which stays open and the same until the
     // AsyncFd (which owns the Socket) is dropped.
@@ -155,7 +180,21 @@ fn is_link_local(a: Ipv6Addr) -> bool {
 /// IPv4 raw sockets hand us the IP header: TTL, addresses and total length come from it.
 fn recv_v4(fd: std::os::fd::RawFd) -> io::Result<Option<Received>> {
     let mut buf = [0u8; 2048];
-    let (n, _) = nix::sys::socket::recvfrom::<SockaddrStorage>(fd, &mut buf)?;
+    let mut cmsg = nix::cmsg_space!(nix::sys::time::TimeSpec);
+    let mut iov = [io::IoSliceMut::new(&mut buf)];
+    let msg = nix::sys::socket::recvmsg::<SockaddrStorage>(
+        fd,
+        &mut iov,
+        Some(&mut cmsg),
+        MsgFlags::empty(),
+    )?;
+    let n = msg.bytes;
+    let mut age = Duration::ZERO;
+    for c in msg.cmsgs()? {
+        if let ControlMessageOwned::ScmTimestampns(ts) = c {
+            age = age_of(ts);
+        }
+    }
     let b = &buf[..n];
     if n < 20 || b[0] >> 4 != 4 {
         return Ok(None);
@@ -170,6 +209,7 @@ fn recv_v4(fd: std::os::fd::RawFd) -> io::Result<Option<Received>> {
         dst: IpAddr::V4(Ipv4Addr::new(b[16], b[17], b[18], b[19])),
         ttl: b[8],
         payload: b[ihl..total].to_vec(),
+        age,
     }))
 }
 
@@ -177,7 +217,7 @@ fn recv_v4(fd: std::os::fd::RawFd) -> io::Result<Option<Received>> {
 /// limit from ancillary data.
 fn recv_v6(fd: std::os::fd::RawFd) -> io::Result<Option<Received>> {
     let mut buf = [0u8; 2048];
-    let mut cmsg = nix::cmsg_space!(libc::in6_pktinfo, libc::c_int);
+    let mut cmsg = nix::cmsg_space!(libc::in6_pktinfo, libc::c_int, nix::sys::time::TimeSpec);
     let mut iov = [io::IoSliceMut::new(&mut buf)];
     let msg =
         nix::sys::socket::recvmsg::<SockaddrIn6>(fd, &mut iov, Some(&mut cmsg), MsgFlags::empty())?;
@@ -188,8 +228,10 @@ fn recv_v6(fd: std::os::fd::RawFd) -> io::Result<Option<Received>> {
     let mut dst = None;
     // Without the hop limit we cannot check it: treat as 0, so the packet is dropped.
     let mut ttl = 0u8;
+    let mut age = Duration::ZERO;
     for c in msg.cmsgs()? {
         match c {
+            ControlMessageOwned::ScmTimestampns(ts) => age = age_of(ts),
             ControlMessageOwned::Ipv6PacketInfo(info) => {
                 dst = Some(Ipv6Addr::from(info.ipi6_addr.s6_addr));
             }
@@ -203,5 +245,58 @@ fn recv_v6(fd: std::os::fd::RawFd) -> io::Result<Option<Received>> {
         dst: IpAddr::V6(dst),
         ttl,
         payload: buf[..n].to_vec(),
+        age,
     }))
+}
+
+/// How long ago the kernel's receive timestamp `ts` (CLOCK_REALTIME) was, capped at
+/// [`MAX_AGE`]: zero for a timestamp in the future (the clock was stepped back), and a
+/// step forward cannot make a packet look older than the cap.
+fn age_of(ts: nix::sys::time::TimeSpec) -> Duration {
+    let at = Duration::from(ts);
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(Duration::ZERO, |now| now.saturating_sub(at))
+        .min(MAX_AGE)
+}
+
+/// The oldest a queued packet is taken to be: longer than any Master_Down (255 s adverts
+/// aside), short enough that a clock step does not age every packet without bound.
+const MAX_AGE: Duration = Duration::from_secs(60);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use nix::sys::time::TimeSpec;
+
+    fn ago(offset_secs: f64) -> TimeSpec {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap();
+        let at = if offset_secs >= 0.0 {
+            now - Duration::from_secs_f64(offset_secs)
+        } else {
+            now + Duration::from_secs_f64(-offset_secs)
+        };
+        TimeSpec::from_duration(at)
+    }
+
+    #[test]
+    fn age_counts_from_the_kernel_timestamp_within_bounds() {
+        let two = age_of(ago(2.0));
+        assert!(
+            two >= Duration::from_secs(2) && two < Duration::from_secs(3),
+            "{two:?}"
+        );
+        assert_eq!(
+            age_of(ago(-5.0)),
+            Duration::ZERO,
+            "a timestamp in the future"
+        );
+        assert_eq!(
+            age_of(ago(3600.0)),
+            MAX_AGE,
+            "a clock step forward is capped"
+        );
+    }
 }

@@ -564,8 +564,11 @@ impl Testbed for OpenStackCluster {
     /// `openstack server stop`, which this cloud's Nova carries out as a failing host
     /// would: it powers the guest off at once (`shutdown_timeout = 0`,
     /// scripts/openstack/configure.sh; with Nova's default the guest gets 60 s to shut down
-    /// and the agent says goodbye). The node went down when its QEMU process exited: the
-    /// command itself reaches the guest seconds after it starts.
+    /// and the agent says goodbye). The command reaches the guest seconds after it starts,
+    /// and its QEMU process exits a while after the guest stopped (libvirt's destroy: QEMU
+    /// pauses the CPUs, then flushes and closes its disks): the node went down at its last
+    /// answer to a ping every 20 ms from the outside ([`LastAnswer`]), or at the exit if
+    /// it answered none.
     fn kill(&mut self, name: &str) -> Result<Instant> {
         let domain = self
             .servers
@@ -584,14 +587,33 @@ impl Testbed for OpenStackCluster {
             }
             None
         });
+        let address = self
+            .plan
+            .iter()
+            .find(|n| n.name == name)
+            .map(|n| n.address)
+            .with_context(|| format!("{name}: not in the plan"))?;
+        let pings = LastAnswer::start(&self.outside, address)?;
+        let requested = Instant::now();
         self.client.run(&["server", "stop", name])?;
         self.wait_status(name, "SHUTOFF", Duration::from_secs(120))?;
         if let Some(s) = self.servers.get_mut(name) {
             s.running = false;
         }
-        watcher.join().ok().flatten().with_context(|| {
+        let exited = watcher.join().ok().flatten().with_context(|| {
             format!("{name} is SHUTOFF but its QEMU process {pid} ({domain}) did not exit")
-        })
+        })?;
+        let last = pings.stop().filter(|&t| t >= requested && t <= exited);
+        eprintln!(
+            "openstack-cluster: {name}: `server stop` took {} to end QEMU; last answer to a ping {}",
+            crate::report::secs(exited - requested),
+            last.map_or("none after the request".to_owned(), |t| format!(
+                "{} ms after the request, {} ms before QEMU exited",
+                (t - requested).as_millis(),
+                (exited - t).as_millis()
+            ))
+        );
+        Ok(last.unwrap_or(exited))
     }
 
     fn is_running(&self, name: &str) -> bool {
@@ -622,5 +644,64 @@ impl Testbed for OpenStackCluster {
         (self.is_standin(name) && s.running).then(|| GuestAgent {
             channel: GuestChannel::Libvirt(s.domain.clone()),
         })
+    }
+}
+
+/// A ping every 20 ms from the outside namespace to a node, for the moment the node last
+/// answered (`ping -D` prints each reply's wall-clock time).
+struct LastAnswer {
+    child: std::process::Child,
+}
+
+impl LastAnswer {
+    fn start(outside: &Netns, address: Ipv4Addr) -> Result<Self> {
+        let child = outside
+            .command("ping")
+            .args(["-n", "-D", "-i", "0.02", "-W", "1"])
+            .arg(address.to_string())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .context("ping")?;
+        Ok(Self { child })
+    }
+
+    /// Stops the pings; when the last reply arrived, if any did.
+    fn stop(self) -> Option<Instant> {
+        // SIGINT, so ping flushes what it printed.
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(i32::try_from(self.child.id()).ok()?),
+            nix::sys::signal::Signal::SIGINT,
+        );
+        let out = self.child.wait_with_output().ok()?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        let last = last_reply(&text)?;
+        let ago = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .ok()?
+            .checked_sub(Duration::from_secs_f64(last))?;
+        Instant::now().checked_sub(ago)
+    }
+}
+
+/// The wall-clock time (seconds since the epoch) of the last reply in `ping -D` output.
+fn last_reply(text: &str) -> Option<f64> {
+    text.lines()
+        .filter(|l| l.contains(" bytes from "))
+        .filter_map(|l| l.strip_prefix('[')?.split(']').next()?.parse::<f64>().ok())
+        .next_back()
+}
+
+#[cfg(test)]
+mod last_reply_tests {
+    #[test]
+    fn the_last_reply_line_gives_the_time() {
+        let text = "PING 10.0.0.9 (10.0.0.9) 56(84) bytes of data.\n\
+                    [1764143562.101010] 64 bytes from 10.0.0.9: icmp_seq=1 ttl=64 time=0.5 ms\n\
+                    [1764143562.121212] 64 bytes from 10.0.0.9: icmp_seq=2 ttl=64 time=0.4 ms\n\
+                    [1764143563.500000] From 10.0.0.1 icmp_seq=60 Destination Host Unreachable\n\
+                    \n--- 10.0.0.9 ping statistics ---\n";
+        assert_eq!(super::last_reply(text), Some(1_764_143_562.121_212));
+        assert_eq!(super::last_reply("PING x\n"), None);
     }
 }

@@ -10,11 +10,8 @@ use anyhow::{Context, Result, bail, ensure};
 use super::{CLUSTER, OpenStackCluster};
 use crate::cluster::{API_VIP, INGRESS_VIP, MetadataSource};
 use crate::probe;
+use crate::report::secs;
 use crate::testbed::Testbed;
-
-fn secs(d: Duration) -> String {
-    format!("{:.1} s", d.as_secs_f64())
-}
 
 /// Seconds since the epoch of an RFC 3339 / ISO 8601 time (`date -d`).
 fn epoch(time: &str) -> Result<f64> {
