@@ -392,8 +392,15 @@ fn false_takeovers(c: &Cluster) -> std::collections::BTreeMap<String, u64> {
 
 /// [`false_takeovers`] since `before`, as text.
 fn takeovers_since(c: &Cluster, before: &std::collections::BTreeMap<String, u64>) -> String {
-    false_takeovers(c)
-        .iter()
+    per_node_since(&false_takeovers(c), before)
+}
+
+/// Each node's count in `now` less its count in `before`, as `name n, name n`.
+fn per_node_since(
+    now: &std::collections::BTreeMap<String, u64>,
+    before: &std::collections::BTreeMap<String, u64>,
+) -> String {
+    now.iter()
         .map(|(n, k)| {
             format!(
                 "{n} {}",
@@ -891,16 +898,7 @@ pub fn rotate(c: &mut Cluster) -> Result<String> {
 
 /// The segment's drops towards each VM since `before` ([`Cluster::segment_drops`]), as text.
 fn segment_drops_since(c: &Cluster, before: &std::collections::BTreeMap<String, u64>) -> String {
-    c.segment_drops()
-        .iter()
-        .map(|(n, d)| {
-            format!(
-                "{n} {}",
-                d.saturating_sub(before.get(n).copied().unwrap_or(0))
-            )
-        })
-        .collect::<Vec<_>>()
-        .join(", ")
+    per_node_since(&c.segment_drops(), before)
 }
 
 #[cfg(test)]

@@ -318,55 +318,20 @@ impl BridgeSegment {
     /// datagrams to a group the bridge device has joined: none may arrive, all must be
     /// counted).
     pub fn create(netns: &str, bridge: &str) -> Result<Self> {
-        run_in(
-            netns,
-            &["ip", "link", "add", bridge, "type", "bridge"],
-            None,
-        )?;
-        // No IPv6 on the bridge device: the host-side participant speaks IPv4 only, and its
-        // router solicitations would only be dropped by the rule anyway.
-        run_in(
-            netns,
-            &[
-                "sysctl",
-                "-qw",
-                &format!("net.ipv6.conf.{bridge}.disable_ipv6=1"),
-            ],
-            None,
-        )?;
-        run_in(netns, &["ip", "link", "set", bridge, "up"], None)?;
+        let seg = Self::bridge(netns, bridge, &[], true)?;
         run_in(netns, &["nft", "-f", "-"], Some(DROP_MULTICAST))?;
-        let seg = BridgeSegment {
-            netns: netns.to_string(),
-            bridge: bridge.to_string(),
-            drops_multicast: true,
-        };
         seg.check_multicast_blocked()?;
         Ok(seg)
     }
 
-    /// Creates bridge `bridge` in `netns` as a plain learning switch where multicast passes:
-    /// a unicast frame goes to the one port its destination MAC was learnt on, multicast and
-    /// broadcast to every port, as a real switch does. Unlike [`Segment`] (a hub: every frame
-    /// one UDP datagram to every QEMU), a bulk transfer between two VMs then costs the other
-    /// VMs' QEMUs nothing, and no burst of it fills their receive queues ahead of a VRRP
-    /// advert (docs/qemu-cluster.md). Multicast snooping is off: every group floods, with no
-    /// IGMP/MLD querier needed (VRRP's 224.0.0.18 and ff02::12, mDNS).
-    pub fn create_switch(netns: &str, bridge: &str) -> Result<Self> {
-        run_in(
-            netns,
-            &[
-                "ip",
-                "link",
-                "add",
-                bridge,
-                "type",
-                "bridge",
-                "mcast_snooping",
-                "0",
-            ],
-            None,
-        )?;
+    /// Bridge `bridge` in `netns` with `options` (`ip link add ... type bridge <options>`),
+    /// up, without IPv6 on the bridge device: the host-side participant speaks IPv4 only
+    /// (and on the multicast-dropping bridge its router solicitations would be dropped
+    /// anyway).
+    fn bridge(netns: &str, bridge: &str, options: &[&str], drops_multicast: bool) -> Result<Self> {
+        let mut add = vec!["ip", "link", "add", bridge, "type", "bridge"];
+        add.extend_from_slice(options);
+        run_in(netns, &add, None)?;
         run_in(
             netns,
             &[
@@ -380,8 +345,19 @@ impl BridgeSegment {
         Ok(BridgeSegment {
             netns: netns.to_string(),
             bridge: bridge.to_string(),
-            drops_multicast: false,
+            drops_multicast,
         })
+    }
+
+    /// Creates bridge `bridge` in `netns` as a plain learning switch where multicast passes:
+    /// a unicast frame goes to the one port its destination MAC was learnt on, multicast and
+    /// broadcast to every port, as a real switch does. Unlike [`Segment`] (a hub: every frame
+    /// one UDP datagram to every QEMU), a bulk transfer between two VMs then costs the other
+    /// VMs' QEMUs nothing, and no burst of it fills their receive queues ahead of a VRRP
+    /// advert (docs/qemu-cluster.md). Multicast snooping is off: every group floods, with no
+    /// IGMP/MLD querier needed (VRRP's 224.0.0.18 and ff02::12, mDNS).
+    pub fn create_switch(netns: &str, bridge: &str) -> Result<Self> {
+        Self::bridge(netns, bridge, &["mcast_snooping", "0"], false)
     }
 
     /// The frames the kernel could not queue towards tap `tap` of this bridge.
