@@ -652,8 +652,18 @@ fn kill_holder(
     ensure!(sole != holder, "{vip} still answered by the dead {holder}");
     ensure!(
         outage.failures_before == 0,
-        "{} requests failed before {holder} was killed",
-        outage.failures_before
+        "{} requests failed before {holder} was killed ({})",
+        outage.failures_before,
+        samples
+            .iter()
+            .filter(|s| !s.ok && s.done < killed_at)
+            .map(|s| format!(
+                "sent {} and given up {} before",
+                secs(killed_at - s.sent),
+                secs(killed_at - s.done)
+            ))
+            .collect::<Vec<_>>()
+            .join("; ")
     );
     Ok((holder, new_holder, outage))
 }

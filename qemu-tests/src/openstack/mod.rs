@@ -567,8 +567,8 @@ impl Testbed for OpenStackCluster {
     /// and the agent says goodbye). The command reaches the guest seconds after it starts,
     /// and its QEMU process exits a while after the guest stopped (libvirt's destroy: QEMU
     /// pauses the CPUs, then flushes and closes its disks): the node went down at its last
-    /// answer to a ping every 20 ms from the outside ([`LastAnswer`]), or at the exit if
-    /// it answered none.
+    /// answer to a TCP connection attempt every 20 ms from the outside ([`LastAnswer`]), or
+    /// at the exit if it answered none.
     fn kill(&mut self, name: &str) -> Result<Instant> {
         let domain = self
             .servers
@@ -605,7 +605,7 @@ impl Testbed for OpenStackCluster {
         })?;
         let last = pings.stop().filter(|&t| t >= requested && t <= exited);
         eprintln!(
-            "openstack-cluster: {name}: `server stop` took {} to end QEMU; last answer to a ping {}",
+            "openstack-cluster: {name}: `server stop` took {} to end QEMU; its last answer on :6443 {}",
             crate::report::secs(exited - requested),
             last.map_or("none after the request".to_owned(), |t| format!(
                 "{} ms after the request, {} ms before QEMU exited",
@@ -647,61 +647,43 @@ impl Testbed for OpenStackCluster {
     }
 }
 
-/// A ping every 20 ms from the outside namespace to a node, for the moment the node last
-/// answered (`ping -D` prints each reply's wall-clock time).
+/// A TCP connection attempt every 20 ms from the outside namespace to a node's port 6443
+/// (the security group lets it in on every node; ICMP it does not), for the moment the
+/// node last answered: a connection or a refusal (RST) both come from a running guest.
 struct LastAnswer {
-    child: std::process::Child,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: std::thread::JoinHandle<Option<Instant>>,
 }
 
 impl LastAnswer {
     fn start(outside: &Netns, address: Ipv4Addr) -> Result<Self> {
-        let child = outside
-            .command("ping")
-            .args(["-n", "-D", "-i", "0.02", "-W", "1"])
-            .arg(address.to_string())
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .context("ping")?;
-        Ok(Self { child })
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let stop = std::sync::Arc::new(AtomicBool::new(false));
+        let flag = stop.clone();
+        let path = format!("/run/netns/{}", outside.name);
+        let ns = std::fs::File::open(&path).with_context(|| format!("opening {path}"))?;
+        let target = std::net::SocketAddr::from((address, 6443));
+        let thread = std::thread::spawn(move || {
+            nix::sched::setns(&ns, nix::sched::CloneFlags::CLONE_NEWNET).ok()?;
+            let mut last = None;
+            while !flag.load(Ordering::Relaxed) {
+                match std::net::TcpStream::connect_timeout(&target, Duration::from_millis(200)) {
+                    Ok(_) => last = Some(Instant::now()),
+                    Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
+                        last = Some(Instant::now());
+                    }
+                    Err(_) => {}
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            last
+        });
+        Ok(Self { stop, thread })
     }
 
-    /// Stops the pings; when the last reply arrived, if any did.
+    /// Stops the attempts; when the last answer arrived, if any did.
     fn stop(self) -> Option<Instant> {
-        // SIGINT, so ping flushes what it printed.
-        let _ = nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(i32::try_from(self.child.id()).ok()?),
-            nix::sys::signal::Signal::SIGINT,
-        );
-        let out = self.child.wait_with_output().ok()?;
-        let text = String::from_utf8_lossy(&out.stdout);
-        let last = last_reply(&text)?;
-        let ago = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .ok()?
-            .checked_sub(Duration::from_secs_f64(last))?;
-        Instant::now().checked_sub(ago)
-    }
-}
-
-/// The wall-clock time (seconds since the epoch) of the last reply in `ping -D` output.
-fn last_reply(text: &str) -> Option<f64> {
-    text.lines()
-        .filter(|l| l.contains(" bytes from "))
-        .filter_map(|l| l.strip_prefix('[')?.split(']').next()?.parse::<f64>().ok())
-        .next_back()
-}
-
-#[cfg(test)]
-mod last_reply_tests {
-    #[test]
-    fn the_last_reply_line_gives_the_time() {
-        let text = "PING 10.0.0.9 (10.0.0.9) 56(84) bytes of data.\n\
-                    [1764143562.101010] 64 bytes from 10.0.0.9: icmp_seq=1 ttl=64 time=0.5 ms\n\
-                    [1764143562.121212] 64 bytes from 10.0.0.9: icmp_seq=2 ttl=64 time=0.4 ms\n\
-                    [1764143563.500000] From 10.0.0.1 icmp_seq=60 Destination Host Unreachable\n\
-                    \n--- 10.0.0.9 ping statistics ---\n";
-        assert_eq!(super::last_reply(text), Some(1_764_143_562.121_212));
-        assert_eq!(super::last_reply("PING x\n"), None);
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.thread.join().ok().flatten()
     }
 }
