@@ -385,7 +385,12 @@ pub fn vrrp_blocked(c: &mut OpenStackCluster) -> Result<String> {
 
 /// H. Heat: `keelson build`'s `openstack.yaml` passes Heat's own validator (heat-engine
 ///    parses it, resolves every resource type and intrinsic function and checks the
-///    parameters); the run creates the cluster with the README's script, not the stack.
+///    parameters), and `openstack stack create --dry-run` previews the whole stack against
+///    this cloud, with the images and flavors the run uploaded and made: heat-engine builds
+///    every resource and checks its properties and their constraints (the image and the
+///    flavor exist in Glance and Nova) without creating any. The run creates the cluster
+///    with the README's script, not the stack: a second boot of every node under TCG would
+///    double its time.
 pub fn heat_template(c: &OpenStackCluster) -> Result<String> {
     let template = c.out.join("openstack.yaml");
     let template = template.to_str().context("the template's path")?;
@@ -401,8 +406,59 @@ pub fn heat_template(c: &OpenStackCluster) -> Result<String> {
             "Heat's validator does not list the parameter {p}: {v}"
         );
     }
+    // The parameters as the script's environment for this run sets them (its defaults
+    // where it sets none).
+    let env: std::collections::BTreeMap<&str, String> = c.script_env().into_iter().collect();
+    let pick = |key: &str, default: &str| env.get(key).cloned().unwrap_or(default.to_owned());
+    let rhcos = pick("RHCOS_IMAGE", "rhcos");
+    let values = [
+        ("keelson_image", "keelson".to_owned()),
+        ("rhcos_image", rhcos.clone()),
+        ("worker_image", pick("WORKER_IMAGE", &rhcos)),
+        ("bootstrap_flavor", pick("FLAVOR", "m1.small")),
+        ("master_flavor", pick("MASTER_FLAVOR", "m1.xlarge")),
+        ("worker_flavor", pick("WORKER_FLAVOR", "m1.large")),
+    ];
+    let mut args = vec![
+        "stack".to_owned(),
+        "create".to_owned(),
+        "--dry-run".to_owned(),
+        "-t".to_owned(),
+        template.to_owned(),
+    ];
+    for (k, v) in &values {
+        args.push("--parameter".to_owned());
+        args.push(format!("{k}={v}"));
+    }
+    args.push(format!("{CLUSTER}-preview"));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let preview = c.client.json(&args)?;
+    // Some versions of the client print the list as a JSON string inside the JSON.
+    let listed = match &preview["resources"] {
+        serde_json::Value::String(text) => serde_json::from_str(text)?,
+        other => other.clone(),
+    };
+    let resources = listed
+        .as_array()
+        .with_context(|| format!("the stack preview lists no resources: {preview}"))?;
+    let servers: Vec<&str> = resources
+        .iter()
+        .filter(|r| r["resource_type"] == "OS::Nova::Server")
+        .filter_map(|r| r["resource_name"].as_str())
+        .collect();
+    let in_template = std::fs::read_to_string(template)?
+        .matches("type: OS::Nova::Server")
+        .count();
+    ensure!(
+        servers.len() == in_template,
+        "the stack preview has {} servers ({servers:?}), the template {in_template}",
+        servers.len()
+    );
     Ok(format!(
-        "Heat's validator accepts openstack.yaml ({} parameters)",
-        params.len()
+        "Heat's validator accepts openstack.yaml ({} parameters); `stack create --dry-run` with this run's images and flavors previews {} resources, {} servers ({})",
+        params.len(),
+        resources.len(),
+        servers.len(),
+        servers.join(", ")
     ))
 }
