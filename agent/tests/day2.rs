@@ -23,6 +23,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use keelson_testkit::agent::RunNet;
+use keelson_testkit::segment::ns_holds;
 use keelson_testkit::{Segment, require, require_root};
 
 const AGENT: &str = env!("CARGO_BIN_EXE_keelson-agent");
@@ -148,7 +149,7 @@ impl VipWatch {
             let mut seen: Holders = Vec::new();
             while !stop2.load(Ordering::Relaxed) {
                 let h: Vec<usize> = (0..nodes.len())
-                    .filter(|&i| holds(&nodes[i], VIP))
+                    .filter(|&i| ns_holds(&nodes[i], VIP))
                     .collect();
                 if seen.last().map(|(_, l)| l) != Some(&h) {
                     seen.push((t.elapsed(), h));
@@ -174,16 +175,6 @@ impl Drop for VipWatch {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Relaxed);
     }
-}
-
-fn holds(ns: &str, address: &str) -> bool {
-    let out = std::process::Command::new("ip")
-        .args(["-n", ns, "-o", "addr", "show", "dev", "eth0"])
-        .output()
-        .unwrap();
-    String::from_utf8_lossy(&out.stdout)
-        .split_whitespace()
-        .any(|w| w.split('/').next() == Some(address))
 }
 
 /// Node `i`'s log so far.

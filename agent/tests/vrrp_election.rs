@@ -501,22 +501,7 @@ fn freeze_past_first_claim(nodes: &[Option<RunNode>], others: &[usize], before: 
 /// ([`freeze_past_first_claim`]): without the ranks every round fails.
 fn clean_stop_moves_the_vip_once(tag: &str, transport: &str, services: &str, rounds: usize) {
     const VIP: &str = "10.0.0.5";
-    let seg = Segment::ipv4_only(tag, 3, 0);
-    let addr = |i: usize| format!("10.0.0.{}", 10 + 32 * i);
-    for i in 0..3 {
-        let ns = seg.nodes[i].as_str();
-        sh(&["ip", "-n", ns, "addr", "del", &seg.v4(i), "dev", "eth0"]);
-        sh(&[
-            "ip",
-            "-n",
-            ns,
-            "addr",
-            "add",
-            &format!("{}/24", addr(i)),
-            "dev",
-            "eth0",
-        ]);
-    }
+    let seg = Segment::ipv4_only_same_tiebreak(tag, 3, 0);
     if transport == "unicast" {
         seg.drop_multicast();
     }
@@ -544,7 +529,7 @@ fn clean_stop_moves_the_vip_once(tag: &str, transport: &str, services: &str, rou
         files.start(
             &seg.nodes[i],
             i,
-            (&names[i], "master", &format!("{}/24", addr(i))),
+            (&names[i], "master", &seg.v4(i)),
             services,
         )
     };

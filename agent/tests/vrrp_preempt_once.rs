@@ -62,22 +62,7 @@ fn a_preemption_among_equal_masters_moves_the_vip_once() {
     if !require_root() || !require("nft") {
         return;
     }
-    let seg = Segment::ipv4_only("kpo", 3, 0);
-    let addr = |i: usize| format!("10.0.0.{}", 10 + 32 * i);
-    for i in 0..3 {
-        let ns = seg.nodes[i].as_str();
-        sh(&["ip", "-n", ns, "addr", "del", &seg.v4(i), "dev", "eth0"]);
-        sh(&[
-            "ip",
-            "-n",
-            ns,
-            "addr",
-            "add",
-            &format!("{}/24", addr(i)),
-            "dev",
-            "eth0",
-        ]);
-    }
+    let seg = Segment::ipv4_only_same_tiebreak("kpo", 3, 0);
     seg.drop_multicast();
     // Member records live 10 s, over the backups' 4 s freeze: with 4 s the stalled nodes
     // woke with every other member expired, no rival to rank behind, and both claimed
@@ -112,7 +97,7 @@ fn a_preemption_among_equal_masters_moves_the_vip_once() {
             Some(files.start(
                 &seg.nodes[i],
                 i,
-                (&names[i], "master", &format!("{}/24", addr(i))),
+                (&names[i], "master", &seg.v4(i)),
                 "members,vrrp,ignition",
             ))
         })

@@ -1,6 +1,7 @@
 //! A bridge segment: a bridge namespace and `n` node namespaces, each with `eth0` on the
-//! bridge. Node `i` has IPv4 `10.<subnet>.0.<10+i>/24` and IPv6 `fd<subnet>::<10+i>/64`
-//! (hex), DAD off. Everything is removed on drop.
+//! bridge. Node `i` has IPv4 `10.<subnet>.0.<10+i>/24` (`<10+32i>` on
+//! [`Segment::ipv4_only_same_tiebreak`]) and IPv6 `fd<subnet>::<10+i>/64` (hex), DAD off.
+//! Everything is removed on drop.
 
 use std::process::Command;
 use std::sync::Arc;
@@ -25,6 +26,8 @@ pub struct Segment {
     pub nodes: Vec<String>,
     /// The second octet of the IPv4 addresses (and the IPv6 prefix `fd<subnet>::/64`).
     pub subnet: u8,
+    /// How far apart the nodes' IPv4 host numbers are (node `i` at `10 + step * i`).
+    host_step: u8,
     bridge: String,
 }
 
@@ -44,11 +47,33 @@ impl Segment {
         Self::build(tag, count, subnet, Families::V6Only)
     }
 
+    /// `count` nodes (at most 8) with IPv4 addresses only, 32 apart: `10.<subnet>.0.10`,
+    /// `.42`, `.74`... Their low five bits are equal, and so is the VRRP address
+    /// tie-break keelson derives from them: only the ranks separate equal routers here.
+    pub fn ipv4_only_same_tiebreak(tag: &str, count: usize, subnet: u8) -> Self {
+        assert!(
+            count <= 8,
+            "host numbers 10 + 32 i stay under 255 for 8 nodes"
+        );
+        Self::build_stepped(tag, count, subnet, Families::V4Only, 32)
+    }
+
     fn build(tag: &str, count: usize, subnet: u8, families: Families) -> Self {
+        Self::build_stepped(tag, count, subnet, families, 1)
+    }
+
+    fn build_stepped(
+        tag: &str,
+        count: usize,
+        subnet: u8,
+        families: Families,
+        host_step: u8,
+    ) -> Self {
         let base = unique_name(tag);
         let seg = Segment {
             nodes: (0..count).map(|i| format!("{base}-n{i}")).collect(),
             subnet,
+            host_step,
             bridge: format!("{base}-br"),
         };
         let br = seg.bridge.as_str();
@@ -90,14 +115,15 @@ impl Segment {
         &self.bridge
     }
 
-    /// Node `i`'s IPv4 address with its prefix (`10.<subnet>.0.<10+i>/24`).
+    /// Node `i`'s IPv4 address with its prefix (`10.<subnet>.0.<10+i>/24`; `<10+32i>` on
+    /// [`Segment::ipv4_only_same_tiebreak`]).
     pub fn v4(&self, i: usize) -> String {
         format!("{}/24", self.ip4(i))
     }
 
     /// Node `i`'s IPv4 address.
     pub fn ip4(&self, i: usize) -> std::net::Ipv4Addr {
-        std::net::Ipv4Addr::new(10, self.subnet, 0, 10 + i as u8)
+        std::net::Ipv4Addr::new(10, self.subnet, 0, 10 + self.host_step * i as u8)
     }
 
     /// Node `i`'s IPv6 address (no prefix).
@@ -296,7 +322,7 @@ pub fn nft(ns: &str, rules: &str) {
 }
 
 /// Whether namespace `ns` has `address` on `eth0`.
-fn ns_holds(ns: &str, address: &str) -> bool {
+pub fn ns_holds(ns: &str, address: &str) -> bool {
     let out = Command::new("ip")
         .args(["-n", ns, "-o", "addr", "show", "dev", "eth0"])
         .output()
