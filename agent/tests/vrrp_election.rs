@@ -579,18 +579,7 @@ fn clean_stop_moves_the_vip_once(tag: &str, transport: &str, services: &str, rou
         freeze_past_first_claim(&nodes, &others, &goodbyes);
         leaving.proc.term();
         let stopped = t.elapsed();
-        let mut new_holder = 0;
-        wait_for_ok(
-            "one of the others holding the VIP",
-            Duration::from_secs(20),
-            || match seg.holders(VIP).as_slice() {
-                [h] if others.contains(h) => {
-                    new_holder = *h;
-                    Ok(())
-                }
-                h => Err(format!("holders {h:?}")),
-            },
-        );
+        let new_holder = seg.wait_sole_holder_among(VIP, &others, Duration::from_secs(20));
         let took = t.elapsed();
         // Long enough for a second claimant: past every rank's wait (under Master_Down
         // after the goodbye, which came before the takeover).

@@ -170,18 +170,7 @@ fn a_preemption_among_equal_masters_moves_the_vip_once() {
             &others,
             fell + master_down(1000, full) + Duration::from_millis(300),
         );
-        let mut new_holder = 0;
-        wait_for_ok(
-            "one of the others holding the VIP alone",
-            Duration::from_secs(20),
-            || match seg.holders(VIP).as_slice() {
-                [h] if others.contains(h) => {
-                    new_holder = *h;
-                    Ok(())
-                }
-                h => Err(format!("holders {h:?}")),
-            },
-        );
+        let new_holder = seg.wait_sole_holder_among(VIP, &others, Duration::from_secs(20));
         let took = t.elapsed();
         // Long enough for a second claimant: past every rank's wait.
         std::thread::sleep(master_down(1000, full));

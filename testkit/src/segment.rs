@@ -219,6 +219,24 @@ impl Segment {
         }
     }
 
+    /// Waits (up to `limit`) until one of the nodes `among`, and no other node, holds
+    /// `address`; that node.
+    pub fn wait_sole_holder_among(&self, address: &str, among: &[usize], limit: Duration) -> usize {
+        let mut holder = 0;
+        crate::wait::wait_for_ok(
+            "one of the others holding the VIP alone",
+            limit,
+            || match self.holders(address).as_slice() {
+                [h] if among.contains(h) => {
+                    holder = *h;
+                    Ok(())
+                }
+                h => Err(format!("holders {h:?}")),
+            },
+        );
+        holder
+    }
+
     /// Asserts that node `i` stays the sole holder of `address` for `dur`.
     pub fn assert_stable(&self, i: usize, address: &str, dur: Duration) {
         let t = Instant::now();
