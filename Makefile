@@ -69,12 +69,15 @@ qemu-cluster: setup agent
 # requests expected), and a master replaced by a new one at another address. Not part of `make test`. DAY2_CONFIG=unicast
 # runs it on the unicast segment; KEELSON_AGENT_NEW=<binary> rolls out another agent;
 # DAY2_SEGMENT=hub runs the multicast configuration on QEMU's multicast socket segment (a hub)
-# instead of a learning bridge.
+# instead of a learning bridge. DAY2_HANDBACK: the VRRP hand-back window (docs/vrrp.md),
+# 30 s as `keelson build` writes for bare metal (the segment has no port security);
+# DAY2_HANDBACK= (empty) keeps the example's OpenStack default, off.
 DAY2_CONFIG ?= multicast
 DAY2_SEGMENT ?= switch
+DAY2_HANDBACK ?= 30
 qemu-day2: setup agent
 	cargo build -p keelson -p keelson-qemu-tests --bin keelson --bin qemu-day2
-	KEELSON_BIN=$(abspath target/debug/keelson) target/debug/qemu-day2 --config $(DAY2_CONFIG) --segment $(DAY2_SEGMENT)
+	KEELSON_HANDBACK_SECS=$(DAY2_HANDBACK) KEELSON_BIN=$(abspath target/debug/keelson) target/debug/qemu-day2 --config $(DAY2_CONFIG) --segment $(DAY2_SEGMENT)
 
 # The cluster on a real OpenStack: installs, configures and starts an all-in-one Debian 12
 # (Zed) OpenStack on this machine (scripts/openstack/, idempotent; services already running

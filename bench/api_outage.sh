@@ -31,7 +31,9 @@
 #   KEELSON_AGENT, KEELSON, KUBE_STANDIN: binaries (default: the static release ones of
 #   `make agent` / `make build`), STACKS (default "keelson ocp-4.2 ocp-2020 ocp-2024"),
 #   AFTER (seconds watched, 30), KEEP=DIR (keep each run's samples),
-#   KEELSON_AGENT_NEW: the binary `roll` restarts keelson with (default: KEELSON_AGENT)
+#   KEELSON_AGENT_NEW: the binary `roll` restarts keelson with (default: KEELSON_AGENT),
+#   PLATFORM: the install-config's platform keelson builds for (default baremetal: the
+#   namespaces are a bridge; openstack turns the connection hand-back off, docs/vrrp.md)
 set -euo pipefail
 
 ROUNDS=${1:-3}

@@ -29,6 +29,9 @@ pub struct Bus {
     pub members: watch::Sender<MemberList>,
     /// The local API proxy has at least one healthy backend (published by `proxy`).
     pub proxy_healthy: watch::Sender<bool>,
+    /// The local API proxy is stopping and still has connections open (published by
+    /// `proxy`): a stopping VRRP holder keeps its retired VIP that long.
+    pub proxy_draining: watch::Sender<bool>,
     /// The local Ignition server is serving (published by `ignition_server`).
     pub ignition_running: watch::Sender<bool>,
     /// VIPs this node holds right now (published by `vrrp`).
@@ -141,6 +144,7 @@ impl Default for Bus {
             proxy_healthy: watch::Sender::new(false),
             ignition_running: watch::Sender::new(false),
             vips_held: watch::Sender::new(BTreeSet::new()),
+            proxy_draining: watch::Sender::new(false),
             vrrp_peer_down: watch::Sender::new(None),
             dns_upstreams: watch::Sender::new(Vec::new()),
             ready: watch::Sender::new(BTreeSet::new()),

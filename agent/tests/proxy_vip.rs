@@ -142,8 +142,13 @@ fn vip_frontend(apiserver: bool) {
     // The VIP is no longer served by the proxy: the apiserver answers it directly, or nobody.
     if apiserver {
         assert_eq!(from_outside(client), "kube-apiserver");
-        let tables = sh(&["ip", "netns", "exec", node, "nft", "list", "tables"]);
-        assert!(!tables.contains(NFT_TABLE), "table removed: {tables}");
+        // The chains stay (connections redirected before keep their translation), empty
+        // but for the rule that keeps conntrack on.
+        let table = sh(&[
+            "ip", "netns", "exec", node, "nft", "list", "table", "inet", NFT_TABLE,
+        ]);
+        assert!(!table.contains("redirect"), "redirects removed: {table}");
+        assert!(table.contains("ct state new accept"), "{table}");
     } else {
         let refused = block_on_in(client, || async {
             TcpStream::connect(VIP.parse::<SocketAddr>().unwrap()).await

@@ -121,8 +121,7 @@ networking:
   machineNetwork:
   - cidr: 10.85.0.0/24
 platform:
-  openstack:
-    cloud: openstack
+  PLATFORM_KEY:
     apiVIPs:
     - 10.85.0.5
     ingressVIPs:
@@ -130,6 +129,10 @@ platform:
 pullSecret: '{"auths":{"example.invalid":{"auth":"a2VlbHNvbjpleGFtcGxl"}}}'
 sshKey: ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIKeelsonExampleKeyOnlyForTheDocs0000000000 core@example
 EOF
+    # The namespaces are a bridge, as bare metal (the default): `keelson build` turns the
+    # hand-back of connections across a clean hand-over on there (docs/vrrp.md);
+    # PLATFORM=openstack builds as for OpenStack, where it is off (port security).
+    sed -i "s/PLATFORM_KEY:/${PLATFORM:-baremetal}:/" "$WORK/build/install-config.yaml"
     # `keelson build` packs a static agent for the nodes to fetch; nothing here fetches it
     # (the namespaces run $AGENT, which may be a debug build), so a static stub stands in
     # when $AGENT is not static.
@@ -305,7 +308,7 @@ print_configs() { # stacks...
         case $s in
             keelson)
                 echo "keelson ($AGENT): keelson build's cluster.json, API instance and proxy:"
-                jq -c '.vrrp.instances[] | select(.name=="api") | {vrid,version,advertIntervalMs,transport,preempt,priorities,checks}' "$WORK/build/out/cluster.json" | sed 's/^/  /'
+                jq -c '.vrrp.instances[] | select(.name=="api") | {vrid,version,advertIntervalMs,transport,preempt,handbackSecs,priorities,checks}' "$WORK/build/out/cluster.json" | sed 's/^/  /'
                 jq -c '.api | {check,checkIntervalMs,fall,rise,fastCheckIntervalMs,slowstartMs,shutdownSessions}' "$WORK/build/out/cluster.json" | sed 's/^/  /'
                 jq -c '.members | {transport,keyId,renewIntervalSecs,expirySecs}' "$WORK/build/out/cluster.json" | sed 's/^/  /'
                 ;;

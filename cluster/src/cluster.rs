@@ -216,6 +216,14 @@ pub struct VrrpInstanceConfig {
     pub preempt: bool,
     /// Seconds between repeated gratuitous ARP / unsolicited NA while master (0 = never).
     pub garp_refresh_secs: u32,
+    /// Seconds a clean hand-over carries the old holder's open TCP connections for
+    /// (docs/vrrp.md, "Connections across a clean hand-over"): the new holder forwards
+    /// segments of connections it did not open to the old one, which keeps the VIP
+    /// unannounced and goes on serving them. 0 (the default) = off: the new holder resets
+    /// them. Needs a segment that lets a node send frames with a client's source address
+    /// (bare metal, a bridge; not a Neutron port with port security).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub handback_secs: u32,
     /// Base priority per role.
     pub priorities: RolePriorities,
     /// Health checks whose weights add to the base priority while they pass.
@@ -833,6 +841,11 @@ pub fn default_vrids(name: &str) -> (u8, u8) {
         ingress = ingress.wrapping_add(1).max(1);
     }
     (api, ingress)
+}
+
+/// Whether `n` is 0 (a field left out of the JSON when it is).
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 #[cfg(test)]

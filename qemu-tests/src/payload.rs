@@ -87,26 +87,48 @@ fn services_patch(masters: ImageKind) -> String {
 
 /// The patch of `config` over the build's defaults (`defaults`: the `cluster.json` a plain
 /// build writes): the stand-ins always; for the multicast configuration, every VRRP
-/// instance multicast and the members on mDNS (a merge patch replaces arrays whole, so the
-/// instances are the build's own with one field changed).
+/// instance multicast and the members on mDNS; with `handback_secs`, that hand-back window
+/// on every VRRP instance (docs/vrrp.md: the example install-config is OpenStack's, where
+/// the build leaves it off, and the test segments have no port security). A merge patch
+/// replaces arrays whole, so the instances are the build's own with fields changed.
 fn cluster_patch(
     config: Config,
     masters: ImageKind,
     defaults: &serde_json::Value,
+    handback_secs: Option<u32>,
 ) -> Result<String> {
     let mut patch: serde_json::Value = serde_json::from_str(&services_patch(masters))?;
-    if config == Config::Multicast {
+    if config == Config::Multicast || handback_secs.is_some() {
         let mut vrrp = defaults["vrrp"].clone();
         for inst in vrrp["instances"]
             .as_array_mut()
             .context("cluster.json: vrrp.instances")?
         {
-            inst["transport"] = "multicast".into();
+            if config == Config::Multicast {
+                inst["transport"] = "multicast".into();
+            }
+            if let Some(secs) = handback_secs {
+                inst["handbackSecs"] = secs.into();
+            }
         }
         patch["vrrp"] = vrrp;
+    }
+    if config == Config::Multicast {
         patch["members"] = serde_json::json!({"transport": "mdns"});
     }
     Ok(serde_json::to_string_pretty(&patch)?)
+}
+
+/// `KEELSON_HANDBACK_SECS`: the hand-back window the harness sets on every VRRP instance
+/// (`make qemu-day2` sets 30; unset: the build's default, off for the example's OpenStack).
+fn handback_from_env() -> Result<Option<u32>> {
+    match std::env::var("KEELSON_HANDBACK_SECS") {
+        Ok(v) if !v.is_empty() => v
+            .parse()
+            .map(Some)
+            .with_context(|| format!("KEELSON_HANDBACK_SECS={v:?}: expected seconds")),
+        _ => Ok(None),
+    }
 }
 
 /// Runs `keelson build` with `args`.
@@ -168,7 +190,10 @@ pub fn build(work: &Path, config: Config, masters: ImageKind) -> Result<PathBuf>
         &std::fs::read(defaults_dir.join("cluster.json")).context("the build's cluster.json")?,
     )?;
     let patch = work.join("cluster-patch.json");
-    std::fs::write(&patch, cluster_patch(config, masters, &defaults)?)?;
+    std::fs::write(
+        &patch,
+        cluster_patch(config, masters, &defaults, handback_from_env()?)?,
+    )?;
     let out = work.join("out");
     let _ = std::fs::remove_dir_all(&out);
     keelson_build(

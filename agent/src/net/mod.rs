@@ -11,6 +11,7 @@ pub mod dhcp;
 pub mod http_client;
 pub mod http_server;
 pub mod listen;
+pub mod nft;
 pub mod plan;
 
 use std::net::IpAddr;

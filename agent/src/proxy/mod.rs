@@ -692,6 +692,8 @@ pub async fn run(ctx: AgentContext, stop: CancellationToken) -> anyhow::Result<(
             _ = tick.tick() => {}
         }
     }
+    // Before the VIP goes: a stopping VRRP holder that retires it waits on this.
+    ctx.bus.proxy_draining.send_replace(true);
     // A clean stop: VRRP hands the VIP over before it removes it (see
     // `vrrp::instance`); until then clients still come here and are served.
     let api_vips: BTreeSet<IpAddr> = ctx.cluster.api_vips.iter().copied().collect();
@@ -701,9 +703,10 @@ pub async fn run(ctx: AgentContext, stop: CancellationToken) -> anyhow::Result<(
     }
     vip_frontends.sync(&proxy, &BTreeSet::new()).await;
     inner_stop.cancel();
-    let r = serve.await.context("proxy task")?;
+    let r = serve.await.context("proxy task");
+    ctx.bus.proxy_draining.send_replace(false);
     ctx.bus.proxy_healthy.send_replace(false);
-    r
+    r?
 }
 
 /// `keelson-agent proxy`: run the proxy alone (debugging, benchmarks).

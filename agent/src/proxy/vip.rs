@@ -6,9 +6,9 @@
 //! - Where a wildcard listener owns the port — kube-apiserver binds `*:6443` on an RHCOS
 //!   master — that bind fails with `EADDRINUSE`. Then an nftables rule redirects `VIP:6443`
 //!   to the proxy's own frontend port instead (what OpenShift's haproxy-monitor does with
-//!   iptables). The rules live in a table of their own, replaced in one `nft -f` transaction,
-//!   and removed when the VIP or the healthy backend goes, so `VIP:6443` falls back to the
-//!   local kube-apiserver.
+//!   iptables). The rules live in a table of their own, rewritten in one `nft -f`
+//!   transaction, and removed when the VIP or the healthy backend goes (the chains stay,
+//!   empty: [`nft_script`]), so `VIP:6443` falls back to the local kube-apiserver.
 //!
 //! The rules are written by the `nft` tool rather than over netlink: nftables' netlink
 //! protocol (expressions, sets, transactions) has no maintained, small Rust crate, RHCOS ships
@@ -18,97 +18,63 @@ use std::collections::BTreeSet;
 use std::fmt::Write as _;
 use std::io;
 use std::net::SocketAddr;
-use std::process::Stdio;
-
-use tokio::io::AsyncWriteExt;
 
 use super::Proxy;
+use crate::net::nft;
 
 /// The nftables table (family `inet`) that holds keelson's redirects and nothing else.
 pub const NFT_TABLE: &str = "keelson_api";
 
-/// Why the redirect rules could not be written.
-#[derive(Debug, thiserror::Error)]
-pub enum RedirectError {
-    /// `nft` could not be started (not installed?).
-    #[error("running nft: {0}")]
-    Spawn(#[source] io::Error),
-    /// `nft` rejected the rules.
-    #[error("nft -f - failed ({status}): {stderr}")]
-    Rejected {
-        /// Its exit status.
-        status: std::process::ExitStatus,
-        /// What it said.
-        stderr: String,
-    },
-}
-
 /// The `nft -f` script that makes [`NFT_TABLE`] redirect every address in `redirects` to
 /// local port `to_port`: from other hosts (prerouting) and from this host (output). The
-/// script first creates and deletes the table, so it replaces whatever was there in one
-/// transaction; with no redirects it only removes the table.
+/// chains are created if missing and flushed, never deleted, and the rules added, in one
+/// transaction. Each chain ends with a rule that looks at conntrack (`ct state new accept`,
+/// which changes nothing: the policy accepts too). Connections redirected before keep their
+/// translation only while the kernel tracks connections in the network namespace, and it
+/// does only while some rule needs it: with the `redirect` rules gone and nothing else
+/// using conntrack, the segments of established redirected connections reached the
+/// wildcard listener as `VIP:6443` untranslated and were reset (found by
+/// `agent/tests/vrrp_handback.rs`: after a VRRP hand-over the old holder's proxy goes on
+/// serving the connections the new holder hands back, `vrrp::handback`). The same rule keeps
+/// connections tracked from the table's first write on, before any redirect is needed.
 pub fn nft_script(redirects: &BTreeSet<SocketAddr>, to_port: u16) -> String {
-    let mut s = format!("table inet {NFT_TABLE}\ndelete table inet {NFT_TABLE}\n");
-    if redirects.is_empty() {
-        return s;
-    }
-    let mut rules = String::new();
-    for a in redirects {
-        let family = if a.is_ipv4() { "ip" } else { "ip6" };
-        // Only a connection's opening SYN is redirected. A node that has just taken the VIP
-        // over serves it from the wildcard listener (the local kube-apiserver) until this
-        // rule lands; where nothing had made the kernel track connections before (conntrack
-        // starts with the first table that needs it), the next segment of a connection
-        // opened in that moment is taken up mid-stream as a new one, and a plain rule
-        // redirected it to the proxy, which knows no such connection and reset it
-        // (`bench/api_outage.sh` case `stop`: one request at the takeover in 2 of 6 rounds).
-        // Unredirected, it stays with the apiserver that accepted it.
-        let _ = writeln!(
-            rules,
-            "\t\t{family} daddr {} tcp dport {} tcp flags & (syn | ack) == syn redirect to :{to_port}",
-            a.ip(),
-            a.port()
-        );
-    }
-    let _ = writeln!(s, "table inet {NFT_TABLE} {{");
+    let mut s = format!("table inet {NFT_TABLE} {{\n");
     for (chain, hook) in [("prerouting", "prerouting"), ("output", "output")] {
-        let _ = write!(
+        let _ = writeln!(
             s,
-            "\tchain {chain} {{\n\t\ttype nat hook {hook} priority -100; policy accept;\n{rules}\t}}\n"
+            "\tchain {chain} {{ type nat hook {hook} priority -100; policy accept; }}"
         );
     }
     s.push_str("}\n");
+    for chain in ["prerouting", "output"] {
+        let _ = writeln!(s, "flush chain inet {NFT_TABLE} {chain}");
+    }
+    for chain in ["prerouting", "output"] {
+        for a in redirects {
+            let family = if a.is_ipv4() { "ip" } else { "ip6" };
+            // Only a connection's opening SYN is redirected. A node that has just taken the
+            // VIP over serves it from the wildcard listener (the local kube-apiserver) until
+            // this rule lands; where nothing had made the kernel track connections before
+            // (conntrack starts with the first table that needs it), the next segment of a
+            // connection opened in that moment is taken up mid-stream as a new one, and a
+            // plain rule redirected it to the proxy, which knows no such connection and
+            // reset it (`bench/api_outage.sh` case `stop`: one request at the takeover in 2
+            // of 6 rounds). Unredirected, it stays with the apiserver that accepted it.
+            let _ = writeln!(
+                s,
+                "add rule inet {NFT_TABLE} {chain} {family} daddr {} tcp dport {} tcp flags & (syn | ack) == syn redirect to :{to_port}",
+                a.ip(),
+                a.port()
+            );
+        }
+        let _ = writeln!(s, "add rule inet {NFT_TABLE} {chain} ct state new accept");
+    }
     s
 }
 
-/// Runs `nft -f -` with `script`.
-pub async fn nft_apply(script: &str) -> Result<(), RedirectError> {
-    let mut child = tokio::process::Command::new("nft")
-        .args(["-f", "-"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .map_err(RedirectError::Spawn)?;
-    if let Some(mut stdin) = child.stdin.take() {
-        stdin
-            .write_all(script.as_bytes())
-            .await
-            .map_err(RedirectError::Spawn)?;
-    }
-    let out = child
-        .wait_with_output()
-        .await
-        .map_err(RedirectError::Spawn)?;
-    if out.status.success() {
-        Ok(())
-    } else {
-        Err(RedirectError::Rejected {
-            status: out.status,
-            stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
-        })
-    }
+/// The `nft -f` script that removes [`NFT_TABLE`] (and nothing if there is none).
+pub fn remove_script() -> String {
+    format!("table inet {NFT_TABLE}\ndelete table inet {NFT_TABLE}\n")
 }
 
 /// How one VIP frontend is served.
@@ -144,7 +110,7 @@ impl VipFrontends {
     /// Removes the redirect table a previous agent may have left behind (it crashed, or the
     /// node rebooted without its nftables state being flushed). Quiet where there is no `nft`.
     pub async fn remove_stale_redirects(&self) {
-        if let Err(e) = nft_apply(&nft_script(&BTreeSet::new(), self.redirect_to)).await {
+        if let Err(e) = nft::apply(&remove_script()).await {
             tracing::debug!(error = %e, "no stale VIP redirects removed");
         }
     }
@@ -187,7 +153,7 @@ impl VipFrontends {
             }
         }
         if redirect != self.redirected {
-            match nft_apply(&nft_script(&redirect, self.redirect_to)).await {
+            match nft::apply(&nft_script(&redirect, self.redirect_to)).await {
                 Ok(()) => {
                     tracing::info!(
                         redirects = ?redirect,
@@ -215,9 +181,19 @@ mod tests {
     use super::*;
 
     #[test]
-    fn no_redirects_only_removes_the_table() {
+    fn no_redirects_keeps_the_chains_and_conntrack() {
+        let s = nft_script(&BTreeSet::new(), 9445);
+        assert!(!s.contains("delete"), "{s}");
+        assert!(s.contains("type nat hook prerouting"), "{s}");
+        assert!(s.contains("type nat hook output"), "{s}");
+        assert!(!s.contains("redirect"), "{s}");
+        assert_eq!(s.matches("ct state new accept").count(), 2, "{s}");
+    }
+
+    #[test]
+    fn the_stale_table_is_removed_whole() {
         assert_eq!(
-            nft_script(&BTreeSet::new(), 9445),
+            remove_script(),
             "table inet keelson_api\ndelete table inet keelson_api\n"
         );
     }
@@ -229,20 +205,18 @@ mod tests {
             .map(|s| s.parse().unwrap())
             .collect();
         insta::assert_snapshot!(nft_script(&want, 9445), @r"
-        table inet keelson_api
-        delete table inet keelson_api
         table inet keelson_api {
-        	chain prerouting {
-        		type nat hook prerouting priority -100; policy accept;
-        		ip daddr 10.0.0.5 tcp dport 6443 tcp flags & (syn | ack) == syn redirect to :9445
-        		ip6 daddr fd00::5 tcp dport 6443 tcp flags & (syn | ack) == syn redirect to :9445
-        	}
-        	chain output {
-        		type nat hook output priority -100; policy accept;
-        		ip daddr 10.0.0.5 tcp dport 6443 tcp flags & (syn | ack) == syn redirect to :9445
-        		ip6 daddr fd00::5 tcp dport 6443 tcp flags & (syn | ack) == syn redirect to :9445
-        	}
+        	chain prerouting { type nat hook prerouting priority -100; policy accept; }
+        	chain output { type nat hook output priority -100; policy accept; }
         }
+        flush chain inet keelson_api prerouting
+        flush chain inet keelson_api output
+        add rule inet keelson_api prerouting ip daddr 10.0.0.5 tcp dport 6443 tcp flags & (syn | ack) == syn redirect to :9445
+        add rule inet keelson_api prerouting ip6 daddr fd00::5 tcp dport 6443 tcp flags & (syn | ack) == syn redirect to :9445
+        add rule inet keelson_api prerouting ct state new accept
+        add rule inet keelson_api output ip daddr 10.0.0.5 tcp dport 6443 tcp flags & (syn | ack) == syn redirect to :9445
+        add rule inet keelson_api output ip6 daddr fd00::5 tcp dport 6443 tcp flags & (syn | ack) == syn redirect to :9445
+        add rule inet keelson_api output ct state new accept
         ");
     }
 }

@@ -20,6 +20,7 @@ use super::codec::{self, Advert, Auth, CodecError, GROUP_V4, GROUP_V6, Version};
 use super::conflict::{self, Verdict};
 use super::fsm::{Action, Machine, Params, State, effective_priority};
 use super::gate::{ClaimGate, GateEvent};
+use super::handback::Handback;
 use super::portsec::{self, Change, Problem, VipCheck};
 use super::socket::{Received, VrrpSocket};
 use super::{announce, reach, vip};
@@ -50,6 +51,9 @@ const ANNOUNCE_FOLLOWUPS: u8 = 3;
 /// Packets already queued that a backup reads before acting on its timer (see
 /// `Runner::read_queued`): far more than the routers of one segment send in a stall.
 const QUEUED_BEFORE_TIMER: usize = 64;
+/// How long a stopping holder keeps its retired VIP for the proxy to drain the connections
+/// a new holder forwards back ([`super::handback`]): under the agent's 10 s stop deadline.
+const HANDBACK_STOP_HOLD: Duration = Duration::from_secs(8);
 
 /// Per-instance counters.
 #[derive(Debug, Clone, Default, Serialize)]
@@ -307,6 +311,11 @@ struct Runner {
     state_seen: (State, Instant),
     /// The master that last said goodbye (priority 0): its adverts stopping is no death.
     master_left: Option<IpAddr>,
+    /// Connections across a clean hand-over (`handbackSecs` > 0): this node's forwarding of
+    /// an old holder's segments ([`super::handback`]).
+    handback: Option<Handback>,
+    /// When the VIP retired after a hand-over ([`vip::VipManager::retire`]) goes for good.
+    retired_until: Option<Instant>,
     /// Unicast: no claim before a peer is heard or the grace period ran out.
     gate: ClaimGate,
     /// Routers whose valid adverts we received: when last, and the priority advertised
@@ -687,6 +696,7 @@ impl Runner {
                 advert.priority
             );
         }
+        self.hand_back_to(src, advert.priority).await;
         if advert.priority == 0 && self.machine.state() == State::Backup {
             self.machine.set_rivals(self.rivals());
             let rank = self.machine.goodbye_rank(src);
@@ -861,19 +871,42 @@ impl Runner {
         self.publish();
     }
 
-    /// Removes the VIP now (leaving master, or a hand-over's grace over).
+    /// Removes the VIP now (leaving master, or a hand-over's grace over). After a hand-over
+    /// with hand-backs on, the VIP is retired for the window instead
+    /// ([`vip::VipManager::retire`]): the successor forwards this node's connections here.
     async fn remove_vip(&mut self) {
-        let why = match self.release_at.take() {
-            Some(_) => "hand-over done",
-            None => "leaving MASTER",
-        };
-        tracing::info!(
-            "vrrp {}: {why}, removing {}",
-            self.spec.config.name,
-            self.spec.config.vip
-        );
-        if let Err(e) = self.vip.remove().await {
-            tracing::warn!("vrrp {}: {e}", self.spec.config.name);
+        let handed_over = self.release_at.take().is_some();
+        let window = Duration::from_secs(u64::from(self.spec.config.handback_secs));
+        if handed_over && !window.is_zero() {
+            tracing::info!(
+                "vrrp {}: hand-over done, retiring {} for {window:?}: off the interface, its open connections go on here",
+                self.spec.config.name,
+                self.spec.config.vip
+            );
+            match self.vip.retire().await {
+                Ok(()) => self.retired_until = Some(Instant::now() + window),
+                Err(e) => {
+                    tracing::warn!("vrrp {}: retiring: {e}", self.spec.config.name);
+                    if let Err(e) = self.vip.remove().await {
+                        tracing::warn!("vrrp {}: {e}", self.spec.config.name);
+                    }
+                }
+            }
+        } else {
+            let why = if handed_over {
+                "hand-over done"
+            } else {
+                "leaving MASTER"
+            };
+            tracing::info!(
+                "vrrp {}: {why}, removing {}",
+                self.spec.config.name,
+                self.spec.config.vip
+            );
+            self.retired_until = None;
+            if let Err(e) = self.vip.remove().await {
+                tracing::warn!("vrrp {}: {e}", self.spec.config.name);
+            }
         }
         let v = self.spec.config.vip;
         self.ctx.bus.vips_held.send_modify(|s| {
@@ -897,6 +930,68 @@ impl Runner {
                 self.spec.config.name
             );
             self.ctx.bus.vrrp_peer_down.send_replace(Some(addr));
+        }
+    }
+
+    /// Starts forwarding the segments of an old holder's connections to `src`
+    /// ([`super::handback`]) when this backup is about to take the VIP from it: `src` said
+    /// goodbye (priority 0), or it advertises a priority this node preempts. Before the
+    /// advert reaches the state machine, so the rules are in before this node can claim.
+    async fn hand_back_to(&mut self, src: IpAddr, priority: u8) {
+        if self.machine.state() != State::Backup || self.spec.own.contains(&src) {
+            return;
+        }
+        let preempting = self.spec.config.preempt
+            && priority > 0
+            && (priority < self.machine.priority()
+                || (priority == self.machine.priority() && self.spec.primary > src));
+        let Some(h) = self.handback.as_mut() else {
+            return;
+        };
+        if (priority != 0 && !preempting) || h.target() == Some(src) {
+            return;
+        }
+        match h.forward_to(src).await {
+            Ok(()) => tracing::info!(
+                "vrrp {}: segments to {} of connections not opened here go to {src} (the holder {}) for {}s",
+                self.spec.config.name,
+                self.spec.config.vip,
+                if priority == 0 {
+                    "leaving"
+                } else {
+                    "we preempt"
+                },
+                self.spec.config.handback_secs
+            ),
+            Err(e) => h.log_failure(&self.spec.config.name, &e),
+        }
+    }
+
+    /// The hand-back's forwarding window is over.
+    async fn end_hand_back(&mut self) {
+        if let Some(h) = self.handback.as_mut() {
+            tracing::info!(
+                "vrrp {}: hand-back to {:?} over",
+                self.spec.config.name,
+                h.target()
+            );
+            h.end().await;
+        }
+    }
+
+    /// The retired VIP's window is over: its rule and route go too.
+    async fn drop_retired(&mut self) {
+        self.retired_until = None;
+        if self.machine.state() == State::Master {
+            return;
+        }
+        tracing::info!(
+            "vrrp {}: removing retired {}",
+            self.spec.config.name,
+            self.spec.config.vip
+        );
+        if let Err(e) = self.vip.remove().await {
+            tracing::warn!("vrrp {}: {e}", self.spec.config.name);
         }
     }
 
@@ -977,7 +1072,8 @@ impl Runner {
     /// ARP, at most `limit`: the VIP is never without a holder during a clean stop, so no
     /// client connect goes unanswered (keepalived drops it at once, and requests sent in
     /// the backup's skew time fail).
-    async fn await_successor(&mut self, limit: Duration) {
+    /// Whether a successor advertised within `limit` (then after [`HANDOVER_GRACE`]).
+    async fn await_successor(&mut self, limit: Duration) -> bool {
         let started = Instant::now();
         let deadline = tokio::time::Instant::now() + limit;
         loop {
@@ -987,11 +1083,11 @@ impl Runner {
                         "vrrp {}: no successor within {limit:?}; removing {} anyway",
                         self.spec.config.name, self.spec.config.vip
                     );
-                    return;
+                    return false;
                 }
                 r = self.sock.recv() => match r {
                     Ok(p) => p,
-                    Err(_) => return,
+                    Err(_) => return false,
                 },
             };
             if let Ok(advert) = self.spec.validate(&pkt)
@@ -1005,8 +1101,33 @@ impl Runner {
                     self.spec.config.vip
                 );
                 tokio::time::sleep(HANDOVER_GRACE).await;
-                return;
+                return true;
             }
+        }
+    }
+
+    /// Stopping with the VIP retired: waits for the proxy to drain the connections the
+    /// successor forwards here (at most [`HANDBACK_STOP_HOLD`]), then removes it for good.
+    async fn await_drain(&mut self) {
+        let mut draining = self.ctx.bus.proxy_draining.subscribe();
+        let t = Instant::now();
+        let done = tokio::time::timeout(HANDBACK_STOP_HOLD, draining.wait_for(|d| !*d))
+            .await
+            .is_ok();
+        tracing::info!(
+            "vrrp {}: {} after {:?}; removing retired {}",
+            self.spec.config.name,
+            if done {
+                "proxy drained"
+            } else {
+                "still draining"
+            },
+            t.elapsed(),
+            self.spec.config.vip
+        );
+        self.retired_until = None;
+        if let Err(e) = self.vip.remove().await {
+            tracing::warn!("vrrp {}: {e}", self.spec.config.name);
         }
     }
 
@@ -1036,6 +1157,21 @@ pub async fn run(
     }
     if cfg.vip.is_ipv4() {
         vip::announce_from_own_address(&spec.iface);
+    }
+    let mut handback = (cfg.handback_secs > 0).then(|| {
+        Handback::new(
+            &cfg.name,
+            &spec.iface,
+            cfg.vip,
+            Duration::from_secs(u64::from(cfg.handback_secs)),
+        )
+    });
+    if let Some(h) = handback.as_mut() {
+        // Whatever a crashed agent left.
+        h.end().await;
+        if cfg.vip.is_ipv4() {
+            vip::answer_arp_for_own_interface_only(&spec.iface);
+        }
     }
     let mac = vip::mac(&spec.iface)?;
     let sock = VrrpSocket::open(
@@ -1089,6 +1225,8 @@ pub async fn run(
         status,
         state_seen: (State::Initialize, Instant::now()),
         master_left: None,
+        handback,
+        retired_until: None,
         gate,
         heard: BTreeMap::new(),
         heard_retention,
@@ -1174,6 +1312,10 @@ pub async fn run(
                 r.remove_vip().await;
                 r.publish();
             }
+            _ = sleep_until(r.handback.as_ref().and_then(Handback::ends_at).map(Into::into)) => {
+                r.end_hand_back().await;
+            }
+            _ = sleep_until(r.retired_until) => r.drop_retired().await,
             _ = sleep_until(next_refresh) => {
                 next_refresh = None;
                 r.announce();
@@ -1200,13 +1342,24 @@ pub async fn run(
     let (remove, first): (Vec<Action>, Vec<Action>) =
         actions.into_iter().partition(|a| *a == Action::RemoveVip);
     r.execute(first).await;
+    let mut succeeded = false;
     if handing_over {
-        r.await_successor(master_down).await;
+        succeeded = r.await_successor(master_down).await;
+    }
+    if succeeded {
+        // A hand-over: retire the VIP (with hand-backs on) rather than remove it.
+        r.release_at = Some(Instant::now());
     }
     r.execute(remove).await;
     if r.release_at.is_some() {
         // Stopped within a hand-over's grace.
         r.remove_vip().await;
+    }
+    if r.retired_until.is_some() {
+        r.await_drain().await;
+    }
+    if r.handback.is_some() {
+        r.end_hand_back().await;
     }
     // Whatever the state, leave no VIP behind.
     if let Err(e) = r.vip.remove().await {
@@ -1256,6 +1409,7 @@ mod tests {
                 auth_pass: pass.map(Into::into),
                 preempt: true,
                 garp_refresh_secs: 60,
+                handback_secs: 0,
                 priorities: RolePriorities::default(),
                 checks: vec![],
             },

@@ -8,6 +8,7 @@
 //! - [`conflict`]: in unicast mode, another holder of the VIP seen through ARP (pure).
 //! - [`portsec`]: cloud port security that drops the VIP or VRRP itself (pure), with
 //!   [`reach`], the connects the holder's check makes.
+//! - [`handback`]: connections across a clean hand-over (nftables rules, pure script).
 //! - [`instance`]: one virtual router wiring them together, with health weights.
 
 pub mod announce;
@@ -15,6 +16,7 @@ pub mod codec;
 pub mod conflict;
 pub mod fsm;
 pub mod gate;
+pub mod handback;
 pub mod instance;
 pub mod portsec;
 pub mod reach;

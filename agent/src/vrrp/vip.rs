@@ -1,11 +1,15 @@
 //! The VIP on the interface, through rtnetlink: add (label `<iface>:vip`, /32 or /128,
-//! IPv6 without DAD so it is usable at once), remove, and find/remove stale copies.
+//! IPv6 without DAD so it is usable at once), remove, and find/remove stale copies; retire
+//! (off the node's addresses, but what arrives for it on the interface is still delivered
+//! here, so that connections to it live on after a hand-over: [`super::handback`]).
 
-use std::net::IpAddr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use futures::TryStreamExt;
 use netlink_packet_route::address::{AddressAttribute, AddressFlags, AddressMessage};
-use rtnetlink::Handle;
+use netlink_packet_route::route::{RouteMessage, RouteScope, RouteType};
+use netlink_packet_route::rule::{RuleAction, RuleAttribute, RuleMessage};
+use rtnetlink::{Handle, IpVersion, RouteMessageBuilder};
 
 /// Errors changing addresses.
 #[derive(Debug, thiserror::Error)]
@@ -37,6 +41,8 @@ pub struct VipManager {
     handle: Handle,
     iface: String,
     index: u32,
+    /// The loopback interface's index (a retired VIP's local route uses it).
+    lo: u32,
     vip: IpAddr,
 }
 
@@ -55,10 +61,12 @@ impl VipManager {
         let (conn, handle, _) = rtnetlink::new_connection()?;
         tokio::spawn(conn);
         let index = if_index(iface).ok_or_else(|| VipError::NoInterface(iface.into()))?;
+        let lo = if_index("lo").ok_or_else(|| VipError::NoInterface("lo".into()))?;
         Ok(Self {
             handle,
             iface: iface.into(),
             index,
+            lo,
             vip,
         })
     }
@@ -95,13 +103,116 @@ impl VipManager {
         }
     }
 
-    /// The VIP's address messages currently on the interface.
-    async fn present(&self) -> Result<Vec<AddressMessage>, VipError> {
+    /// Takes the VIP off the interface, so this node neither answers ARP / neighbour
+    /// solicitations for it nor reaches it locally (its own clients of the VIP go to the new
+    /// holder, as on any other node: the members registry, kubelet), but keeps delivering
+    /// here what arrives for it on the interface: a policy rule `to VIP iif <iface> lookup`
+    /// [`RETIRED_TABLE`] (priority [`RETIRED_RULE_PRIORITY`]) whose only route is
+    /// `local VIP dev lo`. The segments a new holder forwards back reach this node's open
+    /// connections. (ARP asks the routing rules too: see
+    /// [`answer_arp_for_own_interface_only`].) [`VipManager::remove`] undoes it.
+    pub async fn retire(&self) -> Result<(), VipError> {
+        ignore_exists(
+            self.handle
+                .route()
+                .add(self.retired_route())
+                .replace()
+                .execute()
+                .await,
+        )
+        .map_err(self.err("retire (route)"))?;
+        if self.retired_rules().await?.is_empty() {
+            let rule = self
+                .handle
+                .rule()
+                .add()
+                .input_interface(self.iface.clone())
+                .table_id(RETIRED_TABLE)
+                .priority(RETIRED_RULE_PRIORITY)
+                .action(RuleAction::ToTable);
+            let res = match self.vip {
+                IpAddr::V4(v) => rule.v4().destination_prefix(v, 32).execute().await,
+                IpAddr::V6(v) => rule.v6().destination_prefix(v, 128).execute().await,
+            };
+            ignore_exists(res).map_err(self.err("retire (rule)"))?;
+        }
+        self.remove_from(self.index).await.map(|_| ())
+    }
+
+    /// The `local VIP dev lo` route of [`RETIRED_TABLE`].
+    fn retired_route(&self) -> RouteMessage {
+        match self.vip {
+            IpAddr::V4(v) => RouteMessageBuilder::<Ipv4Addr>::new()
+                .destination_prefix(v, 32)
+                .output_interface(self.lo)
+                .table_id(RETIRED_TABLE)
+                .kind(RouteType::Local)
+                .scope(RouteScope::Host)
+                .build(),
+            IpAddr::V6(v) => RouteMessageBuilder::<Ipv6Addr>::new()
+                .destination_prefix(v, 128)
+                .output_interface(self.lo)
+                .table_id(RETIRED_TABLE)
+                .kind(RouteType::Local)
+                .build(),
+        }
+    }
+
+    /// This VIP's retirement rules.
+    async fn retired_rules(&self) -> Result<Vec<RuleMessage>, VipError> {
+        let version = if self.vip.is_ipv4() {
+            IpVersion::V4
+        } else {
+            IpVersion::V6
+        };
+        let rules: Vec<RuleMessage> = self
+            .handle
+            .rule()
+            .get(version)
+            .execute()
+            .try_collect()
+            .await
+            .map_err(self.err("list rules"))?;
+        Ok(rules
+            .into_iter()
+            .filter(|r| {
+                r.attributes.contains(&RuleAttribute::Table(RETIRED_TABLE))
+                    && r.attributes.contains(&RuleAttribute::Destination(self.vip))
+            })
+            .collect())
+    }
+
+    /// Undoes [`VipManager::retire`] (what is absent is fine); how many rules it removed.
+    async fn unretire(&self) -> Result<usize, VipError> {
+        let rules = self.retired_rules().await?;
+        let n = rules.len();
+        for r in rules {
+            if let Err(e) = self.handle.rule().del(r).execute().await
+                && !gone(&e)
+            {
+                return Err(self.err("remove rule")(e));
+            }
+        }
+        if let Err(e) = self
+            .handle
+            .route()
+            .del(self.retired_route())
+            .execute()
+            .await
+            && !gone(&e)
+        {
+            return Err(self.err("remove route")(e));
+        }
+        Ok(n)
+    }
+
+    /// The VIP's address messages currently on interface `index`.
+    async fn present_on(&self, index: u32) -> Result<Vec<AddressMessage>, VipError> {
         let msgs: Vec<AddressMessage> = self
             .handle
             .address()
             .get()
-            .set_link_index_filter(self.index)
+            .set_link_index_filter(index)
             .set_address_filter(self.vip)
             .execute()
             .try_collect()
@@ -112,24 +223,54 @@ impl VipManager {
 
     /// Whether the VIP is on the interface.
     pub async fn is_present(&self) -> Result<bool, VipError> {
-        Ok(!self.present().await?.is_empty())
+        Ok(!self.present_on(self.index).await?.is_empty())
+    }
+
+    /// Whether the VIP is retired here (its rule is in place).
+    pub async fn is_retired(&self) -> Result<bool, VipError> {
+        Ok(!self.retired_rules().await?.is_empty())
     }
 
     /// Removes every copy of the VIP from the interface (whatever its prefix or label:
-    /// also the stale ones a crashed agent or an earlier keepalived left). Returns how many.
+    /// also the stale ones a crashed agent or an earlier keepalived left) and its
+    /// retirement ([`VipManager::retire`]). Returns how many were found.
     pub async fn remove(&self) -> Result<usize, VipError> {
-        let msgs = self.present().await?;
+        Ok(self.remove_from(self.index).await? + self.unretire().await?)
+    }
+
+    async fn remove_from(&self, index: u32) -> Result<usize, VipError> {
+        let msgs = self.present_on(index).await?;
         let n = msgs.len();
         for m in msgs {
             if let Err(e) = self.handle.address().del(m).execute().await {
                 // Gone in between (another remover) is fine.
-                if !matches!(&e, rtnetlink::Error::NetlinkError(m) if m.raw_code() == -libc::EADDRNOTAVAIL)
-                {
+                if !gone(&e) {
                     return Err(self.err("remove")(e));
                 }
             }
         }
         Ok(n)
+    }
+}
+
+/// The routing table of retired VIPs ([`VipManager::retire`]): "ke" in ASCII, a number no
+/// distribution gives a name.
+pub const RETIRED_TABLE: u32 = 0x6b65;
+/// The priority of a retired VIP's rule: after `local` (0), before `main` (32766).
+pub const RETIRED_RULE_PRIORITY: u32 = 1000;
+
+/// Whether a removal failed because the thing is not there (removed in between, or never
+/// made).
+fn gone(e: &rtnetlink::Error) -> bool {
+    matches!(e, rtnetlink::Error::NetlinkError(m)
+        if [libc::EADDRNOTAVAIL, libc::ESRCH, libc::ENOENT, libc::ENODEV].contains(&-m.raw_code()))
+}
+
+/// `Ok` for a request whose object already exists.
+fn ignore_exists(res: Result<(), rtnetlink::Error>) -> Result<(), rtnetlink::Error> {
+    match res {
+        Err(rtnetlink::Error::NetlinkError(m)) if m.raw_code() == -libc::EEXIST => Ok(()),
+        other => other,
     }
 }
 
@@ -201,6 +342,18 @@ fn tentative(iface: &str, ip: std::net::Ipv6Addr) -> bool {
 pub fn announce_from_own_address(iface: &str) {
     if let Err(e) = crate::net::set_ipv4_conf(iface, "arp_announce", "2") {
         tracing::warn!("{e}: ARP requests may go out from the VIP");
+    }
+}
+
+/// Sets `arp_ignore` 1 on `iface`: the node answers ARP requests there only for addresses
+/// on `iface` itself. With the default (0) an old holder whose VIP is retired
+/// ([`VipManager::retire`]) would go on answering for it beside the new holder: ARP asks the
+/// routing rules, and the retirement's rule makes the VIP local for what comes in on `iface`. The node's own addresses and held VIPs are on `iface` and are answered as
+/// before (keepalived's LVS direct-routing setups ask for the same setting). Set only where
+/// hand-backs are on; failing to set it is logged.
+pub fn answer_arp_for_own_interface_only(iface: &str) {
+    if let Err(e) = crate::net::set_ipv4_conf(iface, "arp_ignore", "1") {
+        tracing::warn!("{e}: a retired VIP may still be answered for");
     }
 }
 

@@ -67,6 +67,8 @@ pub struct InstallConfig {
     /// `platform.openstack.lbFloatingIP` / `apiFloatingIP`, if any (documentation only: the
     /// floating IP is Neutron's business, attached to the API VIP's port).
     pub api_floating_ip: Option<IpAddr>,
+    /// The platform's key (`openstack`, `baremetal`, `none`...).
+    pub platform: String,
     /// Fields present but not used by keelson, one line each.
     pub notes: Vec<String>,
 }
@@ -375,11 +377,14 @@ fn machine_networks(networking: Option<Networking>) -> Result<Vec<IpNet>, Instal
 /// The API and ingress VIPs of the first platform with a mapping, checked against the
 /// machine networks; the floating IP; notes for the platform keys keelson does not read.
 #[allow(clippy::type_complexity)]
+/// The platform's key, API VIPs, ingress VIPs and floating IP.
+type PlatformFields = (String, Vec<IpAddr>, Vec<IpAddr>, Option<IpAddr>);
+
 fn platform(
     doc: &Value,
     machine_networks: &[IpNet],
     notes: &mut Vec<String>,
-) -> Result<(Vec<IpAddr>, Vec<IpAddr>, Option<IpAddr>), InstallConfigError> {
+) -> Result<PlatformFields, InstallConfigError> {
     let platform = doc
         .as_mapping()
         .and_then(|m| m.get(Value::String("platform".into())))
@@ -449,7 +454,7 @@ fn platform(
         .or(vips.lb_floating_ip)
         .map(|Checked(Ip(a))| a);
     notes.extend(unused_keys(p, USED_PLATFORM, &format!("{base}.")));
-    Ok((api_vips, ingress_vips, floating))
+    Ok((pname, api_vips, ingress_vips, floating))
 }
 
 impl InstallConfig {
@@ -504,7 +509,7 @@ impl InstallConfig {
                 .sum(),
         };
         let machine_networks = machine_networks(d.networking)?;
-        let (api_vips, ingress_vips, api_floating_ip) =
+        let (platform, api_vips, ingress_vips, api_floating_ip) =
             platform(&doc, &machine_networks, &mut notes)?;
         Ok(InstallConfig {
             name,
@@ -516,8 +521,18 @@ impl InstallConfig {
             ingress_vips,
             ssh_keys: d.ssh_key.map(|Checked(SshKeys(k))| k).unwrap_or_default(),
             api_floating_ip,
+            platform,
             notes,
         })
+    }
+
+    /// How long a clean VRRP hand-over carries the old holder's connections
+    /// ([`VrrpInstanceConfig::handback_secs`]): 30 s (the proxy's drain) where a node may
+    /// send a client's frames on to another node; off on OpenStack, whose ports drop frames
+    /// from addresses not their own (port security) — there a forwarded segment would be
+    /// lost instead of reset, and the client would wait instead of reconnecting.
+    pub fn handback_secs(&self) -> u32 {
+        if self.platform == "openstack" { 0 } else { 30 }
     }
 
     /// The agent's `cluster.json` with OpenShift's defaults (docs/vrrp.md): VRIDs from
@@ -546,6 +561,7 @@ impl InstallConfig {
                 auth_pass: None,
                 preempt: true,
                 garp_refresh_secs: 60,
+                handback_secs: self.handback_secs(),
                 priorities: RolePriorities {
                     bootstrap: Some(70),
                     master: Some(40),
@@ -603,6 +619,7 @@ impl InstallConfig {
                 auth_pass: None,
                 preempt: true,
                 garp_refresh_secs: 60,
+                handback_secs: self.handback_secs(),
                 priorities: RolePriorities {
                     bootstrap: None,
                     master: if self.workers == 0 { Some(20) } else { None },

@@ -170,3 +170,29 @@ proptest::proptest! {
         }
     }
 }
+
+#[test]
+fn hand_backs_are_on_where_a_node_may_forward_a_clients_frames() {
+    // OpenStack: off (Neutron's port security drops frames from a client's address sent
+    // by another port), and omitted from cluster.json.
+    let ic = InstallConfig::parse(EXAMPLE).unwrap();
+    assert_eq!(ic.platform, "openstack");
+    let cluster = ic.cluster_config();
+    assert!(cluster.vrrp.instances.iter().all(|i| i.handback_secs == 0));
+    let json = serde_json::to_string(&cluster).unwrap();
+    assert!(!json.contains("handbackSecs"), "{json}");
+    // Bare metal and `none`: 30 s on every instance.
+    for platform in ["baremetal", "none"] {
+        let ic =
+            InstallConfig::parse(&with("  openstack:\n", &format!("  {platform}:\n"))).unwrap();
+        assert_eq!(ic.platform, platform);
+        let cluster = ic.cluster_config();
+        assert!(
+            cluster.vrrp.instances.iter().all(|i| i.handback_secs == 30),
+            "{platform}"
+        );
+        let back =
+            ClusterConfig::from_json(serde_json::to_string(&cluster).unwrap().as_bytes()).unwrap();
+        assert_eq!(back.instance("api").unwrap().handback_secs, 30);
+    }
+}

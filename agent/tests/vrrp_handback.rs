@@ -1,0 +1,236 @@
+//! Connections across a clean hand-over (docs/vrrp.md, `vrrp::handback`). Two masters in
+//! namespaces on a bridge run `keelson-agent run` (members, vrrp, proxy, ignition: the
+//! members registry) with the
+//! `cluster.json` `keelson build` writes, `handbackSecs` 30 as it writes for bare metal
+//! (the example install-config is OpenStack's, where it is off), the member timers
+//! shortened and the proxy's backend check a TCP connect; beside each agent a plain
+//! HTTP/1.1 keep-alive server on `*:6443` (so the proxy redirects VIP:6443 past it with
+//! nftables, as on RHCOS). A client namespace on the same bridge:
+//!
+//! 1. opens one keep-alive connection through VIP:6443 and is answered on it;
+//! 2. the holder's agent is stopped (SIGTERM): it says goodbye, the other master takes the
+//!    VIP over, and the old holder retires the VIP (off its interface, a policy rule still
+//!    delivering what arrives for it);
+//! 3. the client sends its next request on the same connection, now that hosts send to the
+//!    new holder: it must be answered. Without the hand-back the new holder, which has no
+//!    socket for that connection, resets it (checked by hand with `handbackSecs` 0: the
+//!    read fails with "connection reset by peer");
+//! 4. a new connection is answered by the new holder; once the old holder's agent has
+//!    exited, no copy of the VIP is left in its namespace.
+//!
+//! Needs root (namespaces) and nftables.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::time::Duration;
+
+use keelson_testkit::agent::RunNet;
+use keelson_testkit::netns::{bind_tcp_in, in_netns};
+use keelson_testkit::{Segment, require, require_root};
+
+const AGENT: &str = env!("CARGO_BIN_EXE_keelson-agent");
+const VIP: &str = "10.0.0.5";
+
+/// `keelson build`'s cluster.json for examples/install-config.yaml with hand-backs on (as
+/// for bare metal), a TCP backend check and member timers of a test.
+fn cluster_json() -> serde_json::Value {
+    let text = include_str!("../../examples/install-config.yaml");
+    let ic = keelson_cluster::install_config::InstallConfig::parse(text).unwrap();
+    assert_eq!(ic.platform, "openstack");
+    assert_eq!(ic.handback_secs(), 0, "off on OpenStack (port security)");
+    let mut c = serde_json::to_value(ic.cluster_config()).unwrap();
+    let api = &mut c["vrrp"]["instances"][0];
+    assert_eq!(api["name"], "api");
+    assert!(api.get("handbackSecs").is_none(), "{api}");
+    api["handbackSecs"] = 30.into();
+    // Only the proxy's check moves the priority: the servers here speak plain HTTP.
+    let proxy_check: Vec<serde_json::Value> = api["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|k| k["check"]["type"] == "proxyHealthyBackend")
+        .cloned()
+        .collect();
+    assert_eq!(proxy_check.len(), 1, "{api}");
+    api["checks"] = proxy_check.into();
+    c["api"]["check"] = "tcp".into();
+    c["members"]["renewIntervalSecs"] = 1.into();
+    c["members"]["expirySecs"] = 10.into();
+    c
+}
+
+/// A keep-alive HTTP/1.1 server on `*:6443` in namespace `ns` answering every request
+/// with `name`.
+fn serve(ns: &str, name: &'static str) {
+    let listener = bind_tcp_in(ns, "0.0.0.0:6443".parse().unwrap());
+    std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            let Ok(conn) = conn else { continue };
+            std::thread::spawn(move || {
+                let mut reader = BufReader::new(conn.try_clone().unwrap());
+                let mut conn = conn;
+                loop {
+                    // One request: lines up to the empty one.
+                    let mut line = String::new();
+                    loop {
+                        line.clear();
+                        match reader.read_line(&mut line) {
+                            Ok(0) | Err(_) => return,
+                            Ok(_) if line == "\r\n" => break,
+                            Ok(_) => {}
+                        }
+                    }
+                    let reply = format!(
+                        "HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n{name}",
+                        name.len()
+                    );
+                    if conn.write_all(reply.as_bytes()).is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+}
+
+/// One request on `conn`; the body of the answer.
+fn request(conn: &mut TcpStream) -> std::io::Result<String> {
+    conn.write_all(b"GET / HTTP/1.1\r\nHost: api\r\n\r\n")?;
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        if conn.read(&mut byte)? == 0 {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::UnexpectedEof,
+                format!("closed after {:?}", String::from_utf8_lossy(&head)),
+            ));
+        }
+        head.push(byte[0]);
+    }
+    let head = String::from_utf8_lossy(&head).to_string();
+    let len: usize = head
+        .lines()
+        .find_map(|l| l.strip_prefix("content-length: "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no content-length in {head:?}"));
+    let mut body = vec![0u8; len];
+    conn.read_exact(&mut body)?;
+    Ok(String::from_utf8_lossy(&body).into_owned())
+}
+
+/// A connection to VIP:6443 from namespace `ns`.
+fn connect(ns: &str) -> TcpStream {
+    let addr: SocketAddr = format!("{VIP}:6443").parse().unwrap();
+    let conn = in_netns(ns, move || {
+        TcpStream::connect_timeout(&addr, Duration::from_secs(5))
+    })
+    .join()
+    .unwrap()
+    .unwrap_or_else(|e| panic!("connecting to {addr}: {e}"));
+    conn.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    conn
+}
+
+/// Whether namespace `ns` has the VIP retired: its policy rule (`to VIP lookup 27493`,
+/// the agent's table of retired VIPs) is there.
+fn retired(ns: &str) -> bool {
+    let out = std::process::Command::new("ip")
+        .args(["-n", ns, "rule", "show"])
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .any(|l| l.contains(&format!("to {VIP} ")) && l.contains("lookup 27493"))
+}
+
+#[test]
+fn a_clean_hand_over_keeps_the_old_holders_connections() {
+    if !require_root() || !require("nft") {
+        return;
+    }
+    let seg = Segment::ipv4_only("khb", 3, 0);
+    let client = seg.nodes[2].clone();
+    serve(&seg.nodes[0], "master-0");
+    serve(&seg.nodes[1], "master-1");
+    let nodes = [
+        ("master-0", "master"),
+        ("master-1", "master"),
+        ("client", "worker"),
+    ];
+    let mut net = RunNet::new(
+        AGENT,
+        seg,
+        cluster_json(),
+        &nodes,
+        "members,vrrp,proxy,ignition",
+    );
+    net.start(0);
+    net.start(1);
+    net.wait_ready(&[0, 1]);
+    let old = net
+        .seg
+        .wait_sole_holder_among(VIP, &[0, 1], Duration::from_secs(30));
+    let new = 1 - old;
+    // Both proxies see both backends up before the test goes on.
+    net.wait(
+        "each proxy with 2 backends up",
+        Duration::from_secs(30),
+        || {
+            [0, 1].iter().all(|&i| {
+                net.status(i)["proxy"]["backends"]
+                    .as_array()
+                    .is_some_and(|b| b.iter().filter(|b| b["state"] == "up").count() == 2)
+            })
+        },
+    );
+
+    // 1. One keep-alive connection through the holder.
+    let mut conn = connect(&client);
+    let first = request(&mut conn).expect("the first request");
+    assert!(first.starts_with("master-"), "{first}");
+
+    // 2. The holder stops cleanly; the other takes the VIP over.
+    net.nodes[old].as_mut().unwrap().proc.signal_term();
+    net.seg.wait_sole_holder(new, VIP, Duration::from_secs(15));
+    if !retired(&net.seg.nodes[old]) {
+        net.dump();
+        panic!("the old holder retired {VIP}");
+    }
+
+    // 3. The next request on the old holder's connection, now that hosts send to the new
+    // holder, is answered.
+    let second = request(&mut conn).unwrap_or_else(|e| {
+        net.dump();
+        panic!("the request on the old holder's connection after the hand-over: {e}")
+    });
+    assert_eq!(second, first, "the same connection, the same backend");
+    let log = std::fs::read_to_string(&net.nodes[new].as_ref().unwrap().log).unwrap();
+    assert!(
+        log.contains(&format!("go to {} (the holder leaving)", net.seg.ip4(old))),
+        "the new holder forwarded to the old one:\n{log}"
+    );
+
+    // 4. New connections go to the new holder; the old holder's agent leaves no VIP.
+    let mut fresh = connect(&client);
+    request(&mut fresh).expect("a new connection after the hand-over");
+    drop(conn);
+    let node = net.nodes[old].as_mut().unwrap();
+    net_wait_exit(node);
+    assert!(
+        !retired(&net.seg.nodes[old]),
+        "no retired VIP left once the old holder's agent exited"
+    );
+}
+
+/// Waits (up to 15 s: the agent's 10 s stop deadline and slack) for a stopped agent to exit.
+fn net_wait_exit(node: &mut keelson_testkit::agent::RunNode) {
+    let t = std::time::Instant::now();
+    while node.proc.0.try_wait().unwrap().is_none() {
+        assert!(
+            t.elapsed() < Duration::from_secs(15),
+            "the stopped agent did not exit:\n{}",
+            node.log_tail(30)
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
