@@ -89,7 +89,8 @@ openstack-cluster: setup agent
 	KEELSON_BIN=$(abspath target/debug/keelson) scripts/openstack/run.sh $(OPENSTACK_ARGS)
 
 # The RHCOS stand-in the masters of qemu-cluster boot (docs/rhcos.md): built with mmdebstrap
-# on first use (minutes), then taken from .cache/standin/. qemu-cluster builds it itself.
+# on first use (minutes), then taken from ~/.cache/keelson/standin/ (shared by every clone;
+# STANDIN_CACHE=DIR elsewhere). qemu-cluster builds it itself.
 standin: setup agent
 	cargo build -p keelson-qemu-tests --bin qemu-cluster
 	target/debug/qemu-cluster standin

@@ -11,13 +11,14 @@ use anyhow::{Context, Result, bail};
 
 use crate::cluster::{Config, ImageKind};
 
-/// The RHCOS stand-in for the masters: built on first use, then taken from `.cache/standin/`.
+/// The RHCOS stand-in for the masters: built on first use, then taken from the cache
+/// ([`standin_cache`]).
 pub fn standin() -> Result<crate::standin::StandinImage> {
     let apiserver = env_path(
         "KEELSON_STANDIN_BIN",
         "target/x86_64-unknown-linux-gnu/release/kube-standin",
     );
-    let cache = env_path("STANDIN_CACHE", ".cache/standin");
+    let cache = standin_cache();
     let (image, times) = crate::standin::ensure(&cache, &apiserver)?;
     let m = &image.manifest;
     let mib = |b: u64| b as f64 / (1024.0 * 1024.0);
@@ -52,6 +53,29 @@ pub fn workspace() -> PathBuf {
 }
 
 /// `var` from the environment as a path, else `default` under the workspace.
+/// Where the stand-in's layers are kept: `$STANDIN_CACHE`, else the user's cache
+/// (`$XDG_CACHE_HOME/keelson/standin`, `~/.cache/keelson/standin`), so every clone and
+/// worktree on a machine shares one build (each layer's directory is named by the hash of
+/// its inputs: a changed recipe or apiserver builds anew beside the old); `.cache/standin`
+/// in the checkout where there is no home.
+pub fn standin_cache() -> PathBuf {
+    if let Some(dir) = std::env::var_os("STANDIN_CACHE") {
+        return PathBuf::from(dir);
+    }
+    let user = std::env::var_os("XDG_CACHE_HOME")
+        .filter(|d| !d.is_empty())
+        .map(PathBuf::from)
+        .or_else(|| {
+            std::env::var_os("HOME")
+                .filter(|d| !d.is_empty())
+                .map(|h| PathBuf::from(h).join(".cache"))
+        });
+    match user {
+        Some(dir) => dir.join("keelson/standin"),
+        None => workspace().join(".cache/standin"),
+    }
+}
+
 pub fn env_path(var: &str, default: &str) -> PathBuf {
     std::env::var_os(var)
         .map(PathBuf::from)

@@ -1,6 +1,6 @@
 //! Builds the stand-in from its recipe, or finds it in the cache.
 //!
-//! Two cached layers under `.cache/standin/`, each keyed by its inputs
+//! Two cached layers under the stand-in cache (`payload::standin_cache`), each keyed by its inputs
 //! ([`recipe::base_key`], [`recipe::image_key`]):
 //! - `base-<key>/rootfs`: the `mmdebstrap` root (packages, the kernel, the dracut
 //!   initramfs with Ignition), minutes to build; `packages.txt` lists what it holds.

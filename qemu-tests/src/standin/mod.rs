@@ -6,7 +6,7 @@
 //! openstack -root /sysroot`; a root with systemd, NetworkManager and nftables; the stand-in
 //! kube-apiserver on `*:6443` as a systemd unit. The payload (`master.ign`), not the image,
 //! installs the agent and its unit. Built with `mmdebstrap` into a directory and
-//! `mkfs.ext4 -d` (no mount), cached under `.cache/standin/`.
+//! `mkfs.ext4 -d` (no mount), cached under `payload::standin_cache()`.
 //!
 //! - [`recipe`]: packages, files, keys, kernel command line (pure).
 //! - [`build`]: runs the recipe and keeps the cache.
