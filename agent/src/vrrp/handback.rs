@@ -26,6 +26,38 @@ use crate::net::nft::{self, NftError};
 /// Longest time installing the rules may hold the VRRP runner up.
 const INSTALL_TIMEOUT: Duration = Duration::from_secs(2);
 
+/// Why a backup is about to take the VIP from the router whose advert it just read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TakeOver {
+    /// It said goodbye (priority 0).
+    Leaving,
+    /// It advertises a lower priority and this backup preempts.
+    Preempted,
+}
+
+impl std::fmt::Display for TakeOver {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            TakeOver::Leaving => "leaving",
+            TakeOver::Preempted => "we preempt",
+        })
+    }
+}
+
+/// Whether a backup (`preempt`, at `own_priority`) that reads an advert at
+/// `advert_priority` from the master is about to take the VIP from it: a goodbye, or a
+/// lower priority it preempts (RFC 5798 §6.4.2: an equal or higher one only resets its
+/// Master_Down timer).
+pub fn takes_over(preempt: bool, own_priority: u8, advert_priority: u8) -> Option<TakeOver> {
+    if advert_priority == 0 {
+        Some(TakeOver::Leaving)
+    } else if preempt && advert_priority < own_priority {
+        Some(TakeOver::Preempted)
+    } else {
+        None
+    }
+}
+
 /// The nftables table (family `netdev`) of one VRRP instance's forwarding.
 pub fn table_name(instance: &str) -> String {
     let safe: String = instance
@@ -152,6 +184,16 @@ impl Handback {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn takes_over_on_goodbye_or_preemption_only() {
+        assert_eq!(takes_over(false, 100, 0), Some(TakeOver::Leaving));
+        assert_eq!(takes_over(true, 100, 0), Some(TakeOver::Leaving));
+        assert_eq!(takes_over(true, 100, 70), Some(TakeOver::Preempted));
+        assert_eq!(takes_over(false, 100, 70), None, "no preemption");
+        assert_eq!(takes_over(true, 100, 100), None, "equal: no preemption");
+        assert_eq!(takes_over(true, 90, 100), None, "the master outranks us");
+    }
 
     #[test]
     fn table_names_are_nft_identifiers() {

@@ -20,7 +20,7 @@ use super::codec::{self, Advert, Auth, CodecError, GROUP_V4, GROUP_V6, Version};
 use super::conflict::{self, Verdict};
 use super::fsm::{Action, Machine, Params, State, effective_priority};
 use super::gate::{ClaimGate, GateEvent};
-use super::handback::Handback;
+use super::handback::{self, Handback};
 use super::portsec::{self, Change, Problem, VipCheck};
 use super::socket::{Received, VrrpSocket};
 use super::{announce, reach, vip};
@@ -941,26 +941,22 @@ impl Runner {
         if self.machine.state() != State::Backup || self.spec.own.contains(&src) {
             return;
         }
-        let preempting = self.spec.config.preempt
-            && priority > 0
-            && (priority < self.machine.priority()
-                || (priority == self.machine.priority() && self.spec.primary > src));
+        let Some(why) =
+            handback::takes_over(self.spec.config.preempt, self.machine.priority(), priority)
+        else {
+            return;
+        };
         let Some(h) = self.handback.as_mut() else {
             return;
         };
-        if (priority != 0 && !preempting) || h.target() == Some(src) {
+        if h.target() == Some(src) {
             return;
         }
         match h.forward_to(src).await {
             Ok(()) => tracing::info!(
-                "vrrp {}: segments to {} of connections not opened here go to {src} (the holder {}) for {}s",
+                "vrrp {}: segments to {} of connections not opened here go to {src} (the holder {why}) for {}s",
                 self.spec.config.name,
                 self.spec.config.vip,
-                if priority == 0 {
-                    "leaving"
-                } else {
-                    "we preempt"
-                },
                 self.spec.config.handback_secs
             ),
             Err(e) => h.log_failure(&self.spec.config.name, &e),
