@@ -966,11 +966,9 @@ impl Runner {
     /// The hand-back's forwarding window is over.
     async fn end_hand_back(&mut self) {
         if let Some(h) = self.handback.as_mut() {
-            tracing::info!(
-                "vrrp {}: hand-back to {:?} over",
-                self.spec.config.name,
-                h.target()
-            );
+            if let Some(to) = h.target() {
+                tracing::info!("vrrp {}: hand-back to {to} over", self.spec.config.name);
+            }
             h.end().await;
         }
     }
