@@ -15,8 +15,10 @@
 //!    new holder: it must be answered. Without the hand-back the new holder, which has no
 //!    socket for that connection, resets it (checked by hand with `handbackSecs` 0: the
 //!    read fails with "connection reset by peer");
-//! 4. a new connection is answered by the new holder; once the old holder's agent has
-//!    exited, no copy of the VIP is left in its namespace.
+//! 4. the client forgets the VIP's MAC and asks again: only the new holder answers ARP
+//!    (the old one's retirement rule names TCP, so ARP does not take the VIP for local
+//!    there); a new connection is answered by the new holder; once the old holder's agent
+//!    has exited, no retirement is left in its namespace.
 //!
 //! Needs root (namespaces) and nftables.
 
@@ -143,6 +145,39 @@ fn retired(ns: &str) -> bool {
         .any(|l| l.contains(&format!("to {VIP} ")) && l.contains("lookup 27493"))
 }
 
+/// Counts, in namespace `ns`, the ARP replies the node sends for `VIP`.
+fn count_arp_replies(ns: &str) {
+    keelson_testkit::segment::nft(
+        ns,
+        &format!(
+            "table arp keelson_test {{\n chain out {{\n  type filter hook output priority 0; policy accept;\n  arp operation reply arp saddr ip {VIP} counter\n }}\n}}\n"
+        ),
+    );
+}
+
+/// The ARP replies for `VIP` namespace `ns` sent since [`count_arp_replies`].
+fn arp_replies(ns: &str) -> u64 {
+    let out = std::process::Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            ns,
+            "nft",
+            "list",
+            "table",
+            "arp",
+            "keelson_test",
+        ])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    text.split("counter packets ")
+        .nth(1)
+        .and_then(|t| t.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no counter in {text:?}"))
+}
+
 #[test]
 fn a_clean_hand_over_keeps_the_old_holders_connections() {
     if !require_root() || !require("nft") {
@@ -210,9 +245,23 @@ fn a_clean_hand_over_keeps_the_old_holders_connections() {
         "the new holder forwarded to the old one:\n{log}"
     );
 
-    // 4. New connections go to the new holder; the old holder's agent leaves no VIP.
+    // 4. New connections go to the new holder, and only it answers ARP for the VIP: the
+    // client forgets the VIP's MAC and asks again while the old holder is retired.
+    count_arp_replies(&net.seg.nodes[old]);
+    count_arp_replies(&net.seg.nodes[new]);
+    keelson_testkit::cmd::sh(&["ip", "-n", &client, "neigh", "flush", "to", VIP]);
     let mut fresh = connect(&client);
     request(&mut fresh).expect("a new connection after the hand-over");
+    assert!(retired(&net.seg.nodes[old]), "still retired while asked");
+    assert!(
+        arp_replies(&net.seg.nodes[new]) >= 1,
+        "the new holder answered ARP"
+    );
+    assert_eq!(
+        arp_replies(&net.seg.nodes[old]),
+        0,
+        "the old holder answered ARP for its retired VIP"
+    );
     drop(conn);
     let node = net.nodes[old].as_mut().unwrap();
     net_wait_exit(node);

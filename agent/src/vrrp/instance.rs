@@ -1163,9 +1163,6 @@ pub async fn run(
     if let Some(h) = handback.as_mut() {
         // Whatever a crashed agent left.
         h.end().await;
-        if cfg.vip.is_ipv4() {
-            vip::answer_arp_for_own_interface_only(&spec.iface);
-        }
     }
     let mac = vip::mac(&spec.iface)?;
     let sock = VrrpSocket::open(

@@ -6,6 +6,7 @@
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use futures::TryStreamExt;
+use netlink_packet_route::IpProtocol;
 use netlink_packet_route::address::{AddressAttribute, AddressFlags, AddressMessage};
 use netlink_packet_route::route::{RouteMessage, RouteScope, RouteType};
 use netlink_packet_route::rule::{RuleAction, RuleAttribute, RuleMessage};
@@ -106,11 +107,14 @@ impl VipManager {
     /// Takes the VIP off the interface, so this node neither answers ARP / neighbour
     /// solicitations for it nor reaches it locally (its own clients of the VIP go to the new
     /// holder, as on any other node: the members registry, kubelet), but keeps delivering
-    /// here what arrives for it on the interface: a policy rule `to VIP iif <iface> lookup`
-    /// [`RETIRED_TABLE`] (priority [`RETIRED_RULE_PRIORITY`]) whose only route is
-    /// `local VIP dev lo`. The segments a new holder forwards back reach this node's open
-    /// connections. (ARP asks the routing rules too: see
-    /// [`answer_arp_for_own_interface_only`].) [`VipManager::remove`] undoes it.
+    /// here the TCP segments that arrive for it on the interface: a policy rule
+    /// `to VIP iif <iface> ipproto tcp lookup` [`RETIRED_TABLE`] (priority
+    /// [`RETIRED_RULE_PRIORITY`]) whose only route is `local VIP dev lo`. The segments a new
+    /// holder forwards back reach this node's open connections. The rule names TCP because
+    /// ARP asks the routing rules whether an address is local (`arp_process`, with no layer-4
+    /// protocol): a rule for every protocol would make the node answer ARP for the retired
+    /// VIP beside the new holder (unless `arp_ignore` is set, which RHCOS's unit cannot
+    /// write). [`VipManager::remove`] undoes it.
     pub async fn retire(&self) -> Result<(), VipError> {
         ignore_exists(
             self.handle
@@ -131,8 +135,20 @@ impl VipManager {
                 .priority(RETIRED_RULE_PRIORITY)
                 .action(RuleAction::ToTable);
             let res = match self.vip {
-                IpAddr::V4(v) => rule.v4().destination_prefix(v, 32).execute().await,
-                IpAddr::V6(v) => rule.v6().destination_prefix(v, 128).execute().await,
+                IpAddr::V4(v) => {
+                    let mut r = rule.v4().destination_prefix(v, 32);
+                    r.message_mut()
+                        .attributes
+                        .push(RuleAttribute::IpProtocol(IpProtocol::Tcp));
+                    r.execute().await
+                }
+                IpAddr::V6(v) => {
+                    let mut r = rule.v6().destination_prefix(v, 128);
+                    r.message_mut()
+                        .attributes
+                        .push(RuleAttribute::IpProtocol(IpProtocol::Tcp));
+                    r.execute().await
+                }
             };
             ignore_exists(res).map_err(self.err("retire (rule)"))?;
         }
@@ -342,18 +358,6 @@ fn tentative(iface: &str, ip: std::net::Ipv6Addr) -> bool {
 pub fn announce_from_own_address(iface: &str) {
     if let Err(e) = crate::net::set_ipv4_conf(iface, "arp_announce", "2") {
         tracing::warn!("{e}: ARP requests may go out from the VIP");
-    }
-}
-
-/// Sets `arp_ignore` 1 on `iface`: the node answers ARP requests there only for addresses
-/// on `iface` itself. With the default (0) an old holder whose VIP is retired
-/// ([`VipManager::retire`]) would go on answering for it beside the new holder: ARP asks the
-/// routing rules, and the retirement's rule makes the VIP local for what comes in on `iface`. The node's own addresses and held VIPs are on `iface` and are answered as
-/// before (keepalived's LVS direct-routing setups ask for the same setting). Set only where
-/// hand-backs are on; failing to set it is logged.
-pub fn answer_arp_for_own_interface_only(iface: &str) {
-    if let Err(e) = crate::net::set_ipv4_conf(iface, "arp_ignore", "1") {
-        tracing::warn!("{e}: a retired VIP may still be answered for");
     }
 }
 
