@@ -6,7 +6,11 @@
 //! - `CAP_NET_BIND_SERVICE`: DNS on :53.
 //!
 //! It runs as root only because RHCOS has no dedicated user for it; the bounding set keeps
-//! every other capability away, and the file system is read-only except its state directory.
+//! every other capability away, and the file system is read-only except its state directory
+//! and the interfaces' IPv4 settings (`/proc/sys/net/ipv4/conf`: the VRRP interface's
+//! `arp_announce` 2, docs/vrrp.md). Without that path `ProtectKernelTunables` left them
+//! read-only and the setting failed on every RHCOS node (the QEMU cluster's journals:
+//! "arp_announce: Read-only file system").
 
 /// Where RHCOS configs install the agent binary.
 pub const AGENT_PATH: &str = "/usr/local/bin/keelson-agent";
@@ -34,7 +38,7 @@ NoNewPrivileges=yes
 ProtectSystem=strict
 ProtectHome=yes
 PrivateTmp=yes
-ReadWritePaths=/run/keelson /var/lib/keelson
+ReadWritePaths=/run/keelson /var/lib/keelson /proc/sys/net/ipv4/conf
 RuntimeDirectory=keelson
 StateDirectory=keelson
 ProtectKernelModules=yes
@@ -68,6 +72,16 @@ mod tests {
         );
         assert!(unit.contains(&format!("ExecStart={AGENT_PATH} run")));
         assert!(unit.contains("WantedBy=multi-user.target"));
+        // The one tunable it writes (arp_announce), past ProtectKernelTunables.
+        let rw = unit
+            .lines()
+            .find_map(|l| l.strip_prefix("ReadWritePaths="))
+            .unwrap();
+        assert!(
+            rw.split_whitespace()
+                .any(|p| p == "/proc/sys/net/ipv4/conf"),
+            "{rw}"
+        );
     }
 
     #[test]
