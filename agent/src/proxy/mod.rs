@@ -26,6 +26,7 @@ pub mod vip;
 use std::collections::{BTreeMap, BTreeSet};
 use std::io;
 use std::net::{IpAddr, Ipv6Addr, SocketAddr};
+use std::os::fd::AsFd;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -33,8 +34,6 @@ use std::time::Duration;
 use anyhow::Context;
 use keelson_cluster::cluster::{ApiSettings, BackendCheck};
 use keelson_cluster::{ClusterConfig, Role};
-use std::os::fd::AsFd;
-
 use tokio::io::Interest;
 use tokio::io::unix::AsyncFd;
 use tokio::net::{TcpListener, TcpStream};
