@@ -15,7 +15,8 @@
 #   - per connection of the close run, what a shared machine cannot blur: the proxy's CPU
 #     time (user + system, /proc/PID/stat) and its system calls (perf stat -e
 #     raw_syscalls:sys_enter on the proxy's process), each divided by the requests wrk
-#     completed;
+#     completed; and nginx's CPU time per connection (a proxy changes the backend's work
+#     too: the segments and wake-ups it causes there);
 #   - memory per open connection (PARTS "mem"): a fresh proxy of each kind in front of
 #     bench/storm.py's backend (greets, holds the connection), MEM_CONNS idle clients
 #     (storm.py clients) opened through it; (RSS with them open - RSS before) / clients.
@@ -137,6 +138,7 @@ http {
 EOF
 taskset -c "$LOAD_CPU" nginx -p "$WORK/www" -c "$WORK/nginx.conf" >"$WORK/nginx.log" 2>&1 &
 PIDS+=($!)
+NGINX_MASTER=$!
 
 # --- proxies -----------------------------------------------------------------------------
 kproxy() { # listen-port backend-port
@@ -185,6 +187,8 @@ for port in "$NGX" "$K_HTTP" "$H_HTTP"; do
 done
 
 # --- measurement helpers -----------------------------------------------------------------
+# nginx's one worker (worker_processes 1), whose CPU time per connection the close run reports.
+NGINX_WORKER=$(pgrep -P "$NGINX_MASTER" nginx | head -1)
 cpu_ticks() { [[ -z $1 ]] && { echo 0; return; }; awk '{print $14 + $15}' "/proc/$1/stat"; }
 CLK=$(getconf CLK_TCK)
 
@@ -209,9 +213,9 @@ wait_quiet() {
 }
 
 # Runs "$@" (output to file $1) while sampling PROXY_PID's CPU and counting its system
-# calls; prints "cpu <pct>", "cpus <seconds>" and "sys <calls>".
+# calls; prints "cpu <pct>", "cpus <seconds>", "sys <calls>" and "ngxs <nginx CPU seconds>".
 with_cpu() {
-  local t0 t1 s0 s1 out=$1 sp=""
+  local t0 t1 s0 s1 n0 n1 out=$1 sp=""
   shift
   wait_quiet
   if [[ -n $PROXY_PID ]]; then
@@ -220,10 +224,12 @@ with_cpu() {
     sleep 0.3 # attached
   fi
   t0=$(cpu_ticks "$PROXY_PID")
+  n0=$(cpu_ticks "$NGINX_WORKER")
   s0=$(date +%s.%N)
   "$@" >"$out" 2>&1 || { cat "$out" >&2; exit 1; }
   s1=$(date +%s.%N)
   t1=$(cpu_ticks "$PROXY_PID")
+  n1=$(cpu_ticks "$NGINX_WORKER")
   if [[ -n $sp ]]; then
     kill -INT "$sp"
     wait "$sp" || true
@@ -231,8 +237,8 @@ with_cpu() {
   else
     echo "sys 0"
   fi
-  awk -v a="$t0" -v b="$t1" -v c="$CLK" -v s="$s0" -v e="$s1" \
-    'BEGIN {printf "cpu %.0f\ncpus %.4f\n", (b - a) / c / (e - s) * 100, (b - a) / c}'
+  awk -v a="$t0" -v b="$t1" -v c="$CLK" -v s="$s0" -v e="$s1" -v n="$n0" -v m="$n1" \
+    'BEGIN {printf "cpu %.0f\ncpus %.4f\nngxs %.4f\n", (b - a) / c / (e - s) * 100, (b - a) / c, (m - n) / c}'
 }
 
 # Latency in microseconds from wrk's "99%  1.23ms" style.
@@ -284,7 +290,7 @@ measure() { # name iperf-port iperf-pid http-port http-pid
   if [[ " $PARTS " == *" close "* ]]; then
     wrk_run "$4" "$CONNS" -H 'Connection: close' >"$WORK/close.out"
     # Per connection of this run: CPU µs and system calls.
-    awk '{v[$1] = $2} END {r = v["req"] ? v["req"] : 1; print "us", v["cpus"] * 1000000 / r; print "calls", v["sys"] / r}' \
+    awk '{v[$1] = $2} END {r = v["req"] ? v["req"] : 1; print "us", v["cpus"] * 1000000 / r; print "calls", v["sys"] / r; print "ngxus", v["ngxs"] * 1000000 / r}' \
       "$WORK/close.out" >>"$WORK/close.out"
     sed "s/^/$name close_/" "$WORK/close.out" >>"$WORK/results"
   fi
@@ -403,18 +409,19 @@ echo "$(nginx -v 2>&1 | sed 's/.*\///;s/^/nginx /'), $(iperf3 -v | head -1 | awk
 echo "iperf3: 1 stream; close: wrk -t1 -c$CONNS 'Connection: close' (a new connection per request);"
 echo "ka: wrk -t1 -c1 keep-alive, proxy moved onto CPU $LOAD_CPU for it; latency in µs;"
 echo "cpu: the proxy's CPU use during the run, %; µs/conn, sc/c: the proxy's CPU time and system calls"
-echo "per close-run connection (median of the rounds' quotients)"
+echo "per close-run connection (median of the rounds' quotients); ngx µs: nginx's CPU time per connection"
 echo "cfb: $CFB_N curl runs one at a time, connect + first byte, µs"
 echo "runs started on a busy machine (> $QUIET_MAX % CPU after waiting ${QUIET_WAIT}s): $(cat "$WORK/noisy" 2>/dev/null | wc -l) of $((ROUNDS * 9))"
-printf '\n%-8s %9s %5s | %9s %7s %7s %5s %5s %7s %5s | %7s %7s | %6s %6s %6s\n' \
-  path "iperf3" cpu "close r/s" p50 p99 err cpu "µs/conn" sc/c "cfb p50" "cfb p99" "ka p50" "ka p99" added
+printf '\n%-8s %9s %5s | %9s %7s %7s %5s %5s %7s %5s %6s | %7s %7s | %6s %6s %6s\n' \
+  path "iperf3" cpu "close r/s" p50 p99 err cpu "µs/conn" sc/c "ngx µs" "cfb p50" "cfb p99" "ka p50" "ka p99" added
 D99=$(get direct ka_p99)
 for who in direct haproxy keelson; do
   added=$(awk -v a="$(get "$who" ka_p99)" -v d="$D99" 'BEGIN {printf "%.0f", a - d}')
-  printf '%-8s %7.2fG %5.0f | %9.0f %7.0f %7.0f %5.0f %5.0f %7.0f %5.1f | %7.0f %7.0f | %6.0f %6.0f %6s\n' "$who" \
+  printf '%-8s %7.2fG %5.0f | %9.0f %7.0f %7.0f %5.0f %5.0f %7.0f %5.1f %6.0f | %7.0f %7.0f | %6.0f %6.0f %6s\n' "$who" \
     "$(get "$who" iperf_gbps)" "$(get "$who" iperf_cpu)" \
     "$(get "$who" close_rps)" "$(get "$who" close_p50)" "$(get "$who" close_p99)" \
     "$(get "$who" close_err)" "$(get "$who" close_cpu)" "$(get "$who" close_us)" "$(get "$who" close_calls)" \
+    "$(get "$who" close_ngxus)" \
     "$(get "$who" cfb_p50)" "$(get "$who" cfb_p99)" "$(get "$who" ka_p50)" "$(get "$who" ka_p99)" "$added"
 done
 

@@ -39,12 +39,12 @@ pub(crate) enum Attempt {
 /// A connect that fails for lack of local resources (`EMFILE` and friends: the socket could
 /// not even be created) says nothing about the backend: it is retried on the same backend
 /// until the connect timeout, as the accept loop waits for descriptors.
-async fn attempt(sh: &Shared, b: Arc<Backend>) -> (Arc<Backend>, Attempt) {
+async fn attempt(sh: &Shared, b: Arc<Backend>, delay_ack: bool) -> (Arc<Backend>, Attempt) {
     // Atomic only to keep the future `Send`; one task touches it.
     let starved = AtomicBool::new(false);
     let tries = async {
         loop {
-            match dial(b.addr).await {
+            match dial(b.addr, delay_ack).await {
                 Err(e) if is_resource_error(&e) => {
                     forward::release_spare_pipes();
                     if !starved.swap(true, Ordering::Relaxed) {
@@ -78,7 +78,11 @@ async fn attempt(sh: &Shared, b: Arc<Backend>) -> (Arc<Backend>, Attempt) {
 /// connect failed — a refused, reset or unreachable connect is reported with `EPOLLERR`
 /// (tokio's ERROR readiness) or `EPOLLHUP`, a successful one with `EPOLLOUT` alone. The
 /// error is read only then (haproxy skips the same call when epoll reports no error).
-pub(crate) async fn dial(addr: SocketAddr) -> io::Result<TcpStream> {
+///
+/// `delay_ack`: the caller has data to send as soon as the connect completes; the
+/// handshake's last ACK is held back (`TCP_QUICKACK` off) so that it leaves with that data
+/// instead of alone (see [`super::forward::First`]). The kernel holds it for at most 200 ms.
+pub(crate) async fn dial(addr: SocketAddr, delay_ack: bool) -> io::Result<TcpStream> {
     use socket2::{Domain, Socket, Type};
     let s = Socket::new(
         Domain::for_address(addr),
@@ -86,6 +90,9 @@ pub(crate) async fn dial(addr: SocketAddr) -> io::Result<TcpStream> {
         None,
     )?;
     s.set_tcp_nodelay(true)?;
+    if delay_ack {
+        s.set_tcp_quickack(false)?;
+    }
     match s.connect(&addr.into()) {
         Ok(()) => {}
         Err(e) if e.raw_os_error() == Some(libc::EINPROGRESS) => {}
@@ -114,7 +121,9 @@ pub(crate) async fn dial(addr: SocketAddr) -> io::Result<TcpStream> {
 /// a client with a 1 s timeout is served in time. The silent one, if another answered
 /// [`BLAME_FACTOR`] times faster, is counted as failing (passive health), which takes it
 /// out after `fall` such clients instead of `fall` check intervals.
-pub(crate) async fn connect(sh: &Shared) -> Option<(Arc<Backend>, TcpStream)> {
+///
+/// `delay_ack`: see [`dial`].
+pub(crate) async fn connect(sh: &Shared, delay_ack: bool) -> Option<(Arc<Backend>, TcpStream)> {
     use futures::StreamExt as _;
     let mut candidates = sh.pool.pick().into_iter().take(sh.cfg.retries + 1);
     let mut pending = futures::stream::FuturesUnordered::new();
@@ -127,7 +136,7 @@ pub(crate) async fn connect(sh: &Shared) -> Option<(Arc<Backend>, TcpStream)> {
                 return false;
             };
             started.push((b.clone(), tokio::time::Instant::now()));
-            pending.push(attempt(sh, b));
+            pending.push(attempt(sh, b, delay_ack));
             true
         };
     let stagger = sh.cfg.connect_stagger;
@@ -214,7 +223,7 @@ mod tests {
     async fn dial_connects_with_nodelay_and_reports_a_refused_connect() {
         let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = l.local_addr().unwrap();
-        let s = dial(addr).await.unwrap();
+        let s = dial(addr, false).await.unwrap();
         assert!(s.nodelay().unwrap());
         let (mut peer, _) = l.accept().await.unwrap();
         // The connection works both ways.
@@ -228,7 +237,7 @@ mod tests {
         // Nothing listens there any more: refused, not "connected".
         drop(l);
         drop(peer);
-        let e = dial(addr).await.unwrap_err();
+        let e = dial(addr, true).await.unwrap_err();
         assert_eq!(e.kind(), io::ErrorKind::ConnectionRefused, "{e}");
     }
 }

@@ -72,6 +72,9 @@ impl Meter for () {
 /// pair. Without `splice` it copies with a large buffer throughout. When one direction reads
 /// EOF its destination's write half is shut down, unless the other direction is finished
 /// too: then both sockets are about to be closed, which sends the FIN.
+///
+/// `first` is what the client sent before the backend was connected ([`First::read`]); it
+/// goes to the server before anything else.
 pub fn forward<'a>(
     client: &'a TcpStream,
     server: &'a TcpStream,
@@ -79,16 +82,89 @@ pub fn forward<'a>(
     ticker: &'a Ticker,
     splice: bool,
     meter: &'a dyn Meter,
+    first: First,
 ) -> Forward<'a> {
+    let mut up = Dir::new(splice);
+    up.quickack_after_send = first.delayed_ack;
+    match first.data {
+        FirstData::Nothing => up.quickack_after_send = false,
+        FirstData::Bytes(buf, len) => {
+            up.buf = Some(buf);
+            up.len = len;
+        }
+        FirstData::Eof => {
+            // An empty buffer followed by EOF: the first poll shuts the server's side.
+            up.buf = Some(PooledBuf(Box::default()));
+            up.eof_next = true;
+        }
+    }
     Forward {
         client,
         server,
         meter,
         idle,
         last: Instant::now(),
-        up: Dir::new(splice),
+        up,
         down: Dir::new(splice),
         idle_wait: LazyDeadline::new(ticker),
+    }
+}
+
+/// What a client sent before its backend was connected: read at accept, so that the
+/// backend connect can carry its handshake's last ACK on the first data segment instead of
+/// sending it alone (haproxy's `option tcp-smart-connect`, which OpenShift's TCP-mode haproxy
+/// does not use): one segment less per connection, and the backend's server accepts the
+/// connection with its request already there (one wake-up instead of two).
+#[derive(Debug, Default)]
+pub struct First {
+    data: FirstData,
+    /// The backend socket was connected with `TCP_QUICKACK` off (see [`First::delays_ack`]):
+    /// switch quick ACKs back on after the first send.
+    delayed_ack: bool,
+}
+
+#[derive(Default)]
+enum FirstData {
+    /// Nothing was waiting (or nothing was read).
+    #[default]
+    Nothing,
+    /// `len` bytes in the buffer.
+    Bytes(PooledBuf, usize),
+    /// The client had already sent FIN, without data.
+    Eof,
+}
+
+impl First {
+    /// One non-blocking `recv` on a just-accepted client, before it is registered with the
+    /// runtime (so a socket emptied here raises no readiness event for nothing). Clients of
+    /// the API (TLS) speak first, and their first bytes are usually there by the time the
+    /// connection is accepted; when they are not, the connect goes ahead as before (a
+    /// server that speaks first is never kept waiting for the client).
+    pub fn read(client: std::os::fd::BorrowedFd<'_>) -> io::Result<Self> {
+        let mut buf = PooledBuf::take(SMALL);
+        let data = match recv(client.as_raw_fd(), &mut buf.0, MsgFlags::empty()) {
+            Ok(0) => FirstData::Eof,
+            Ok(n) => FirstData::Bytes(buf, n),
+            Err(nix::errno::Errno::EAGAIN) => FirstData::Nothing,
+            Err(e) => return Err(e.into()),
+        };
+        Ok(Self {
+            data,
+            delayed_ack: false,
+        })
+    }
+
+    /// Whether the backend socket should be connected with its handshake's ACK held back
+    /// (`TCP_QUICKACK` off before `connect`): only with data to carry it, which
+    /// [`forward`] sends as soon as the connect completes. The caller says whether it did
+    /// so ([`First::set_delayed_ack`]).
+    pub fn delays_ack(&self) -> bool {
+        matches!(self.data, FirstData::Bytes(..))
+    }
+
+    /// The backend socket was connected with `TCP_QUICKACK` off.
+    pub fn set_delayed_ack(&mut self, delayed: bool) {
+        self.delayed_ack = delayed;
     }
 }
 
@@ -188,6 +264,11 @@ struct Dir {
     in_pipe: usize,
     /// Bytes written to `dst`.
     total: u64,
+    /// `dst` was connected with `TCP_QUICKACK` off, to put the handshake's ACK on the first
+    /// data: turn quick ACKs back on after that send. Left off, the kernel would go on
+    /// delaying the ACKs of the answer, and a server that sends its answer and waits for
+    /// the ACK would retransmit it (tail loss probe) after a few milliseconds.
+    quickack_after_send: bool,
 }
 
 fn write_zero(what: &str) -> io::Error {
@@ -210,6 +291,7 @@ impl Dir {
             pipe: None,
             in_pipe: 0,
             total: 0,
+            quickack_after_send: false,
         }
     }
 
@@ -244,11 +326,19 @@ impl Dir {
         loop {
             // What was read goes out first.
             if let Some(buf) = &self.buf {
+                // When EOF follows this data, MSG_MORE holds it back until the FIN
+                // (shutdown or close, right after it is written) joins it: data and FIN
+                // leave as one segment, and the peer answers both with one ACK.
+                let flags = if self.eof_next {
+                    MsgFlags::from_bits_retain(libc::MSG_NOSIGNAL | libc::MSG_MORE)
+                } else {
+                    MsgFlags::MSG_NOSIGNAL
+                };
                 while self.off < self.len {
                     ready!(dst.poll_write_ready(cx))?;
                     let data = &buf.0[self.off..self.len];
                     let r = dst.try_io(Interest::WRITABLE, || {
-                        send(dst.as_raw_fd(), data, MsgFlags::MSG_NOSIGNAL).map_err(io::Error::from)
+                        send(dst.as_raw_fd(), data, flags).map_err(io::Error::from)
                     });
                     match r {
                         Ok(0) => return Poll::Ready(Err(write_zero("send"))),
@@ -257,6 +347,9 @@ impl Dir {
                             self.total += m as u64;
                             meter.add(up, m as u64);
                             *moved = true;
+                            if std::mem::take(&mut self.quickack_after_send) {
+                                let _ = socket2::SockRef::from(dst).set_tcp_quickack(true);
+                            }
                         }
                         Err(e) if would_block(&e) => {}
                         Err(e) => return Poll::Ready(Err(e)),
@@ -449,6 +542,16 @@ thread_local! {
 /// it (tasks move between threads; the pools only need to stay bounded, not balanced).
 struct PooledBuf(Box<[u8]>);
 
+impl std::fmt::Debug for FirstData {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Nothing => f.write_str("Nothing"),
+            Self::Bytes(_, n) => write!(f, "Bytes({n})"),
+            Self::Eof => f.write_str("Eof"),
+        }
+    }
+}
+
 impl PooledBuf {
     fn take(size: usize) -> Self {
         let spare = |pool: &'static std::thread::LocalKey<RefCell<Vec<Box<[u8]>>>>| {
@@ -501,5 +604,86 @@ mod tests {
         assert_eq!(kept, SPARE_BYTES / CHUNK);
         let kept = SPARE_SMALL.with(|p| p.borrow().len());
         assert!(kept <= SPARE_BYTES / SMALL);
+    }
+
+    /// A client whose socket is accepted only once it has spoken (and maybe closed its
+    /// write half): what `First::read` takes at accept must reach the backend first, an
+    /// EOF taken there must still shut the backend's side, and the answer must come back
+    /// through the backend socket connected with its handshake ACK held back.
+    #[tokio::test]
+    async fn the_first_bytes_read_at_accept_go_first_and_an_eof_there_is_forwarded() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        for (sent, close) in [(&b"hello"[..], true), (b"", true), (b"req", false)] {
+            let front = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            let mut c = std::net::TcpStream::connect(front.local_addr().unwrap()).unwrap();
+            std::io::Write::write_all(&mut c, sent).unwrap();
+            if close {
+                c.shutdown(Shutdown::Write).unwrap();
+            }
+            // On loopback the bytes and the FIN are queued at the accepted socket by the
+            // time write/shutdown return.
+            let (accepted, _) = front.accept().unwrap();
+            accepted.set_nonblocking(true).unwrap();
+            let mut first = First::read(std::os::fd::AsFd::as_fd(&accepted)).unwrap();
+            match (&first.data, sent.len(), close) {
+                (FirstData::Bytes(_, n), len, _) if len > 0 => assert_eq!(*n, len),
+                (FirstData::Eof, 0, true) => {}
+                (other, ..) => panic!("sent {sent:?} (FIN: {close}), read {other:?}"),
+            }
+            let back = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let backend_addr = back.local_addr().unwrap();
+            let backend = tokio::spawn(async move {
+                let (mut s, _) = back.accept().await.unwrap();
+                let mut got = vec![0u8; sent.len()];
+                s.read_exact(&mut got).await.unwrap();
+                if close {
+                    let mut rest = Vec::new();
+                    s.read_to_end(&mut rest).await.unwrap();
+                    assert!(rest.is_empty(), "nothing after the client's bytes");
+                }
+                s.write_all(b"answer").await.unwrap();
+                s.shutdown().await.unwrap();
+                got
+            });
+            let delay = first.delays_ack();
+            assert_eq!(delay, !sent.is_empty());
+            let server = super::super::connect::dial(backend_addr, delay)
+                .await
+                .unwrap();
+            first.set_delayed_ack(delay);
+            let client = TcpStream::from_std(accepted).unwrap();
+            let ticker = Ticker::default();
+            let fwd = forward(
+                &client,
+                &server,
+                Duration::from_secs(3600),
+                &ticker,
+                true,
+                &(),
+                first,
+            );
+            let user = tokio::task::spawn_blocking(move || {
+                let mut answer = Vec::new();
+                if !close {
+                    // The client closes only after the answer, as an HTTP client does.
+                    let mut buf = [0u8; 6];
+                    std::io::Read::read_exact(&mut c, &mut buf).unwrap();
+                    c.shutdown(Shutdown::Write).unwrap();
+                    answer.extend_from_slice(&buf);
+                }
+                std::io::Read::read_to_end(&mut c, &mut answer).unwrap();
+                answer
+            });
+            let (end, moved) = tokio::time::timeout(Duration::from_secs(20), fwd)
+                .await
+                .expect("forwarding ends")
+                .unwrap();
+            assert_eq!(end, End::Closed);
+            assert_eq!(moved.up, sent.len() as u64);
+            assert_eq!(moved.down, 6);
+            drop((client, server));
+            assert_eq!(backend.await.unwrap(), sent);
+            assert_eq!(user.await.unwrap(), b"answer");
+        }
     }
 }
