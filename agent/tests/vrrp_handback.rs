@@ -136,11 +136,7 @@ fn connect(ns: &str) -> TcpStream {
 /// Whether namespace `ns` has the VIP retired: its policy rule (`to VIP lookup 27493`,
 /// the agent's table of retired VIPs) is there.
 fn retired(ns: &str) -> bool {
-    let out = std::process::Command::new("ip")
-        .args(["-n", ns, "rule", "show"])
-        .output()
-        .unwrap();
-    String::from_utf8_lossy(&out.stdout)
+    keelson_testkit::sh(&["ip", "-n", ns, "rule", "show"])
         .lines()
         .any(|l| l.contains(&format!("to {VIP} ")) && l.contains("lookup 27493"))
 }
@@ -157,20 +153,17 @@ fn count_arp_replies(ns: &str) {
 
 /// The ARP replies for `VIP` namespace `ns` sent since [`count_arp_replies`].
 fn arp_replies(ns: &str) -> u64 {
-    let out = std::process::Command::new("ip")
-        .args([
-            "netns",
-            "exec",
-            ns,
-            "nft",
-            "list",
-            "table",
-            "arp",
-            "keelson_test",
-        ])
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    let text = keelson_testkit::sh(&[
+        "ip",
+        "netns",
+        "exec",
+        ns,
+        "nft",
+        "list",
+        "table",
+        "arp",
+        "keelson_test",
+    ]);
     text.split("counter packets ")
         .nth(1)
         .and_then(|t| t.split_whitespace().next())
@@ -273,13 +266,12 @@ fn a_clean_hand_over_keeps_the_old_holders_connections() {
 
 /// Waits (up to 15 s: the agent's 10 s stop deadline and slack) for a stopped agent to exit.
 fn net_wait_exit(node: &mut keelson_testkit::agent::RunNode) {
-    let t = std::time::Instant::now();
-    while node.proc.0.try_wait().unwrap().is_none() {
-        assert!(
-            t.elapsed() < Duration::from_secs(15),
-            "the stopped agent did not exit:\n{}",
-            node.log_tail(30)
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    keelson_testkit::wait_for_ok(
+        "the stopped agent's exit",
+        Duration::from_secs(15),
+        || match node.proc.0.try_wait().unwrap() {
+            Some(_) => Ok(()),
+            None => Err(format!("still running:\n{}", node.log_tail(30))),
+        },
+    );
 }

@@ -253,7 +253,8 @@ impl Netlink {
     }
 }
 
-fn ignore_exists(result: Result<(), rtnetlink::Error>) -> Result<(), rtnetlink::Error> {
+/// `Ok` for a netlink request whose object already exists (`EEXIST`).
+pub(crate) fn ignore_exists(result: Result<(), rtnetlink::Error>) -> Result<(), rtnetlink::Error> {
     match result {
         Err(rtnetlink::Error::NetlinkError(e)) if e.raw_code() == -libc::EEXIST => Ok(()),
         other => other,

@@ -887,9 +887,7 @@ impl Runner {
                 Ok(()) => self.retired_until = Some(Instant::now() + window),
                 Err(e) => {
                     tracing::warn!("vrrp {}: retiring: {e}", self.spec.config.name);
-                    if let Err(e) = self.vip.remove().await {
-                        tracing::warn!("vrrp {}: {e}", self.spec.config.name);
-                    }
+                    self.clear_vip().await;
                 }
             }
         } else {
@@ -903,10 +901,7 @@ impl Runner {
                 self.spec.config.name,
                 self.spec.config.vip
             );
-            self.retired_until = None;
-            if let Err(e) = self.vip.remove().await {
-                tracing::warn!("vrrp {}: {e}", self.spec.config.name);
-            }
+            self.clear_vip().await;
         }
         let v = self.spec.config.vip;
         self.ctx.bus.vips_held.send_modify(|s| {
@@ -973,6 +968,15 @@ impl Runner {
         }
     }
 
+    /// Removes every copy of the VIP from the interface and its retirement, if any (a
+    /// failure is logged: the runner goes on).
+    async fn clear_vip(&mut self) {
+        self.retired_until = None;
+        if let Err(e) = self.vip.remove().await {
+            tracing::warn!("vrrp {}: {e}", self.spec.config.name);
+        }
+    }
+
     /// The retired VIP's window is over: its rule and route go too.
     async fn drop_retired(&mut self) {
         self.retired_until = None;
@@ -984,9 +988,7 @@ impl Runner {
             self.spec.config.name,
             self.spec.config.vip
         );
-        if let Err(e) = self.vip.remove().await {
-            tracing::warn!("vrrp {}: {e}", self.spec.config.name);
-        }
+        self.clear_vip().await;
     }
 
     async fn send_advert(&mut self, priority: u8) {
@@ -1065,8 +1067,8 @@ impl Runner {
     /// (its first advert as master) and a moment more for hosts to act on its gratuitous
     /// ARP, at most `limit`: the VIP is never without a holder during a clean stop, so no
     /// client connect goes unanswered (keepalived drops it at once, and requests sent in
-    /// the backup's skew time fail).
-    /// Whether a successor advertised within `limit` (then after [`HANDOVER_GRACE`]).
+    /// the backup's skew time fail). Returns whether a successor advertised within `limit`
+    /// (then after [`HANDOVER_GRACE`]).
     async fn await_successor(&mut self, limit: Duration) -> bool {
         let started = Instant::now();
         let deadline = tokio::time::Instant::now() + limit;
@@ -1119,10 +1121,7 @@ impl Runner {
             t.elapsed(),
             self.spec.config.vip
         );
-        self.retired_until = None;
-        if let Err(e) = self.vip.remove().await {
-            tracing::warn!("vrrp {}: {e}", self.spec.config.name);
-        }
+        self.clear_vip().await;
     }
 
     fn drop_packet(&mut self, reason: &'static str) {
@@ -1333,11 +1332,7 @@ pub async fn run(
     let (remove, first): (Vec<Action>, Vec<Action>) =
         actions.into_iter().partition(|a| *a == Action::RemoveVip);
     r.execute(first).await;
-    let mut succeeded = false;
-    if handing_over {
-        succeeded = r.await_successor(master_down).await;
-    }
-    if succeeded {
+    if handing_over && r.await_successor(master_down).await {
         // A hand-over: retire the VIP (with hand-backs on) rather than remove it.
         r.release_at = Some(Instant::now());
     }
@@ -1353,9 +1348,7 @@ pub async fn run(
         r.end_hand_back().await;
     }
     // Whatever the state, leave no VIP behind.
-    if let Err(e) = r.vip.remove().await {
-        tracing::warn!("vrrp {}: {e}", r.spec.config.name);
-    }
+    r.clear_vip().await;
     Ok(())
 }
 

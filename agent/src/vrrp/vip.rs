@@ -12,6 +12,8 @@ use netlink_packet_route::route::{RouteMessage, RouteScope, RouteType};
 use netlink_packet_route::rule::{RuleAction, RuleAttribute, RuleMessage};
 use rtnetlink::{Handle, IpVersion, RouteMessageBuilder};
 
+use crate::net::ignore_exists;
+
 /// Errors changing addresses.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -126,7 +128,7 @@ impl VipManager {
         )
         .map_err(self.err("retire (route)"))?;
         if self.retired_rules().await?.is_empty() {
-            let rule = self
+            let mut rule = self
                 .handle
                 .rule()
                 .add()
@@ -134,25 +136,16 @@ impl VipManager {
                 .table_id(RETIRED_TABLE)
                 .priority(RETIRED_RULE_PRIORITY)
                 .action(RuleAction::ToTable);
+            rule.message_mut()
+                .attributes
+                .push(RuleAttribute::IpProtocol(IpProtocol::Tcp));
             let res = match self.vip {
-                IpAddr::V4(v) => {
-                    let mut r = rule.v4().destination_prefix(v, 32);
-                    r.message_mut()
-                        .attributes
-                        .push(RuleAttribute::IpProtocol(IpProtocol::Tcp));
-                    r.execute().await
-                }
-                IpAddr::V6(v) => {
-                    let mut r = rule.v6().destination_prefix(v, 128);
-                    r.message_mut()
-                        .attributes
-                        .push(RuleAttribute::IpProtocol(IpProtocol::Tcp));
-                    r.execute().await
-                }
+                IpAddr::V4(v) => rule.v4().destination_prefix(v, 32).execute().await,
+                IpAddr::V6(v) => rule.v6().destination_prefix(v, 128).execute().await,
             };
             ignore_exists(res).map_err(self.err("retire (rule)"))?;
         }
-        self.remove_from(self.index).await.map(|_| ())
+        self.remove_addresses().await.map(|_| ())
     }
 
     /// The `local VIP dev lo` route of [`RETIRED_TABLE`].
@@ -222,13 +215,13 @@ impl VipManager {
         Ok(n)
     }
 
-    /// The VIP's address messages currently on interface `index`.
-    async fn present_on(&self, index: u32) -> Result<Vec<AddressMessage>, VipError> {
+    /// The VIP's address messages currently on the interface.
+    async fn present(&self) -> Result<Vec<AddressMessage>, VipError> {
         let msgs: Vec<AddressMessage> = self
             .handle
             .address()
             .get()
-            .set_link_index_filter(index)
+            .set_link_index_filter(self.index)
             .set_address_filter(self.vip)
             .execute()
             .try_collect()
@@ -239,23 +232,19 @@ impl VipManager {
 
     /// Whether the VIP is on the interface.
     pub async fn is_present(&self) -> Result<bool, VipError> {
-        Ok(!self.present_on(self.index).await?.is_empty())
-    }
-
-    /// Whether the VIP is retired here (its rule is in place).
-    pub async fn is_retired(&self) -> Result<bool, VipError> {
-        Ok(!self.retired_rules().await?.is_empty())
+        Ok(!self.present().await?.is_empty())
     }
 
     /// Removes every copy of the VIP from the interface (whatever its prefix or label:
     /// also the stale ones a crashed agent or an earlier keepalived left) and its
     /// retirement ([`VipManager::retire`]). Returns how many were found.
     pub async fn remove(&self) -> Result<usize, VipError> {
-        Ok(self.remove_from(self.index).await? + self.unretire().await?)
+        Ok(self.remove_addresses().await? + self.unretire().await?)
     }
 
-    async fn remove_from(&self, index: u32) -> Result<usize, VipError> {
-        let msgs = self.present_on(index).await?;
+    /// Removes every copy of the VIP from the interface; how many.
+    async fn remove_addresses(&self) -> Result<usize, VipError> {
+        let msgs = self.present().await?;
         let n = msgs.len();
         for m in msgs {
             if let Err(e) = self.handle.address().del(m).execute().await {
@@ -280,14 +269,6 @@ pub const RETIRED_RULE_PRIORITY: u32 = 1000;
 fn gone(e: &rtnetlink::Error) -> bool {
     matches!(e, rtnetlink::Error::NetlinkError(m)
         if [libc::EADDRNOTAVAIL, libc::ESRCH, libc::ENOENT, libc::ENODEV].contains(&-m.raw_code()))
-}
-
-/// `Ok` for a request whose object already exists.
-fn ignore_exists(res: Result<(), rtnetlink::Error>) -> Result<(), rtnetlink::Error> {
-    match res {
-        Err(rtnetlink::Error::NetlinkError(m)) if m.raw_code() == -libc::EEXIST => Ok(()),
-        other => other,
-    }
 }
 
 /// Interface index by name.
