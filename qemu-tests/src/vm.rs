@@ -195,11 +195,14 @@ impl Vm {
     pub fn wait_for_console(&mut self, needle: &str, timeout: Duration) -> Result<String> {
         let deadline = Instant::now() + timeout;
         loop {
+            // Complete lines only: the guest may be half-way through writing the one that
+            // matches (a ready line cut after `role=wor` failed image_boot once).
             if let Some(line) = self
                 .console_text()
-                .lines()
+                .split_inclusive('\n')
+                .filter(|l| l.ends_with('\n'))
                 .find(|l| l.contains(needle))
-                .map(str::to_string)
+                .map(|l| l.trim_end_matches(['\r', '\n']).to_string())
             {
                 return Ok(line);
             }
