@@ -80,7 +80,8 @@ pub enum Verdict {
     Ignore,
     /// Another holder with a lower MAC: keep the VIP and announce it again.
     Stay,
-    /// Another holder with a higher MAC: give the VIP up.
+    /// Another holder with a higher MAC: give the VIP up (the instance first waits an
+    /// advert interval for an advert from it, which would make VRRP the judge).
     Yield,
 }
 

@@ -325,6 +325,8 @@ struct Runner {
     heard_retention: Duration,
     /// When the last valid advert from another router arrived.
     last_other_advert: Option<Duration>,
+    /// That advert was a goodbye (priority 0).
+    last_advert_goodbye: bool,
     /// When another host last answered ARP for the VIP (or announced it).
     holder_arp: Option<Duration>,
     /// The "another host answers" line was logged in this waiting period.
@@ -344,6 +346,20 @@ struct Runner {
     followups: Option<(Instant, u8)>,
     /// Preempted ([`Action::HandOverVip`]): when the VIP we still hold is removed.
     release_at: Option<Instant>,
+    /// While master: a higher-MAC holder of the VIP seen by ARP ([`Verdict::Yield`]), given
+    /// up to only if no advert arrives first ([`Runner::yield_to_silent_holder`]).
+    pending_yield: Option<PendingYield>,
+}
+
+/// A holder of our VIP seen by ARP that we give the VIP up to unless VRRP hears a router.
+#[derive(Debug, Clone, Copy)]
+struct PendingYield {
+    /// When its frame arrived (the runner's clock).
+    seen: Duration,
+    /// When to yield.
+    at: Instant,
+    /// Its MAC.
+    mac: [u8; 6],
 }
 
 impl Runner {
@@ -511,7 +527,13 @@ impl Runner {
                 now,
                 self.holder_arp,
                 super::gate::HOLDER_FRESH,
-                self.last_other_advert,
+                self.last_other_advert.map(|at| portsec::LastAdvert {
+                    at,
+                    goodbye: self.last_advert_goodbye,
+                }),
+                // The leaver keeps the VIP until a successor's advert, at most Master_Down
+                // (`await_successor`); the factor covers a loaded host's delays.
+                self.machine.master_down_interval() * portsec::ADVERTS_STALE_FACTOR,
             )
         {
             return false;
@@ -683,6 +705,7 @@ impl Runner {
         }
         self.heard.insert(src, (now, advert.priority));
         self.last_other_advert = Some(now);
+        self.last_advert_goodbye = advert.priority == 0;
         if self.findings.remove(&Problem::VrrpBlocked).is_some() {
             tracing::info!(
                 "vrrp {}: adverts arrive again (from {src})",
@@ -806,19 +829,60 @@ impl Runner {
             }
             Verdict::Yield => {
                 self.counters.arp_conflicts += 1;
-                self.counters.conflict_yields += 1;
-                tracing::warn!(
-                    "vrrp {}: {} also held by {} (higher MAC, no adverts from it): giving it up and waiting for a peer",
-                    self.spec.config.name,
-                    vip,
-                    fmt_mac(arp.sender_mac)
-                );
-                let actions = self.machine.yield_to_unknown(now);
-                self.gate.close(now);
-                self.holder_logged = false;
-                self.execute(actions).await;
+                // Two routers that claimed at the same moment (equal rank, the tie-break a
+                // millisecond apart) see each other's gratuitous ARP and advert together,
+                // the ARP socket sometimes first: judged at once, both yielded (one to the
+                // other's advert, one to its ARP) and nobody held the VIP (the CI run of
+                // stop 35). An advert interval is time for the other one's advert.
+                if self.pending_yield.is_none() {
+                    let wait = Duration::from_millis(u64::from(
+                        self.spec.config.advert_interval_ms.max(1),
+                    ));
+                    tracing::info!(
+                        "vrrp {}: {} also held by {} (higher MAC, no adverts from it): giving it up in {wait:?} unless an advert arrives",
+                        self.spec.config.name,
+                        vip,
+                        fmt_mac(arp.sender_mac)
+                    );
+                    self.pending_yield = Some(PendingYield {
+                        seen: now,
+                        at: Instant::now() + wait,
+                        mac: arp.sender_mac,
+                    });
+                }
             }
         }
+    }
+
+    /// The advert interval after a [`Verdict::Yield`]: still master and no advert arrived
+    /// since the other holder's frame, it is a holder VRRP cannot hear; give the VIP up.
+    async fn yield_to_silent_holder(&mut self) {
+        let Some(pending) = self.pending_yield.take() else {
+            return;
+        };
+        if self.machine.state() != State::Master {
+            return;
+        }
+        let vip = self.spec.config.vip;
+        if self.last_other_advert.is_some_and(|t| t >= pending.seen) {
+            tracing::info!(
+                "vrrp {}: an advert arrived after {} announced {vip}: VRRP elects between us",
+                self.spec.config.name,
+                fmt_mac(pending.mac)
+            );
+            return;
+        }
+        self.counters.conflict_yields += 1;
+        tracing::warn!(
+            "vrrp {}: {vip} also held by {} (higher MAC, no adverts from it): giving it up and waiting for a peer",
+            self.spec.config.name,
+            fmt_mac(pending.mac)
+        );
+        let now = self.now();
+        let actions = self.machine.yield_to_unknown(now);
+        self.gate.close(now);
+        self.holder_logged = false;
+        self.execute(actions).await;
     }
 
     async fn execute(&mut self, actions: Vec<Action>) {
@@ -1221,6 +1285,7 @@ pub async fn run(
         heard: BTreeMap::new(),
         heard_retention,
         last_other_advert: None,
+        last_advert_goodbye: false,
         holder_arp: None,
         holder_logged: false,
         members,
@@ -1229,6 +1294,7 @@ pub async fn run(
         rounds: tokio::sync::mpsc::channel(4),
         followups: None,
         release_at: None,
+        pending_yield: None,
     };
     let now = r.now();
     let actions = r.machine.startup(now);
@@ -1302,6 +1368,7 @@ pub async fn run(
                 r.remove_vip().await;
                 r.publish();
             }
+            _ = sleep_until(r.pending_yield.map(|p| p.at)) => r.yield_to_silent_holder().await,
             _ = sleep_until(r.handback.as_ref().and_then(Handback::ends_at).map(Into::into)) => {
                 r.end_hand_back().await;
             }
