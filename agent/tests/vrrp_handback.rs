@@ -20,6 +20,12 @@
 //!    there); a new connection is answered by the new holder; once the old holder's agent
 //!    has exited, no retirement is left in its namespace.
 //!
+//! The second test takes the same steps for an IPv6 VIP with the agent's own parts and no
+//! agent (the `RunNet` harness is IPv4): the old holder's retirement
+//! (`VipManager::retire`) and the new holder's forwarding (`Handback::forward_to`), so the
+//! kernel paths IPv6 takes (`ip -6 rule ... ipproto tcp`, a `local` route in the retired
+//! table, `fwd ip6`, neighbour discovery instead of ARP) are proven too.
+//!
 //! Needs root (namespaces) and nftables.
 
 use std::io::{BufRead, BufReader, Read, Write};
@@ -64,7 +70,13 @@ fn cluster_json() -> serde_json::Value {
 /// A keep-alive HTTP/1.1 server on `*:6443` in namespace `ns` answering every request
 /// with `name`.
 fn serve(ns: &str, name: &'static str) {
-    let listener = bind_tcp_in(ns, "0.0.0.0:6443".parse().unwrap());
+    serve_on(ns, "0.0.0.0:6443".parse().unwrap(), name);
+}
+
+/// A keep-alive HTTP/1.1 server on `addr` in namespace `ns` answering every request with
+/// `name`.
+fn serve_on(ns: &str, addr: SocketAddr, name: &'static str) {
+    let listener = bind_tcp_in(ns, addr);
     std::thread::spawn(move || {
         for conn in listener.incoming() {
             let Ok(conn) = conn else { continue };
@@ -122,7 +134,11 @@ fn request(conn: &mut TcpStream) -> std::io::Result<String> {
 
 /// A connection to VIP:6443 from namespace `ns`.
 fn connect(ns: &str) -> TcpStream {
-    let addr: SocketAddr = format!("{VIP}:6443").parse().unwrap();
+    connect_to(ns, format!("{VIP}:6443").parse().unwrap())
+}
+
+/// A connection to `addr` from namespace `ns`.
+fn connect_to(ns: &str, addr: SocketAddr) -> TcpStream {
     let conn = in_netns(ns, move || {
         TcpStream::connect_timeout(&addr, Duration::from_secs(5))
     })
@@ -273,5 +289,148 @@ fn net_wait_exit(node: &mut keelson_testkit::agent::RunNode) {
             Some(_) => Ok(()),
             None => Err(format!("still running:\n{}", node.log_tail(30))),
         },
+    );
+}
+
+/// The retirement and the forwarding for an IPv6 VIP, step by step as the VRRP runner takes
+/// them (the old holder's, the new holder's), on three IPv6-only namespaces: a keep-alive
+/// connection the old holder opened survives hosts switching to the new holder, only the
+/// new holder answers neighbour solicitations for the VIP, and new connections go to it.
+/// Twice: forwarding to the old holder's global address (unicast VRRP's adverts come from
+/// it) and to its link-local one (multicast IPv6 adverts do).
+#[test]
+fn an_ipv6_vip_hands_back_the_same_way() {
+    if !require_root() || !require("nft") {
+        return;
+    }
+    ipv6_hand_back(false);
+    ipv6_hand_back(true);
+}
+
+/// [`an_ipv6_vip_hands_back_the_same_way`], forwarding to the old holder's `link_local`
+/// address or its global one.
+fn ipv6_hand_back(link_local: bool) {
+    use keelson_agent::vrrp::handback::Handback;
+    use keelson_agent::vrrp::vip::VipManager;
+    use keelson_testkit::netns::block_on_in;
+
+    let seg = Segment::ipv6_only("khb6", 3, 0x36);
+    let (old, new, client) = (0, 1, 2);
+    let vip: std::net::IpAddr = format!("fd{:02x}::5", 0x36).parse().unwrap();
+    let at: SocketAddr = SocketAddr::new(vip, 6443);
+    let any6: SocketAddr = "[::]:6443".parse().unwrap();
+    serve_on(&seg.nodes[old], any6, "old");
+    serve_on(&seg.nodes[new], any6, "new");
+    let vip_op = |ns: &str, op: &'static str| {
+        block_on_in(ns, move || async move {
+            let m = VipManager::new("eth0", vip).await.unwrap();
+            match op {
+                "add" => m.add().await,
+                "retire" => m.retire().await,
+                _ => m.remove().await.map(|_| ()),
+            }
+            .unwrap_or_else(|e| panic!("{op}: {e}"));
+        })
+        .join()
+        .unwrap();
+    };
+    let mac = |i: usize| {
+        keelson_testkit::sh(&["ip", "-n", &seg.nodes[i], "-br", "link", "show", "eth0"])
+            .split_whitespace()
+            .nth(2)
+            .unwrap()
+            .to_owned()
+    };
+    let client_neigh = || {
+        keelson_testkit::sh(&[
+            "ip",
+            "-n",
+            &seg.nodes[client],
+            "-6",
+            "neigh",
+            "show",
+            &vip.to_string(),
+        ])
+    };
+
+    // The old holder holds the VIP; a keep-alive connection through it.
+    vip_op(&seg.nodes[old], "add");
+    let mut conn = connect_to(&seg.nodes[client], at);
+    assert_eq!(request(&mut conn).expect("the first request"), "old");
+    assert!(client_neigh().contains(&mac(old)), "{}", client_neigh());
+
+    // The hand-over: the new holder forwards flows it did not open to the old one, then
+    // takes the VIP; the old one retires it. The client forgets the VIP's MAC and asks again.
+    let old_addr: std::net::IpAddr = if link_local {
+        let ns = seg.nodes[old].clone();
+        keelson_testkit::in_netns(&ns, || keelson_agent::vrrp::vip::link_local("eth0"))
+            .join()
+            .unwrap()
+            .expect("the old holder's link-local address")
+            .into()
+    } else {
+        seg.v6(old).parse().unwrap()
+    };
+    let window = Duration::from_secs(30);
+    block_on_in(&seg.nodes[new], move || async move {
+        Handback::new("api-v6", "eth0", vip, window)
+            .forward_to(old_addr)
+            .await
+            .unwrap_or_else(|e| panic!("forward_to: {e}"));
+    })
+    .join()
+    .unwrap();
+    vip_op(&seg.nodes[new], "add");
+    vip_op(&seg.nodes[old], "retire");
+    assert!(
+        keelson_testkit::sh(&["ip", "-n", &seg.nodes[old], "-6", "rule", "show"])
+            .lines()
+            .any(|l| l.contains(&format!("to {vip} ")) && l.contains("lookup 27493")),
+        "the old holder's retirement rule"
+    );
+    keelson_testkit::sh(&[
+        "ip",
+        "-n",
+        &seg.nodes[client],
+        "-6",
+        "neigh",
+        "flush",
+        "to",
+        &vip.to_string(),
+    ]);
+
+    // The old connection's next request reaches the new holder (the only one that answers
+    // neighbour solicitations for the VIP now), which forwards it to the old one.
+    let second = request(&mut conn).unwrap_or_else(|e| {
+        panic!("the request on the old holder's connection (forwarded to {old_addr}): {e}")
+    });
+    assert_eq!(second, "old", "the same connection, the same server");
+    let neigh = client_neigh();
+    assert!(
+        neigh.contains(&mac(new)) && !neigh.contains(&mac(old)),
+        "the client resolved the VIP to the new holder ({}), not the retired one ({}): {neigh}",
+        mac(new),
+        mac(old)
+    );
+    // A new connection is the new holder's.
+    let mut fresh = connect_to(&seg.nodes[client], at);
+    assert_eq!(request(&mut fresh).expect("a new connection"), "new");
+    // Once the forwarding ends, the old connection's segments are the new holder's, which
+    // has no socket for them and resets it: the forwarding was what carried it.
+    block_on_in(&seg.nodes[new], move || async move {
+        Handback::new("api-v6", "eth0", vip, window).end().await;
+    })
+    .join()
+    .unwrap();
+    let after = request(&mut conn);
+    assert!(
+        after.is_err(),
+        "the old connection answered without the forwarding: {after:?}"
+    );
+    vip_op(&seg.nodes[old], "remove");
+    assert!(
+        !keelson_testkit::sh(&["ip", "-n", &seg.nodes[old], "-6", "rule", "show"])
+            .contains("lookup 27493"),
+        "remove undoes the retirement"
     );
 }
