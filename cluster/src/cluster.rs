@@ -129,10 +129,42 @@ pub struct ClusterConfig {
 
 /// VRRP settings for all instances.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase", from = "VrrpSettingsDoc")]
 pub struct VrrpSettings {
     /// The instances, typically `api` (and `api-v6`) and `ingress`.
     pub instances: Vec<VrrpInstanceConfig>,
+}
+
+/// `vrrp` as a document may give it: the instances, and fields that set one value on every
+/// instance at once. A merge patch replaces arrays whole (RFC 7396), so without these an
+/// operator changing one field on every instance had to copy the generated list; with them
+/// `{"vrrp": {"handbackSecs": 30}}` does it. They are folded into the instances when read
+/// and never written: the document a build writes names each instance's value.
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct VrrpSettingsDoc {
+    instances: Vec<VrrpInstanceConfig>,
+    /// Every instance's [`VrrpInstanceConfig::transport`].
+    #[serde(default)]
+    transport: Option<VrrpTransport>,
+    /// Every instance's [`VrrpInstanceConfig::handback_secs`].
+    #[serde(default)]
+    handback_secs: Option<u32>,
+}
+
+impl From<VrrpSettingsDoc> for VrrpSettings {
+    fn from(doc: VrrpSettingsDoc) -> Self {
+        let mut instances = doc.instances;
+        for inst in &mut instances {
+            if let Some(t) = doc.transport {
+                inst.transport = t;
+            }
+            if let Some(secs) = doc.handback_secs {
+                inst.handback_secs = secs;
+            }
+        }
+        Self { instances }
+    }
 }
 
 /// VRRP protocol version.
@@ -887,6 +919,54 @@ mod tests {
         assert!(patched.ssh_authorized_keys.is_empty());
         assert_eq!(patched.vrrp, base.vrrp);
         assert_eq!(patched.api.backend_port, base.api.backend_port);
+    }
+
+    #[test]
+    fn vrrp_level_fields_set_every_instance_and_are_not_written() {
+        let base = example();
+        assert!(base.vrrp.instances.len() >= 2, "api and ingress");
+        let patch = serde_json::json!({"vrrp": {"transport": "multicast", "handbackSecs": 30}});
+        let patched = base.with_merge_patch(&patch).unwrap();
+        for inst in &patched.vrrp.instances {
+            assert_eq!(inst.transport, VrrpTransport::Multicast, "{}", inst.name);
+            assert_eq!(inst.handback_secs, 30, "{}", inst.name);
+        }
+        // Everything else of the instances is the build's.
+        let mut undone = patched.clone();
+        for (inst, orig) in undone.vrrp.instances.iter_mut().zip(&base.vrrp.instances) {
+            inst.transport = orig.transport;
+            inst.handback_secs = orig.handback_secs;
+        }
+        assert_eq!(undone.vrrp, base.vrrp);
+        // Written, each instance names its value; the shorthand is gone.
+        let written = serde_json::to_value(&patched).unwrap();
+        assert!(
+            written["vrrp"].get("handbackSecs").is_none(),
+            "{}",
+            written["vrrp"]
+        );
+        assert!(
+            written["vrrp"].get("transport").is_none(),
+            "{}",
+            written["vrrp"]
+        );
+        assert_eq!(written["vrrp"]["instances"][0]["handbackSecs"], 30);
+        // It replaces an instance's own value, 0 (off) too.
+        let off = patched
+            .with_merge_patch(&serde_json::json!({"vrrp": {"handbackSecs": 0}}))
+            .unwrap();
+        assert!(off.vrrp.instances.iter().all(|i| i.handback_secs == 0));
+        // And is checked like any field.
+        let e = base
+            .with_merge_patch(&serde_json::json!({"vrrp": {"handbackSec": 30}}))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("handbackSec"), "{e}");
+        let e = base
+            .with_merge_patch(&serde_json::json!({"vrrp": {"transport": "broadcast"}}))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("broadcast"), "{e}");
     }
 
     #[test]

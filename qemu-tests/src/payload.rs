@@ -109,36 +109,24 @@ fn services_patch(masters: ImageKind) -> String {
     )
 }
 
-/// The patch of `config` over the build's defaults (`defaults`: the `cluster.json` a plain
-/// build writes): the stand-ins always; for the multicast configuration, every VRRP
-/// instance multicast and the members on mDNS; with `handback_secs`, that hand-back window
-/// on every VRRP instance (docs/vrrp.md: the example install-config is OpenStack's, where
-/// the build leaves it off, and the test segments have no port security). A merge patch
-/// replaces arrays whole, so the instances are the build's own with fields changed.
-fn cluster_patch(
-    config: Config,
-    masters: ImageKind,
-    defaults: &serde_json::Value,
-    handback_secs: Option<u32>,
-) -> Result<String> {
+/// The patch of `config` over the build's defaults: the stand-ins always; for the
+/// multicast configuration, every VRRP instance multicast and the members on mDNS; with
+/// `handback_secs`, that hand-back window on every VRRP instance (docs/vrrp.md: the example
+/// install-config is OpenStack's, where the build leaves it off, and the test segments have
+/// no port security). Both through `vrrp`'s fields for every instance
+/// (docs/cluster-json.md), as an operator writes them.
+fn cluster_patch(config: Config, masters: ImageKind, handback_secs: Option<u32>) -> Result<String> {
     let mut patch: serde_json::Value = serde_json::from_str(&services_patch(masters))?;
-    if config == Config::Multicast || handback_secs.is_some() {
-        let mut vrrp = defaults["vrrp"].clone();
-        for inst in vrrp["instances"]
-            .as_array_mut()
-            .context("cluster.json: vrrp.instances")?
-        {
-            if config == Config::Multicast {
-                inst["transport"] = "multicast".into();
-            }
-            if let Some(secs) = handback_secs {
-                inst["handbackSecs"] = secs.into();
-            }
-        }
-        patch["vrrp"] = vrrp;
-    }
+    let mut vrrp = serde_json::Map::new();
     if config == Config::Multicast {
+        vrrp.insert("transport".into(), "multicast".into());
         patch["members"] = serde_json::json!({"transport": "mdns"});
+    }
+    if let Some(secs) = handback_secs {
+        vrrp.insert("handbackSecs".into(), secs.into());
+    }
+    if !vrrp.is_empty() {
+        patch["vrrp"] = vrrp.into();
     }
     Ok(serde_json::to_string_pretty(&patch)?)
 }
@@ -194,30 +182,9 @@ pub fn build(work: &Path, config: Config, masters: ImageKind) -> Result<PathBuf>
     let asset = assets.join("kube-standin");
     std::fs::copy(&standin, &asset).context("copying the stand-in")?;
     let install_config = workspace().join("examples/install-config.yaml");
-    // The build's own cluster.json first (no image: quick), for the patch to start from.
-    let defaults_dir = work.join("defaults");
-    let _ = std::fs::remove_dir_all(&defaults_dir);
-    keelson_build(
-        &keelson,
-        &[
-            "--config".as_ref(),
-            install_config.as_os_str(),
-            "--out".as_ref(),
-            defaults_dir.as_os_str(),
-            "--agent".as_ref(),
-            agent.as_os_str(),
-            "--no-image".as_ref(),
-            "--quiet".as_ref(),
-        ],
-    )?;
-    let defaults: serde_json::Value = serde_json::from_slice(
-        &std::fs::read(defaults_dir.join("cluster.json")).context("the build's cluster.json")?,
-    )?;
+    let handback = handback_from_env()?;
     let patch = work.join("cluster-patch.json");
-    std::fs::write(
-        &patch,
-        cluster_patch(config, masters, &defaults, handback_from_env()?)?,
-    )?;
+    std::fs::write(&patch, cluster_patch(config, masters, handback)?)?;
     let out = work.join("out");
     let _ = std::fs::remove_dir_all(&out);
     keelson_build(
@@ -236,5 +203,41 @@ pub fn build(work: &Path, config: Config, masters: ImageKind) -> Result<PathBuf>
             "--quiet".as_ref(),
         ],
     )?;
+    check_instances(&out.join("cluster.json"), config, handback)?;
     Ok(out)
+}
+
+/// The built cluster.json's VRRP instances run the transport of `config` and the hand-back
+/// window asked for: the patch's fields for every instance took (a cluster that silently
+/// ran the build's defaults would prove another configuration than the one it names).
+fn check_instances(path: &Path, config: Config, handback_secs: Option<u32>) -> Result<()> {
+    let cluster: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(path).with_context(|| path.display().to_string())?)
+            .with_context(|| path.display().to_string())?;
+    let transport = match config {
+        Config::Multicast => "multicast",
+        Config::Unicast => "unicast",
+    };
+    let instances = cluster["vrrp"]["instances"]
+        .as_array()
+        .with_context(|| format!("{}: vrrp.instances", path.display()))?;
+    for inst in instances {
+        anyhow::ensure!(
+            inst["transport"] == transport,
+            "{}: vrrp instance {}: transport {}, expected {transport}",
+            path.display(),
+            inst["name"],
+            inst["transport"]
+        );
+        if let Some(secs) = handback_secs {
+            anyhow::ensure!(
+                inst["handbackSecs"] == secs,
+                "{}: vrrp instance {}: handbackSecs {}, expected {secs}",
+                path.display(),
+                inst["name"],
+                inst["handbackSecs"]
+            );
+        }
+    }
+    Ok(())
 }
