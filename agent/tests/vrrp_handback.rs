@@ -152,9 +152,15 @@ fn connect_to(ns: &str, addr: SocketAddr) -> TcpStream {
 /// Whether namespace `ns` has the VIP retired: its policy rule (`to VIP lookup 27493`,
 /// the agent's table of retired VIPs) is there.
 fn retired(ns: &str) -> bool {
-    keelson_testkit::sh(&["ip", "-n", ns, "rule", "show"])
+    retired_vip(ns, VIP.parse().unwrap())
+}
+
+/// Whether namespace `ns` has `vip` retired (its family's rule).
+fn retired_vip(ns: &str, vip: std::net::IpAddr) -> bool {
+    let family = if vip.is_ipv6() { "-6" } else { "-4" };
+    keelson_testkit::sh(&["ip", "-n", ns, family, "rule", "show"])
         .lines()
-        .any(|l| l.contains(&format!("to {VIP} ")) && l.contains("lookup 27493"))
+        .any(|l| l.contains(&format!("to {vip} ")) && l.contains("lookup 27493"))
 }
 
 /// Counts, in namespace `ns`, the ARP replies the node sends for `VIP`.
@@ -341,23 +347,18 @@ fn ipv6_hand_back(link_local: bool) {
             .unwrap()
             .to_owned()
     };
-    let client_neigh = || {
-        keelson_testkit::sh(&[
-            "ip",
-            "-n",
-            &seg.nodes[client],
-            "-6",
-            "neigh",
-            "show",
-            &vip.to_string(),
-        ])
+    // `ip neigh show|flush to VIP` in the client.
+    let client_neigh = |op: &str| {
+        let (ns, vip) = (seg.nodes[client].as_str(), vip.to_string());
+        keelson_testkit::sh(&["ip", "-n", ns, "-6", "neigh", op, "to", &vip])
     };
 
     // The old holder holds the VIP; a keep-alive connection through it.
     vip_op(&seg.nodes[old], "add");
     let mut conn = connect_to(&seg.nodes[client], at);
     assert_eq!(request(&mut conn).expect("the first request"), "old");
-    assert!(client_neigh().contains(&mac(old)), "{}", client_neigh());
+    let neigh = client_neigh("show");
+    assert!(neigh.contains(&mac(old)), "{neigh}");
 
     // The hand-over: the new holder forwards flows it did not open to the old one, then
     // takes the VIP; the old one retires it. The client forgets the VIP's MAC and asks again.
@@ -383,21 +384,10 @@ fn ipv6_hand_back(link_local: bool) {
     vip_op(&seg.nodes[new], "add");
     vip_op(&seg.nodes[old], "retire");
     assert!(
-        keelson_testkit::sh(&["ip", "-n", &seg.nodes[old], "-6", "rule", "show"])
-            .lines()
-            .any(|l| l.contains(&format!("to {vip} ")) && l.contains("lookup 27493")),
+        retired_vip(&seg.nodes[old], vip),
         "the old holder's retirement rule"
     );
-    keelson_testkit::sh(&[
-        "ip",
-        "-n",
-        &seg.nodes[client],
-        "-6",
-        "neigh",
-        "flush",
-        "to",
-        &vip.to_string(),
-    ]);
+    client_neigh("flush");
 
     // The old connection's next request reaches the new holder (the only one that answers
     // neighbour solicitations for the VIP now), which forwards it to the old one.
@@ -405,7 +395,7 @@ fn ipv6_hand_back(link_local: bool) {
         panic!("the request on the old holder's connection (forwarded to {old_addr}): {e}")
     });
     assert_eq!(second, "old", "the same connection, the same server");
-    let neigh = client_neigh();
+    let neigh = client_neigh("show");
     assert!(
         neigh.contains(&mac(new)) && !neigh.contains(&mac(old)),
         "the client resolved the VIP to the new holder ({}), not the retired one ({}): {neigh}",
@@ -429,8 +419,7 @@ fn ipv6_hand_back(link_local: bool) {
     );
     vip_op(&seg.nodes[old], "remove");
     assert!(
-        !keelson_testkit::sh(&["ip", "-n", &seg.nodes[old], "-6", "rule", "show"])
-            .contains("lookup 27493"),
+        !retired_vip(&seg.nodes[old], vip),
         "remove undoes the retirement"
     );
 }
