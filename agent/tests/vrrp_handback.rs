@@ -301,12 +301,13 @@ fn net_wait_exit(node: &mut keelson_testkit::agent::RunNode) {
 /// The retirement and the forwarding for an IPv6 VIP, step by step as the VRRP runner takes
 /// them (the old holder's, the new holder's), on three IPv6-only namespaces: a keep-alive
 /// connection the old holder opened survives hosts switching to the new holder, only the
-/// new holder answers neighbour solicitations for the VIP, and new connections go to it.
+/// new holder answers neighbour solicitations for the VIP, new connections go to it, and
+/// its own connections from the VIP are not forwarded.
 /// Twice: forwarding to the old holder's global address (unicast VRRP's adverts come from
 /// it) and to its link-local one (multicast IPv6 adverts do).
 #[test]
 fn an_ipv6_vip_hands_back_the_same_way() {
-    if !require_root() || !require("nft") {
+    if !require_root() || !require("nft") || !require("curl") {
         return;
     }
     ipv6_hand_back(false);
@@ -327,6 +328,7 @@ fn ipv6_hand_back(link_local: bool) {
     let any6: SocketAddr = "[::]:6443".parse().unwrap();
     serve_on(&seg.nodes[old], any6, "old");
     serve_on(&seg.nodes[new], any6, "new");
+    serve_on(&seg.nodes[client], "[::]:7000".parse().unwrap(), "client");
     let vip_op = |ns: &str, op: &'static str| {
         block_on_in(ns, move || async move {
             let m = VipManager::new("eth0", vip).await.unwrap();
@@ -405,6 +407,26 @@ fn ipv6_hand_back(link_local: bool) {
     // A new connection is the new holder's.
     let mut fresh = connect_to(&seg.nodes[client], at);
     assert_eq!(request(&mut fresh).expect("a new connection"), "new");
+    // The new holder's own connections from the VIP (the port check's) are not forwarded:
+    // their answers come to a port of its ephemeral range.
+    let url = format!("http://[{}]:7000/", seg.v6(client));
+    let from_vip = keelson_testkit::netns::exec_in(&seg.nodes[new], "curl")
+        .args([
+            "-sS",
+            "--max-time",
+            "5",
+            "--interface",
+            &vip.to_string(),
+            &url,
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&from_vip.stdout),
+        "client",
+        "a connection from the VIP during the hand-back: {}",
+        String::from_utf8_lossy(&from_vip.stderr)
+    );
     // Once the forwarding ends, the old connection's segments are the new holder's, which
     // has no socket for them and resets it: the forwarding was what carried it.
     block_on_in(&seg.nodes[new], move || async move {

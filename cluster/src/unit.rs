@@ -11,6 +11,12 @@
 //! `arp_announce` 2, docs/vrrp.md). Without that path `ProtectKernelTunables` left them
 //! read-only and the setting failed on every RHCOS node (the QEMU cluster's journals:
 //! "arp_announce: Read-only file system").
+//!
+//! `KillMode=mixed`: a stop sends SIGTERM to the agent alone, which then takes its time
+//! (at most 10 s) to hand the VIP over, drain the proxy and stop the processes it
+//! supervises itself; only what is left when it exits is killed. With the default
+//! (`control-group`) systemd's SIGTERM also reached the `nft` the stopping agent was
+//! running to rewrite its redirect (qemu-day2 run 12: "nft -f - failed (signal: 15)").
 
 /// Where RHCOS configs install the agent binary.
 pub const AGENT_PATH: &str = "/usr/local/bin/keelson-agent";
@@ -32,6 +38,7 @@ Type=simple
 ExecStart={AGENT_PATH} run --cluster /etc/keelson/cluster.json
 Restart=always
 RestartSec=2
+KillMode=mixed
 CapabilityBoundingSet=CAP_NET_ADMIN CAP_NET_RAW CAP_NET_BIND_SERVICE
 AmbientCapabilities=CAP_NET_ADMIN CAP_NET_RAW CAP_NET_BIND_SERVICE
 NoNewPrivileges=yes
@@ -72,6 +79,8 @@ mod tests {
         );
         assert!(unit.contains(&format!("ExecStart={AGENT_PATH} run")));
         assert!(unit.contains("WantedBy=multi-user.target"));
+        // A stop's SIGTERM for the agent only: its own nft and services finish their stop.
+        assert!(unit.lines().any(|l| l == "KillMode=mixed"), "{unit}");
         // The one tunable it writes (arp_announce), past ProtectKernelTunables.
         let rw = unit
             .lines()

@@ -14,9 +14,16 @@
 //! resolves the old holder's MAC and sends the frame from this node's). It is installed when
 //! the old holder says it is leaving (its priority-0 advert) or when this node is about to
 //! preempt it, before this node adds the VIP, so no flow opened here is missed.
+//! Segments to a port of this node's ephemeral range (`ip_local_port_range`) are never
+//! forwarded: they answer connections this node opened *from* the VIP (the port check of
+//! [`super::portsec`] does, every 10 s while master), which no client opened and no old
+//! holder knows. Forwarded, the port check's SYN-ACKs went to the old holder, the check
+//! took the VIP for dropped by the port, and the node gave the VIP up (qemu-day2 run 12's
+//! roll: a VIP move under load).
 //! The old holder's side is in [`super::vip::VipManager::retire`].
 
 use std::net::IpAddr;
+use std::ops::RangeInclusive;
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -67,16 +74,36 @@ pub fn table_name(instance: &str) -> String {
     format!("keelson_handback_{safe}")
 }
 
+/// The node's ephemeral ports, from `/proc/sys/net/ipv4/ip_local_port_range` (which IPv6
+/// uses too): two numbers, low and high.
+pub fn parse_local_port_range(text: &str) -> Option<RangeInclusive<u16>> {
+    let mut it = text.split_whitespace().map(str::parse::<u16>);
+    match (it.next(), it.next(), it.next()) {
+        (Some(Ok(lo)), Some(Ok(hi)), None) if lo <= hi => Some(lo..=hi),
+        _ => None,
+    }
+}
+
+/// This node's ephemeral ports; the kernel's default when the file cannot be read.
+fn local_port_range() -> RangeInclusive<u16> {
+    std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|t| parse_local_port_range(&t))
+        .unwrap_or(32768..=60999)
+}
+
 /// The `nft -f` script that forwards, on `iface`'s ingress, the TCP segments to `vip` of
 /// connections whose opening SYN this node did not see to `old_holder`, for `window`
-/// (the set of flows opened here forgets each one `window` after its SYN). It replaces
-/// whatever the table held in one transaction.
+/// (the set of flows opened here forgets each one `window` after its SYN), except those to
+/// a port of `local_ports` (answers to connections this node opened from the VIP). It
+/// replaces whatever the table held in one transaction.
 pub fn forward_script(
     table: &str,
     iface: &str,
     vip: IpAddr,
     old_holder: IpAddr,
     window: Duration,
+    local_ports: RangeInclusive<u16>,
 ) -> String {
     let (family, key) = if vip.is_ipv4() {
         ("ip", "ipv4_addr")
@@ -84,6 +111,7 @@ pub fn forward_script(
         ("ip6", "ipv6_addr")
     };
     let secs = window.as_secs().max(1);
+    let (lo, hi) = (local_ports.start(), local_ports.end());
     format!(
         "table netdev {table}\n\
          delete table netdev {table}\n\
@@ -97,7 +125,7 @@ pub fn forward_script(
          \tchain ingress {{\n\
          \t\ttype filter hook ingress device \"{iface}\" priority -500; policy accept;\n\
          \t\t{family} daddr {vip} tcp flags & (syn | ack) == syn add @opened {{ {family} saddr . tcp sport }} accept\n\
-         \t\t{family} daddr {vip} {family} saddr . tcp sport != @opened fwd {family} to {old_holder} device \"{iface}\"\n\
+         \t\t{family} daddr {vip} tcp dport != {lo}-{hi} {family} saddr . tcp sport != @opened fwd {family} to {old_holder} device \"{iface}\"\n\
          \t}}\n\
          }}\n"
     )
@@ -146,7 +174,14 @@ impl Handback {
 
     /// Starts (or restarts) forwarding to `old_holder` for the window.
     pub async fn forward_to(&mut self, old_holder: IpAddr) -> Result<(), NftError> {
-        let script = forward_script(&self.table, &self.iface, self.vip, old_holder, self.window);
+        let script = forward_script(
+            &self.table,
+            &self.iface,
+            self.vip,
+            old_holder,
+            self.window,
+            local_port_range(),
+        );
         match tokio::time::timeout(INSTALL_TIMEOUT, nft::apply(&script)).await {
             Ok(Ok(())) => {
                 self.active = Some((old_holder, Instant::now() + self.window));
@@ -209,6 +244,7 @@ mod tests {
             "10.0.0.5".parse().unwrap(),
             "10.0.0.11".parse().unwrap(),
             Duration::from_secs(30),
+            32768..=60999,
         ), @r#"
         table netdev keelson_handback_api
         delete table netdev keelson_handback_api
@@ -222,10 +258,24 @@ mod tests {
         	chain ingress {
         		type filter hook ingress device "eth0" priority -500; policy accept;
         		ip daddr 10.0.0.5 tcp flags & (syn | ack) == syn add @opened { ip saddr . tcp sport } accept
-        		ip daddr 10.0.0.5 ip saddr . tcp sport != @opened fwd ip to 10.0.0.11 device "eth0"
+        		ip daddr 10.0.0.5 tcp dport != 32768-60999 ip saddr . tcp sport != @opened fwd ip to 10.0.0.11 device "eth0"
         	}
         }
         "#);
+    }
+
+    #[test]
+    fn the_local_port_range_is_read_or_refused() {
+        assert_eq!(
+            parse_local_port_range("32768\t60999\n"),
+            Some(32768..=60999)
+        );
+        assert_eq!(parse_local_port_range("1024 1024"), Some(1024..=1024));
+        assert_eq!(parse_local_port_range("60999 32768"), None);
+        assert_eq!(parse_local_port_range("32768"), None);
+        assert_eq!(parse_local_port_range("1 2 3"), None);
+        assert_eq!(parse_local_port_range("a b"), None);
+        assert_eq!(parse_local_port_range("1 70000"), None);
     }
 
     #[test]
@@ -236,8 +286,9 @@ mod tests {
             "fd00::5".parse().unwrap(),
             "fe80::1".parse().unwrap(),
             Duration::from_secs(30),
+            1024..=65535,
         );
         assert!(s.contains("type ipv6_addr . inet_service"), "{s}");
-        assert!(s.contains("ip6 daddr fd00::5 ip6 saddr . tcp sport != @opened fwd ip6 to fe80::1 device \"eth0\""), "{s}");
+        assert!(s.contains("ip6 daddr fd00::5 tcp dport != 1024-65535 ip6 saddr . tcp sport != @opened fwd ip6 to fe80::1 device \"eth0\""), "{s}");
     }
 }
