@@ -375,6 +375,12 @@ pub fn replace(c: &mut Cluster) -> Result<String> {
 /// How many times each running master's agent took a VIP over because its holder's adverts
 /// stopped (a Master_Down, not a goodbye), from its journal.
 fn false_takeovers(c: &Cluster) -> std::collections::BTreeMap<String, u64> {
+    journal_counts(c, "stopped; taking over")
+}
+
+/// How many lines of each running node's agent journal contain `pattern` (a fixed string,
+/// no single quote).
+fn journal_counts(c: &Cluster, pattern: &str) -> std::collections::BTreeMap<String, u64> {
     c.vms
         .keys()
         .filter(|n| c.guest(n).is_some())
@@ -382,12 +388,40 @@ fn false_takeovers(c: &Cluster) -> std::collections::BTreeMap<String, u64> {
             let count = sh(
                 c,
                 n,
-                "journalctl --no-pager -q -o cat -u keelson-agent.service | grep -c 'stopped; taking over' || true",
+                &format!(
+                    "journalctl --no-pager -q -o cat -u keelson-agent.service | grep -cF '{pattern}' || true"
+                ),
             )
             .ok()?;
             Some((n.clone(), count.trim().parse().ok()?))
         })
         .collect()
+}
+
+/// The port-security findings (docs/vrrp.md, "Port security") of every running node over
+/// the whole run: the segment has no port security and no security group, so any finding
+/// is false, and each made its node give the VIP away (priority 1). A hand-back once made
+/// every new holder find its port dropping the VIP (run 12's roll).
+pub fn no_port_findings(c: &mut Cluster) -> Result<String> {
+    let findings = [
+        ("does not leave this node's port", "VIP dropped by the port"),
+        ("no VRRP advert has arrived", "adverts blocked"),
+    ];
+    let mut text = Vec::new();
+    let mut any = false;
+    for (pattern, what) in findings {
+        let counts = journal_counts(c, pattern);
+        any |= counts.values().any(|&n| n > 0);
+        text.push(format!(
+            "{what}: {}",
+            per_node_since(&counts, &Default::default())
+        ));
+    }
+    let text = text.join("; ");
+    if any {
+        bail!("a node found a port-security problem on a segment without port security: {text}");
+    }
+    Ok(format!("no finding on any node ({text})"))
 }
 
 /// [`false_takeovers`] since `before`, as text.

@@ -92,6 +92,7 @@ fn run(config: Config, segment: MulticastSegment) -> Result<()> {
         "4 roll",
         "5 rotate",
         "6 replace",
+        "7 findings",
     ];
     let passed = (|| {
         report.run(
@@ -127,10 +128,17 @@ fn run(config: Config, segment: MulticastSegment) -> Result<()> {
         let _ = report.run(&mut cluster, order[4], &all[1..], day2::rotate, |d| {
             d.clone()
         });
-        report.run(&mut cluster, order[5], &masters_only, day2::replace, |d| {
+        let replaced = report.run(&mut cluster, order[5], &masters_only, day2::replace, |d| {
             d.clone()
-        })?;
-        Some(())
+        });
+        report.run(
+            &mut cluster,
+            order[6],
+            &masters_only,
+            day2::no_port_findings,
+            |d| d.clone(),
+        )?;
+        replaced.map(|_| ())
     })()
     .is_some()
         && report.passed(&order);
