@@ -354,8 +354,6 @@ struct Runner {
 /// A holder of our VIP seen by ARP that we give the VIP up to unless VRRP hears a router.
 #[derive(Debug, Clone, Copy)]
 struct PendingYield {
-    /// When its frame arrived (the runner's clock).
-    seen: Duration,
     /// When to yield.
     at: Instant,
     /// Its MAC.
@@ -845,7 +843,6 @@ impl Runner {
                         fmt_mac(arp.sender_mac)
                     );
                     self.pending_yield = Some(PendingYield {
-                        seen: now,
                         at: Instant::now() + wait,
                         mac: arp.sender_mac,
                     });
@@ -854,8 +851,11 @@ impl Runner {
         }
     }
 
-    /// The advert interval after a [`Verdict::Yield`]: still master and no advert arrived
-    /// since the other holder's frame, it is a holder VRRP cannot hear; give the VIP up.
+    /// The advert interval after a [`Verdict::Yield`]: still master and still no advert
+    /// within the last Master_Down interval (the verdict's own rule, judged again), it is a
+    /// holder VRRP cannot hear; give the VIP up. Not "no advert since its frame": an
+    /// advert's time is when the kernel received it, which can be before the ARP frame
+    /// that was read first.
     async fn yield_to_silent_holder(&mut self) {
         let Some(pending) = self.pending_yield.take() else {
             return;
@@ -864,9 +864,14 @@ impl Runner {
             return;
         }
         let vip = self.spec.config.vip;
-        if self.last_other_advert.is_some_and(|t| t >= pending.seen) {
+        let now = self.now();
+        let master_down = self.machine.master_down_interval();
+        if self
+            .last_other_advert
+            .is_some_and(|t| now.saturating_sub(t) <= master_down)
+        {
             tracing::info!(
-                "vrrp {}: an advert arrived after {} announced {vip}: VRRP elects between us",
+                "vrrp {}: adverts arrive while {} announces {vip}: VRRP elects between us",
                 self.spec.config.name,
                 fmt_mac(pending.mac)
             );
@@ -878,7 +883,6 @@ impl Runner {
             self.spec.config.name,
             fmt_mac(pending.mac)
         );
-        let now = self.now();
         let actions = self.machine.yield_to_unknown(now);
         self.gate.close(now);
         self.holder_logged = false;
