@@ -52,7 +52,6 @@ pub fn workspace() -> PathBuf {
         .to_path_buf()
 }
 
-/// `var` from the environment as a path, else `default` under the workspace.
 /// Where the stand-in's layers are kept: `$STANDIN_CACHE`, else the user's cache
 /// (`$XDG_CACHE_HOME/keelson/standin`, `~/.cache/keelson/standin`), so every clone and
 /// worktree on a machine shares one build (each layer's directory is named by the hash of
@@ -76,6 +75,7 @@ pub fn standin_cache() -> PathBuf {
     }
 }
 
+/// `var` from the environment as a path, else `default` under the workspace.
 pub fn env_path(var: &str, default: &str) -> PathBuf {
     std::env::var_os(var)
         .map(PathBuf::from)

@@ -374,12 +374,11 @@ fn machine_networks(networking: Option<Networking>) -> Result<Vec<IpNet>, Instal
     Ok(out)
 }
 
-/// The API and ingress VIPs of the first platform with a mapping, checked against the
-/// machine networks; the floating IP; notes for the platform keys keelson does not read.
-#[allow(clippy::type_complexity)]
 /// The platform's key, API VIPs, ingress VIPs and floating IP.
 type PlatformFields = (String, Vec<IpAddr>, Vec<IpAddr>, Option<IpAddr>);
 
+/// The key of the first platform with a mapping, its API and ingress VIPs checked against
+/// the machine networks, the floating IP; notes for the platform keys keelson does not read.
 fn platform(
     doc: &Value,
     machine_networks: &[IpNet],
