@@ -85,6 +85,13 @@ pub enum Verdict {
     Yield,
 }
 
+/// Whether VRRP itself sees another router: a valid advert arrived within the last
+/// Master_Down interval (`since_advert`: how long ago the last one did). Then another
+/// holder of the VIP is VRRP's to elect, not the ARP rule's.
+pub fn vrrp_sees_a_router(since_advert: Option<Duration>, master_down: Duration) -> bool {
+    since_advert.is_some_and(|d| d <= master_down)
+}
+
 /// Another holder of `vip` seen in `arp`? `master`: whether we hold it;
 /// `since_advert`: time since the last valid advert from another router, if any;
 /// `master_down`: the instance's Master_Down interval.
@@ -99,7 +106,7 @@ pub fn judge(
     if !master || arp.sender_ip != vip || arp.sender_mac == own_mac {
         return Verdict::Ignore;
     }
-    if since_advert.is_some_and(|d| d <= master_down) {
+    if vrrp_sees_a_router(since_advert, master_down) {
         return Verdict::Ignore;
     }
     if arp.sender_mac > own_mac {
@@ -123,6 +130,16 @@ mod tests {
             sender_ip: ip,
             target_ip: Ipv4Addr::UNSPECIFIED,
         }
+    }
+
+    #[test]
+    fn vrrp_sees_a_router_within_master_down_only() {
+        let ms = Duration::from_millis;
+        let down = ms(3_600);
+        assert!(vrrp_sees_a_router(Some(ms(0)), down));
+        assert!(vrrp_sees_a_router(Some(down), down));
+        assert!(!vrrp_sees_a_router(Some(down + ms(1)), down));
+        assert!(!vrrp_sees_a_router(None, down), "never an advert");
     }
 
     #[test]

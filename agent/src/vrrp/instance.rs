@@ -347,7 +347,8 @@ struct Runner {
     /// Preempted ([`Action::HandOverVip`]): when the VIP we still hold is removed.
     release_at: Option<Instant>,
     /// While master: a higher-MAC holder of the VIP seen by ARP ([`Verdict::Yield`]), given
-    /// up to only if no advert arrives first ([`Runner::yield_to_silent_holder`]).
+    /// the VIP an advert interval later unless VRRP sees a router by then
+    /// ([`Runner::yield_to_silent_holder`]).
     pending_yield: Option<PendingYield>,
 }
 
@@ -851,9 +852,9 @@ impl Runner {
         }
     }
 
-    /// The advert interval after a [`Verdict::Yield`]: still master and still no advert
-    /// within the last Master_Down interval (the verdict's own rule, judged again), it is a
-    /// holder VRRP cannot hear; give the VIP up. Not "no advert since its frame": an
+    /// The advert interval after a [`Verdict::Yield`]: still master and VRRP still sees no
+    /// router ([`conflict::vrrp_sees_a_router`], the verdict's own rule, judged again), it
+    /// is a holder VRRP cannot hear; give the VIP up. Not "no advert since its frame": an
     /// advert's time is when the kernel received it, which can be before the ARP frame
     /// that was read first.
     async fn yield_to_silent_holder(&mut self) {
@@ -865,11 +866,10 @@ impl Runner {
         }
         let vip = self.spec.config.vip;
         let now = self.now();
-        let master_down = self.machine.master_down_interval();
-        if self
-            .last_other_advert
-            .is_some_and(|t| now.saturating_sub(t) <= master_down)
-        {
+        if conflict::vrrp_sees_a_router(
+            self.last_other_advert.map(|t| now.saturating_sub(t)),
+            self.machine.master_down_interval(),
+        ) {
             tracing::info!(
                 "vrrp {}: adverts arrive while {} announces {vip}: VRRP elects between us",
                 self.spec.config.name,
