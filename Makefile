@@ -12,6 +12,12 @@ export KEELSON_STANDIN_BIN := $(abspath target/$(TARGET)/$(AGENT_PROFILE)/kube-s
 # agent then says `unknown`); set it yourself to build a tarball under its commit.
 KEELSON_COMMIT ?= $(shell git rev-parse --short=12 HEAD 2>/dev/null)
 export KEELSON_COMMIT := $(KEELSON_COMMIT)
+# The host tools the cluster targets run (keelson, qemu-cluster, ...), built with the crate
+# features `cargo test --workspace --all-targets` unifies (`--examples` takes the dev-
+# dependencies' in, jsonschema's regex among them): after make test's cargo phase they are
+# fresh, where `cargo build -p keelson -p keelson-qemu-tests` rebuilt some forty crates with
+# another feature set (51 s of make test).
+HOST_BUILD := cargo build --workspace --examples
 
 .PHONY: all setup agent build image test lint qemu-cluster qemu-day2 openstack-cluster standin bench fuzz clean
 
@@ -44,7 +50,7 @@ lint:
 # CI=1: a test that would skip for a missing tool, root or the static agent fails instead.
 # scripts/cargo-tests.sh is `make agent` + `cargo test --workspace --all-targets`, with the
 # agent built beside the tests that do not need it and those run a few at a time
-# (docs/testing.md; TEST_JOBS=1 runs them one at a time).
+# (docs/testing.md; TEST_JOBS=1 runs them one at a time, AGENT_BACKGROUND=0 builds the agent first).
 test: export CI = 1
 test: setup
 	./scripts/selftest.sh
@@ -60,7 +66,7 @@ test: setup
 CONFIG ?= unicast
 # The masters boot the RHCOS stand-in (QEMU_CLUSTER_MASTERS=appliance: the appliance).
 qemu-cluster: setup agent
-	cargo build -p keelson -p keelson-qemu-tests --bin keelson --bin qemu-cluster
+	$(HOST_BUILD) --bin keelson --bin qemu-cluster
 	KEELSON_BIN=$(abspath target/debug/keelson) target/debug/qemu-cluster --config $(CONFIG)
 
 # Day-2 operations in the QEMU cluster (docs/operations.md, docs/qemu-cluster.md): the control
@@ -76,7 +82,7 @@ DAY2_CONFIG ?= multicast
 DAY2_SEGMENT ?= switch
 DAY2_HANDBACK ?= 30
 qemu-day2: setup agent
-	cargo build -p keelson -p keelson-qemu-tests --bin keelson --bin qemu-day2
+	$(HOST_BUILD) --bin keelson --bin qemu-day2
 	KEELSON_HANDBACK_SECS=$(DAY2_HANDBACK) KEELSON_BIN=$(abspath target/debug/keelson) target/debug/qemu-day2 --config $(DAY2_CONFIG) --segment $(DAY2_SEGMENT)
 
 # The cluster on a real OpenStack: installs, configures and starts an all-in-one Debian 12
@@ -85,14 +91,14 @@ qemu-day2: setup agent
 # cluster from outside and stops, by PID, what it started (docs/openstack.md).
 # OPENSTACK_ARGS=--subset: bootstrap and one master only (what `make test` runs).
 openstack-cluster: setup agent
-	cargo build -p keelson -p keelson-qemu-tests --bin keelson --bin openstack-cluster --bin qemu-cluster
+	$(HOST_BUILD) --bin keelson --bin openstack-cluster --bin qemu-cluster
 	KEELSON_BIN=$(abspath target/debug/keelson) scripts/openstack/run.sh $(OPENSTACK_ARGS)
 
 # The RHCOS stand-in the masters of qemu-cluster boot (docs/rhcos.md): built with mmdebstrap
 # on first use (minutes), then taken from ~/.cache/keelson/standin/ (shared by every clone;
 # STANDIN_CACHE=DIR elsewhere). qemu-cluster builds it itself.
 standin: setup agent
-	cargo build -p keelson-qemu-tests --bin qemu-cluster
+	$(HOST_BUILD) --bin qemu-cluster
 	target/debug/qemu-cluster standin
 
 bench: setup agent

@@ -2,23 +2,27 @@
 # `make test`'s cargo phase: what `make agent && cargo test --workspace --all-targets` does,
 # in less wall time (docs/testing.md, "How `make test` runs the cargo tests"):
 #  1. the static agent (`make agent`: release, fat LTO, one codegen unit, minutes of mostly
-#     one core) builds in the background, at nice 19, while the test targets compile and
-#     the tests below run;
+#     one core) builds in the background at idle CPU priority while the test targets compile
+#     and the tests below run. Idle for real: `setsid` gives the build a scheduler autogroup
+#     of its own (Linux's autogroups, on by default), in which a plain `nice -n 19` only
+#     ranks the build against itself — the group still took an equal share of the CPU
+#     beside the tests (a keepalived interop test with 100 ms adverts failed so in the CI
+#     of 2026-11-26). So the group itself is set to nice 19 and the build runs SCHED_IDLE;
 #  2. the test targets that do not need it (every crate's unit tests and every integration
-#     test but keelson-qemu-tests') run TEST_JOBS at a time (default 1; 3 saves minutes but VRRP tests with 100 ms adverts flaked side by side on a loaded machine): most of their time
-#     is spent waiting on timers (VRRP Master_Down, member expiry, grace periods), and each
-#     runs in namespaces named for its own process (docs/testing.md, "House rules");
+#     test but keelson-qemu-tests') run in two lanes: the VRRP targets (vrrp_*, adverts of
+#     100 ms, the ones that flaked beside each other) one at a time, and beside them the
+#     others one at a time. Most of their time is timers (Master_Down, member expiry,
+#     grace periods), and each runs in namespaces named for its own process (docs/testing.md,
+#     "House rules"). TEST_JOBS=1 runs every target one after the other;
 #  3. once the static agent is there, keelson-qemu-tests' tests (its size bar, the image boot
-#     and the BGP fabric under QEMU) run one after the other, alone, as before.
+#     and the BGP fabric under QEMU) run one after the other, alone.
 # Each job is a `cargo test --workspace ...` of one target (the build is shared and fresh);
 # its output is printed whole when it ends. The first failure stops new jobs; the running
-# ones finish and every failure is named at the end. TEST_JOBS=1 runs them one at a time;
-# AGENT_BACKGROUND=1 overlaps the agent build with the tests (default 0: in the fresh-clone
-# CI of 2026-11-26 keepalived_interop_v3_multicast failed beside the background LTO build,
-# a keelson backup claiming within 300 ms of its start while keepalived held the VIP).
+# ones finish and every failure is named at the end. AGENT_BACKGROUND=0 builds the agent
+# first instead.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-jobs=${TEST_JOBS:-1}
+lanes=${TEST_JOBS:-2}
 logs=target/cargo-tests
 rm -rf "$logs"
 mkdir -p "$logs"
@@ -31,12 +35,12 @@ stop_agent() {
 }
 trap stop_agent EXIT
 trap 'exit 130' INT TERM
-if [ "${AGENT_BACKGROUND:-0}" = 1 ]; then
-  echo "cargo-tests: make agent in the background (its output: $logs/agent.log)"
-  # At the lowest priority (nice 19): it takes the CPU the tests leave idle, and a test's
-  # timers never wait behind it. A process group of its own (setsid), so an interrupted
-  # run stops the whole build.
-  setsid nice -n 19 make --no-print-directory agent >"$logs/agent.log" 2>&1 &
+if [ "${AGENT_BACKGROUND:-1}" = 1 ]; then
+  echo "cargo-tests: make agent in the background at idle priority (its output: $logs/agent.log)"
+  # A process group of its own (setsid), so an interrupted run stops the whole build; that
+  # also makes it an autogroup of its own, whose nice is what ranks it against the tests.
+  setsid bash -c 'echo 19 >/proc/self/autogroup 2>/dev/null || true
+    exec chrt --idle 0 nice -n 19 make --no-print-directory agent' >"$logs/agent.log" 2>&1 &
   agent_pid=$!
 else
   make --no-print-directory agent
@@ -80,13 +84,17 @@ for line in "${targets[@]}"; do
     args_of[$name]="$flag $name"
   fi
 done
-# The longest waits first (reverse name order puts the vrrp_* targets first), so the tail
-# is short; the unit tests (CPU, seconds) lead.
-mapfile -t order < <(printf '%s\n' "${!args_of[@]}" | grep -vx units | sort -r)
+# Two queues, the longest waits first in each (reverse name order puts the longest VRRP
+# targets first); the unit tests (CPU, seconds) lead the other lane.
+mapfile -t vrrp_queue < <(printf '%s\n' "${!args_of[@]}" | grep '^vrrp_' | sort -r)
+mapfile -t other_queue < <(printf '%s\n' "${!args_of[@]}" | grep -vx units | grep -v '^vrrp_' | sort -r)
+other_queue=(units "${other_queue[@]}")
 
 declare -A name_of
 failed=()
 running=0
+vrrp_running=
+other_running=
 finish_one() {
   local pid
   # Only the test jobs: the agent build is waited for by wait_agent.
@@ -94,16 +102,15 @@ finish_one() {
   local name=${name_of[$pid]}
   unset "name_of[$pid]"
   running=$((running - 1))
+  [ "$name" = "$vrrp_running" ] && vrrp_running=
+  [ "$name" = "$other_running" ] && other_running=
   read -r rc secs <"$logs/$name.rc"
   echo "===== cargo test --workspace ${args_of[$name]} ($name): $([ "$rc" = 0 ] && echo ok || echo FAILED) in $secs s"
   cat "$logs/$name.log"
   [ "$rc" = 0 ] || failed+=("$name")
 }
-t=$SECONDS
-for name in units "${order[@]}"; do
-  [ ${#failed[@]} -eq 0 ] || break
-  while [ "$running" -ge "$jobs" ]; do finish_one; done
-  [ ${#failed[@]} -eq 0 ] || break
+start_one() {
+  local name=$1
   # shellcheck disable=SC2086 # the target's flags, split on purpose
   (
     s=$SECONDS
@@ -113,13 +120,39 @@ for name in units "${order[@]}"; do
   ) &
   name_of[$!]=$name
   running=$((running + 1))
+}
+t=$SECONDS
+while [ ${#failed[@]} -eq 0 ] && [ $((${#vrrp_queue[@]} + ${#other_queue[@]})) -gt 0 ]; do
+  if [ "$lanes" -le 1 ]; then
+    # One at a time: the VRRP targets, then the rest.
+    if [ ${#vrrp_queue[@]} -gt 0 ]; then
+      start_one "${vrrp_queue[0]}"
+      vrrp_queue=("${vrrp_queue[@]:1}")
+    else
+      start_one "${other_queue[0]}"
+      other_queue=("${other_queue[@]:1}")
+    fi
+    finish_one
+    continue
+  fi
+  if [ -z "$vrrp_running" ] && [ ${#vrrp_queue[@]} -gt 0 ]; then
+    vrrp_running=${vrrp_queue[0]}
+    vrrp_queue=("${vrrp_queue[@]:1}")
+    start_one "$vrrp_running"
+  fi
+  if [ -z "$other_running" ] && [ ${#other_queue[@]} -gt 0 ]; then
+    other_running=${other_queue[0]}
+    other_queue=("${other_queue[@]:1}")
+    start_one "$other_running"
+  fi
+  finish_one
 done
 while [ "$running" -gt 0 ]; do finish_one; done
 if [ ${#failed[@]} -ne 0 ]; then
   echo "cargo-tests: FAILED: ${failed[*]} (logs in $logs/)" >&2
   exit 1
 fi
-echo "cargo-tests: ${#order[@]} test targets and the unit tests passed in $((SECONDS - t)) s ($jobs at a time)"
+echo "cargo-tests: $((${#args_of[@]} - 1)) test targets and the unit tests passed in $((SECONDS - t)) s ($([ "$lanes" -le 1 ] && echo "one at a time" || echo "two lanes"))"
 
 wait_agent
 if [ ${#late[@]} -ne 0 ]; then
