@@ -197,44 +197,54 @@ impl Segment {
     /// the old holder just before a claim and the new one just after, and miss both
     /// holding it through the 200 ms hand-over.
     pub fn wait_sole_holder(&self, i: usize, address: &str, limit: Duration) -> Duration {
-        let t = Instant::now();
-        let mut first_seen = None;
-        loop {
-            let h = self.holders(address);
-            if h == [i] {
-                match first_seen {
-                    Some(at) => return at,
-                    None => {
-                        first_seen = Some(t.elapsed());
-                        continue;
-                    }
-                }
-            }
-            first_seen = None;
-            assert!(
-                t.elapsed() <= limit,
-                "{address}: expected only node {i} to hold it within {limit:?}, holders {h:?}"
-            );
-            std::thread::sleep(Duration::from_millis(10));
-        }
+        self.wait_stable_sole_holder(address, limit, |h| h == i)
+            .unwrap_or_else(|h| {
+                panic!(
+                    "{address}: expected only node {i} to hold it within {limit:?}, holders {h:?}"
+                )
+            })
+            .1
     }
 
     /// Waits (up to `limit`) until one of the nodes `among`, and no other node, holds
-    /// `address`; that node.
+    /// `address`; that node. Two scans in a row must agree, as in
+    /// [`Segment::wait_sole_holder`]: two nodes that claim in the same millisecond both hold
+    /// it until one yields, and one scan can read the first just before its claim and the
+    /// second just after.
     pub fn wait_sole_holder_among(&self, address: &str, among: &[usize], limit: Duration) -> usize {
-        let mut holder = 0;
-        crate::wait::wait_for_ok(
-            "one of the others holding the VIP alone",
-            limit,
-            || match self.holders(address).as_slice() {
-                [h] if among.contains(h) => {
-                    holder = *h;
-                    Ok(())
+        self.wait_stable_sole_holder(address, limit, |h| among.contains(&h))
+            .unwrap_or_else(|h| {
+                panic!("{address}: expected one of {among:?} alone to hold it within {limit:?}, holders {h:?}")
+            })
+            .0
+    }
+
+    /// Scans until two scans in a row find the same single holder, one that `accept`s;
+    /// that holder and the time until the first of the two scans. After `limit`, the
+    /// holders of the last scan as the error.
+    fn wait_stable_sole_holder(
+        &self,
+        address: &str,
+        limit: Duration,
+        accept: impl Fn(usize) -> bool,
+    ) -> Result<(usize, Duration), Vec<usize>> {
+        let t = Instant::now();
+        let mut first_seen: Option<(usize, Duration)> = None;
+        loop {
+            let h = self.holders(address);
+            match (h.as_slice(), first_seen) {
+                (&[one], Some((seen, at))) if one == seen => return Ok((one, at)),
+                (&[one], _) if accept(one) => {
+                    first_seen = Some((one, t.elapsed()));
+                    continue;
                 }
-                h => Err(format!("holders {h:?}")),
-            },
-        );
-        holder
+                _ => first_seen = None,
+            }
+            if t.elapsed() > limit {
+                return Err(h);
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
     }
 
     /// Asserts that node `i` stays the sole holder of `address` for `dur`.
