@@ -7,7 +7,7 @@
 #                                         start what is not running (all, or the named
 #                                         ones); a service already running is reused and
 #                                         left alone
-#   scripts/openstack/services.sh stop    stop, by PID, what `start` started (newest first)
+#   scripts/openstack/services.sh stop    stop, by PID, what `start` started (the OpenStack services at once, then their infrastructure newest first)
 #   scripts/openstack/services.sh status  one line per service: running (PID) or not
 #
 # `start` records "name pid starttime" of each service it started in $OS_STATE/started;
@@ -139,9 +139,37 @@ stop_pid() {
   log "$name (PID $pid) killed after 30 s"
 }
 
+# The services the others need while they stop (their database, queue, cache, D-Bus,
+# libvirt): stopped one by one, newest first, after every other service has stopped.
+INFRA_SERVICES=" dbus mariadb epmd rabbitmq-server memcached virtlogd libvirtd "
+
+# stop_service NAME PID: stops one service started by `start`, with what it started.
+stop_service() {
+  local name=$1 pid=$2 f dom
+  # What Neutron's agents started for the cluster's networks (dnsmasq, the metadata
+  # haproxy in each DHCP namespace) goes with the agent that started it.
+  if [ "$name" = neutron-dhcp-agent ]; then
+    for f in /var/lib/neutron/dhcp/*/pid /var/lib/neutron/external/pids/*.pid; do
+      # Only while the file names one of them (a file from before a reboot may not).
+      [ -s "$f" ] && grep -qxE 'dnsmasq|haproxy' "/proc/$(cat "$f")/comm" 2>/dev/null &&
+        stop_pid "$(basename "$(dirname "$f")")/$(basename "$f")" "$(cat "$f")"
+    done
+  fi
+  # Guests libvirt still runs go with it (the run deletes its servers first).
+  if [ "$name" = libvirtd ]; then
+    for dom in $(virsh -c qemu:///system list --name 2>/dev/null); do
+      virsh -c qemu:///system destroy "$dom" >/dev/null 2>&1 && log "guest $dom destroyed"
+    done
+  fi
+  stop_pid "$name" "$pid"
+}
+
+# The OpenStack services (each takes ~3 s to stop, Heat's and Nova's graceful shutdown)
+# stop all at once, then the infrastructure they use, newest first: 73 s one by one in the
+# fresh-clone CI of 2026-11-26.
 stop() {
   [ -s "$STARTED" ] || { log "nothing to stop: no service was started by services.sh start"; return 0; }
-  local lines name pid started f
+  local lines name pid started infra=()
   mapfile -t lines < "$STARTED"
   for ((i = ${#lines[@]} - 1; i >= 0; i--)); do
     read -r name pid started <<<"${lines[i]}"
@@ -149,22 +177,16 @@ stop() {
       log "$name (PID $pid) is not running any more (that PID is not the process started); skipped"
       continue
     fi
-    # What Neutron's agents started for the cluster's networks (dnsmasq, the metadata
-    # haproxy in each DHCP namespace) goes with the agent that started it.
-    if [ "$name" = neutron-dhcp-agent ]; then
-      for f in /var/lib/neutron/dhcp/*/pid /var/lib/neutron/external/pids/*.pid; do
-        # Only while the file names one of them (a file from before a reboot may not).
-        [ -s "$f" ] && grep -qxE 'dnsmasq|haproxy' "/proc/$(cat "$f")/comm" 2>/dev/null &&
-          stop_pid "$(basename "$(dirname "$f")")/$(basename "$f")" "$(cat "$f")"
-      done
+    if [[ $INFRA_SERVICES == *" $name "* ]]; then
+      infra+=("$name $pid")
+    else
+      stop_service "$name" "$pid" &
     fi
-    # Guests libvirt still runs go with it (the run deletes its servers first).
-    if [ "$name" = libvirtd ]; then
-      for dom in $(virsh -c qemu:///system list --name 2>/dev/null); do
-        virsh -c qemu:///system destroy "$dom" >/dev/null 2>&1 && log "guest $dom destroyed"
-      done
-    fi
-    stop_pid "$name" "$pid"
+  done
+  wait
+  for line in "${infra[@]}"; do
+    # shellcheck disable=SC2086 # name and PID, split on purpose
+    stop_service $line
   done
   rm -f "$STARTED"
 }
