@@ -49,7 +49,7 @@ lint:
 # Glance; docs/openstack.md), which the run installs, starts and stops itself.
 # CI=1: a test that would skip for a missing tool, root or the static agent fails instead.
 # scripts/cargo-tests.sh is `make agent` + `cargo test --workspace --all-targets`, with the
-# agent built beside the tests that do not need it and those run a few at a time
+# agent built at idle priority beside the tests that do not need it, and those in two lanes
 # (docs/testing.md; TEST_JOBS=1 runs them one at a time, AGENT_BACKGROUND=0 builds the agent first).
 test: export CI = 1
 test: setup
