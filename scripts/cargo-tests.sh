@@ -84,15 +84,21 @@ for line in "${targets[@]}"; do
     args_of[$name]="$flag $name"
   fi
 done
-# Two queues, the longest waits first in each (reverse name order puts the longest VRRP
-# targets first); the unit tests (CPU, seconds) lead the other lane.
-mapfile -t vrrp_queue < <(printf '%s\n' "${!args_of[@]}" | grep '^vrrp_' | sort -r)
-mapfile -t other_queue < <(printf '%s\n' "${!args_of[@]}" | grep -vx units | grep -v '^vrrp_' | sort -r)
-other_queue=(units "${other_queue[@]}")
+# Two lanes, the longest waits first in each (reverse name order puts the longest VRRP
+# targets first): the VRRP targets in one; the unit tests (CPU, seconds) and then the rest
+# in the other. TEST_JOBS=1: one lane, the VRRP targets first.
+mapfile -t vrrp_lane < <(printf '%s\n' "${!args_of[@]}" | grep '^vrrp_' | sort -r)
+mapfile -t other_lane < <(printf '%s\n' "${!args_of[@]}" | grep -vx units | grep -v '^vrrp_' | sort -r)
+other_lane=(units "${other_lane[@]}")
+if [ "$lanes" -le 1 ]; then
+  vrrp_lane+=("${other_lane[@]}")
+  other_lane=()
+fi
 
 declare -A name_of
 failed=()
 running=0
+# The target each lane runs now (empty: none).
 vrrp_running=
 other_running=
 finish_one() {
@@ -121,30 +127,18 @@ start_one() {
   name_of[$!]=$name
   running=$((running + 1))
 }
+# start_next LANE RUNNING: starts LANE's next target unless the lane runs one (RUNNING).
+start_next() {
+  local -n lane=$1 current=$2
+  { [ -z "$current" ] && [ ${#lane[@]} -gt 0 ]; } || return 0
+  current=${lane[0]}
+  lane=("${lane[@]:1}")
+  start_one "$current"
+}
 t=$SECONDS
-while [ ${#failed[@]} -eq 0 ] && [ $((${#vrrp_queue[@]} + ${#other_queue[@]})) -gt 0 ]; do
-  if [ "$lanes" -le 1 ]; then
-    # One at a time: the VRRP targets, then the rest.
-    if [ ${#vrrp_queue[@]} -gt 0 ]; then
-      start_one "${vrrp_queue[0]}"
-      vrrp_queue=("${vrrp_queue[@]:1}")
-    else
-      start_one "${other_queue[0]}"
-      other_queue=("${other_queue[@]:1}")
-    fi
-    finish_one
-    continue
-  fi
-  if [ -z "$vrrp_running" ] && [ ${#vrrp_queue[@]} -gt 0 ]; then
-    vrrp_running=${vrrp_queue[0]}
-    vrrp_queue=("${vrrp_queue[@]:1}")
-    start_one "$vrrp_running"
-  fi
-  if [ -z "$other_running" ] && [ ${#other_queue[@]} -gt 0 ]; then
-    other_running=${other_queue[0]}
-    other_queue=("${other_queue[@]:1}")
-    start_one "$other_running"
-  fi
+while [ ${#failed[@]} -eq 0 ] && [ $((${#vrrp_lane[@]} + ${#other_lane[@]})) -gt 0 ]; do
+  start_next vrrp_lane vrrp_running
+  start_next other_lane other_running
   finish_one
 done
 while [ "$running" -gt 0 ]; do finish_one; done
