@@ -22,8 +22,9 @@ STARTED=$OS_STATE/started
 RUN=/run/keelson-openstack
 mkdir -p "$OS_STATE" "$RUN"
 
-# "name pidfile log": the order they start in.
-SERVICES=(
+# "name pidfile log", in the order they start. First the infrastructure the OpenStack
+# services use (D-Bus, database, queue, cache, libvirt): it stops last, one by one.
+INFRA_SERVICES=(
   "dbus /run/dbus/pid /etc/init.d/dbus"
   "mariadb /run/mysqld/mysqld.pid /var/log/mysql/error.log"
   "epmd $RUN/epmd.pid /var/log/rabbitmq/epmd.log"
@@ -31,6 +32,9 @@ SERVICES=(
   "memcached /run/memcached/memcached.pid /var/log/memcached.log"
   "virtlogd /run/virtlogd.pid /var/log/libvirt/virtlogd.log"
   "libvirtd /run/libvirtd.pid /var/log/libvirt/libvirtd.log"
+)
+SERVICES=(
+  "${INFRA_SERVICES[@]}"
   "keystone /run/keystone/keystone.pid /var/log/keystone/keystone.log"
   "glance-api /run/glance/glance-api.pid /var/log/glance/glance-api.log"
   "placement-api /run/placement/placement-api.pid /var/log/placement/placement-api.log"
@@ -139,9 +143,14 @@ stop_pid() {
   log "$name (PID $pid) killed after 30 s"
 }
 
-# The services the others need while they stop (their database, queue, cache, D-Bus,
-# libvirt): stopped one by one, newest first, after every other service has stopped.
-INFRA_SERVICES=" dbus mariadb epmd rabbitmq-server memcached virtlogd libvirtd "
+# is_infra NAME: whether NAME is one of INFRA_SERVICES.
+is_infra() {
+  local entry
+  for entry in "${INFRA_SERVICES[@]}"; do
+    [ "${entry%% *}" = "$1" ] && return 0
+  done
+  return 1
+}
 
 # stop_service NAME PID: stops one service started by `start`, with what it started.
 stop_service() {
@@ -177,7 +186,7 @@ stop() {
       log "$name (PID $pid) is not running any more (that PID is not the process started); skipped"
       continue
     fi
-    if [[ $INFRA_SERVICES == *" $name "* ]]; then
+    if is_infra "$name"; then
       infra+=("$name $pid")
     else
       stop_service "$name" "$pid" &
