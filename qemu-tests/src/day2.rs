@@ -378,6 +378,12 @@ fn false_takeovers(c: &Cluster) -> std::collections::BTreeMap<String, u64> {
     journal_counts(c, "stopped; taking over")
 }
 
+/// The running nodes with a guest agent port (the stand-in runs `qemu-ga`; a stopped VM has
+/// left `vms`): the ones whose journal can be read.
+fn running_nodes(c: &Cluster) -> impl Iterator<Item = &String> {
+    c.vms.keys().filter(|n| c.guest(n).is_some())
+}
+
 /// How many lines of each running node's agent journal contain `pattern` (a fixed string);
 /// a node whose journal could not be read is left out.
 fn journal_counts(c: &Cluster, pattern: &str) -> std::collections::BTreeMap<String, u64> {
@@ -386,9 +392,7 @@ fn journal_counts(c: &Cluster, pattern: &str) -> std::collections::BTreeMap<Stri
         !pattern.contains('\''),
         "pattern {pattern:?} has a single quote"
     );
-    c.vms
-        .keys()
-        .filter(|n| c.guest(n).is_some())
+    running_nodes(c)
         .filter_map(|n| {
             let count = sh(
                 c,
@@ -412,7 +416,7 @@ pub fn no_port_findings(c: &mut Cluster) -> Result<String> {
         ("does not leave this node", "VIP dropped by the port"),
         ("no VRRP advert has arrived", "adverts blocked"),
     ];
-    let running = c.vms.keys().filter(|n| c.guest(n).is_some()).count();
+    let running = running_nodes(c).count();
     let mut text = Vec::new();
     let mut any = false;
     for (pattern, what) in findings {
