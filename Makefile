@@ -15,8 +15,8 @@ export KEELSON_COMMIT := $(KEELSON_COMMIT)
 # The host tools the cluster targets run (keelson, qemu-cluster, ...), built with the crate
 # features `cargo test --workspace --all-targets` unifies (`--examples` takes the dev-
 # dependencies' in, jsonschema's regex among them): after make test's cargo phase they are
-# fresh, where `cargo build -p keelson -p keelson-qemu-tests` rebuilt some forty crates with
-# another feature set (51 s of make test).
+# fresh, where `cargo build -p keelson -p keelson-qemu-tests` rebuilt 36 crates with another
+# feature set (51 s of make test).
 HOST_BUILD := cargo build --workspace --examples
 
 .PHONY: all setup agent build image test lint qemu-cluster qemu-day2 openstack-cluster standin bench fuzz clean
