@@ -47,6 +47,9 @@ REQUIRED=(
   "sha256sum coreutils"
   "timeout coreutils"
   "taskset util-linux"
+  # scripts/cargo-tests.sh: the static agent built in a session of its own at idle priority.
+  "setsid util-linux"
+  "chrt util-linux"
   "bc bc"
   # The VRRP test's packet injector (agent/tests/vrrp_election.rs).
   "python3 python3"
