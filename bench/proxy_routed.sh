@@ -9,7 +9,7 @@
 #
 # Compared, each with `wrk -t1` per client, CONNS connections in all, `Connection: close`:
 #   direct   the backend itself, routed through the holder (no proxy, no NAT);
-#   haproxy  VIP:9445, OpenShift's settings (mode tcp, retries, timeouts; no checks);
+#   haproxy  VIP:9445, OpenShift's haproxy.cfg (bench/lib/proxy.sh; no checks);
 #   keelson  VIP:9446, `keelson-agent proxy --check none` with its defaults;
 #   dnat     VIP:6443 forwarded by the holder's kernel: nftables DNAT to the backend and
 #            masquerade to the holder's address, no process on the path (the "kernel
@@ -42,6 +42,8 @@
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
+# shellcheck source=bench/lib/proxy.sh
+. bench/lib/proxy.sh
 SECS=${SECS:-5}
 ROUNDS=${ROUNDS:-3}
 CONNS=${CONNS:-32}
@@ -72,45 +74,8 @@ teardown() {
 }
 trap 'teardown; rm -rf "$WORK"' EXIT
 
-mkdir -p "$WORK/www"
-head -c 100 /dev/zero | tr '\0' 'k' >"$WORK/www/small"
-cat >"$WORK/nginx.conf" <<EOF
-worker_processes 1;
-daemon off;
-pid $WORK/nginx.pid;
-error_log stderr warn;
-user root;
-worker_rlimit_nofile 16384;
-events { worker_connections 8192; }
-http {
-  access_log off;
-  sendfile on;
-  tcp_nodelay on;
-  client_body_temp_path $WORK/www;
-  proxy_temp_path $WORK/www;
-  fastcgi_temp_path $WORK/www;
-  uwsgi_temp_path $WORK/www;
-  scgi_temp_path $WORK/www;
-  server { listen 10.77.200.2:6443 backlog=4096; root $WORK/www; }
-}
-EOF
-# OpenShift's haproxy.cfg settings, as bench/proxy_vs_haproxy.sh uses them (no checks).
-cat >"$WORK/haproxy.cfg" <<EOF
-global
-  maxconn 8000
-defaults
-  mode tcp
-  retries 3
-  timeout connect 10s
-  timeout client 1m
-  timeout server 1m
-  timeout tunnel 5m
-frontend api
-  bind 10.77.0.100:9445
-  default_backend masters
-backend masters
-  server b 10.77.200.2:6443
-EOF
+write_nginx_conf "$WORK" 10.77.200.2:6443
+write_haproxy_cfg "$WORK/haproxy.cfg" 8000 "api 10.77.0.100:9445 10.77.200.2:6443"
 
 # Receive processing of device $2 in namespace $1 on the CPUs of mask $3 (RPS=1).
 steer() {
@@ -254,7 +219,8 @@ run() { # mode
   teardown
 }
 
-median() { tr ' ' '\n' | grep . | sort -n | awk '{ a[NR] = $1 } END { print a[int((NR + 1) / 2)] }'; }
+# The median of the space-separated numbers in "$1".
+median_of() { tr ' ' '\n' <<<"$1" | grep . | median; }
 
 declare -A RATES SYN PAWS US
 echo "rounds of $SECS s, $CONNS connections from $CLIENTS client(s), RPS=$RPS"
@@ -274,14 +240,14 @@ done
 echo
 printf '%-8s %8s %8s %6s %8s   %s\n' mode 'r/s' 'syn-rtx' 'paws' 'us/conn' 'rounds r/s'
 for m in $MODES; do
-  printf '%-8s %8s %8s %6s %8s   %s\n' "$m" "$(median <<<"${RATES[$m]}")" \
-    "$(median <<<"${SYN[$m]}")" "$(median <<<"${PAWS[$m]}")" "$(median <<<"${US[$m]}")" "${RATES[$m]}"
+  printf '%-8s %8s %8s %6s %8s   %s\n' "$m" "$(median_of "${RATES[$m]}")" \
+    "$(median_of "${SYN[$m]}")" "$(median_of "${PAWS[$m]}")" "$(median_of "${US[$m]}")" "${RATES[$m]}"
 done
 if [[ " $MODES " == *" haproxy "* ]]; then
-  h=$(median <<<"${RATES[haproxy]}")
+  h=$(median_of "${RATES[haproxy]}")
   for m in $MODES; do
     [[ $m == haproxy ]] && continue
-    awk -v m="$m" -v a="$(median <<<"${RATES[$m]}")" -v h="$h" \
+    awk -v m="$m" -v a="$(median_of "${RATES[$m]}")" -v h="$h" \
       'BEGIN { if (h > 0) printf "%s / haproxy = %.2f\n", m, a / h }'
   done
 fi

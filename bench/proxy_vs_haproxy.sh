@@ -48,6 +48,8 @@
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
+# shellcheck source=bench/lib/proxy.sh
+. bench/lib/proxy.sh
 SECS=${SECS:-8}
 ROUNDS=${ROUNDS:-7}
 CONNS=${CONNS:-32}
@@ -110,32 +112,7 @@ H_HTTP=$(free_port)
 taskset -c "$LOAD_CPU" iperf3 -s -p "$IPERF" >"$WORK/iperf3-server.log" 2>&1 &
 PIDS+=($!)
 
-mkdir -p "$WORK/www"
-head -c 100 /dev/zero | tr '\0' 'k' >"$WORK/www/small"
-cat >"$WORK/nginx.conf" <<EOF
-worker_processes 1;
-daemon off;
-pid $WORK/nginx.pid;
-error_log stderr warn;
-$([[ $(id -u) -eq 0 ]] && echo "user root;")
-worker_rlimit_nofile 16384;
-events { worker_connections 8192; }
-http {
-  access_log off;
-  sendfile on;
-  tcp_nodelay on;
-  keepalive_requests 100000000;
-  client_body_temp_path $WORK/www;
-  proxy_temp_path $WORK/www;
-  fastcgi_temp_path $WORK/www;
-  uwsgi_temp_path $WORK/www;
-  scgi_temp_path $WORK/www;
-  server {
-    listen 127.0.0.1:$NGX backlog=4096;
-    root $WORK/www;
-  }
-}
-EOF
+write_nginx_conf "$WORK" "127.0.0.1:$NGX"
 taskset -c "$LOAD_CPU" nginx -p "$WORK/www" -c "$WORK/nginx.conf" >"$WORK/nginx.log" 2>&1 &
 PIDS+=($!)
 NGINX_MASTER=$!
@@ -150,28 +127,10 @@ kproxy() { # listen-port backend-port
 kproxy "$K_IPERF" "$IPERF"
 kproxy "$K_HTTP" "$NGX"
 
-# OpenShift's haproxy.cfg as the machine-config-operator ships it
-# (templates/master/00-master/on-prem/files/haproxy-haproxy.yaml), TCP part, without its log
-# and stats sockets. It sets no nbthread: haproxy runs a thread per CPU it may use, one here
-# (taskset). The global maxconn only where the descriptor limit needs it (see MAXCONN).
-cat >"$WORK/haproxy.cfg" <<EOF
-global
-  maxconn $MAXCONN
-$(grep -v '^#' testdata/openshift-haproxy-defaults.cfg)
-frontend iperf
-  bind 127.0.0.1:$H_IPERF
-  default_backend iperf
-frontend http
-  bind 127.0.0.1:$H_HTTP
-  default_backend http
-backend iperf
-  balance roundrobin
-  server s0 127.0.0.1:$IPERF
-backend http
-  balance roundrobin
-  server s0 127.0.0.1:$NGX
-EOF
-haproxy -c -q -f "$WORK/haproxy.cfg"
+# OpenShift's haproxy.cfg (bench/lib/proxy.sh). The global maxconn only where the descriptor
+# limit needs it (see MAXCONN).
+write_haproxy_cfg "$WORK/haproxy.cfg" "$MAXCONN" "iperf 127.0.0.1:$H_IPERF 127.0.0.1:$IPERF" \
+  "http 127.0.0.1:$H_HTTP 127.0.0.1:$NGX"
 taskset -c "$PROXY_CPU" haproxy -db -f "$WORK/haproxy.cfg" >"$WORK/haproxy.log" 2>&1 &
 PIDS+=($!)
 HAPROXY_PID=$!
@@ -299,7 +258,6 @@ measure() { # name iperf-port iperf-pid http-port http-pid
   return 0
 }
 
-median() { sort -g | awk '{v[NR] = $1} END {print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2}'; }
 get() { awk -v n="$1" -v m="$2" '$1 == n && $2 == m {print $3}' "$WORK/results" | median; }
 
 # Memory per open connection: a fresh proxy of kind $1 in front of storm.py's backend on
@@ -338,17 +296,8 @@ if [[ " $PARTS " == *" mem "* ]]; then
   taskset -c "$LOAD_CPU" python3 bench/storm.py serve "$MEM_BACKEND" b >"$WORK/storm-serve.log" 2>&1 &
   PIDS+=($!)
   wait_port "$MEM_BACKEND" "storm.py serve"
-  cat >"$WORK/haproxy-mem.cfg" <<EOF
-global
-  maxconn $MAXCONN
-$(grep -v '^#' testdata/openshift-haproxy-defaults.cfg)
-frontend mem
-  bind 127.0.0.1:0
-  default_backend mem
-backend mem
-  balance roundrobin
-  server s0 127.0.0.1:$MEM_BACKEND
-EOF
+  # The bind address is a placeholder, set per run (mem_run).
+  write_haproxy_cfg "$WORK/haproxy-mem.cfg" "$MAXCONN" "mem 127.0.0.1:1 127.0.0.1:$MEM_BACKEND"
 fi
 
 # keelson runs one process per backend; haproxy one process with two frontends.

@@ -36,6 +36,8 @@ REQUIRED=(
   # Network-namespace tests and the harness.
   "ip iproute2"
   "ss iproute2"
+  # bench/proxy_routed.sh: TCP counters (SYN retransmissions, PAWS drops) per namespace.
+  "nstat iproute2"
   "nft nftables"
   "ping iputils-ping"
   "dig bind9-dnsutils"
