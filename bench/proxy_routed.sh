@@ -222,7 +222,7 @@ run() { # mode
 # The median of the space-separated numbers in "$1".
 median_of() { tr ' ' '\n' <<<"$1" | grep . | median; }
 
-declare -A RATES SYN PAWS US
+declare -A RATES SYN PAWS US SEGS
 echo "rounds of $SECS s, $CONNS connections from $CLIENTS client(s), RPS=$RPS"
 for r in $(seq "$ROUNDS"); do
   for m in $MODES; do
@@ -231,6 +231,7 @@ for r in $(seq "$ROUNDS"); do
     printf '  round %d %-8s %6d r/s  syn-rtx %4d  paws %d/%d  cpu%d %3d%% (softirq %3d%%)  cpu%d %3d%%  %4d us/conn (proxy %4d)  %s seg/conn\n' \
       "$r" "$m" "$rate" "$syn" "$pb" "$pl" "$PROXY_CPU" "$busy" "$soft" "$LOAD_CPU" "$lbusy" \
       "$us" "$pus" "$(awk -v s="$segs" -v n="$n" 'BEGIN { printf "%.1f", s / n }')"
+    SEGS[$m]+="$(awk -v s="$segs" -v n="$n" 'BEGIN { printf "%.1f", s / n }') "
     RATES[$m]+="$rate "
     SYN[$m]+="$syn "
     PAWS[$m]+="$((pb + pl)) "
@@ -238,10 +239,11 @@ for r in $(seq "$ROUNDS"); do
   done
 done
 echo
-printf '%-8s %8s %8s %6s %8s   %s\n' mode 'r/s' 'syn-rtx' 'paws' 'us/conn' 'rounds r/s'
+printf '%-8s %8s %8s %6s %8s %9s   %s\n' mode 'r/s' 'syn-rtx' 'paws' 'us/conn' 'seg/conn' 'rounds r/s'
 for m in $MODES; do
-  printf '%-8s %8s %8s %6s %8s   %s\n' "$m" "$(median_of "${RATES[$m]}")" \
-    "$(median_of "${SYN[$m]}")" "$(median_of "${PAWS[$m]}")" "$(median_of "${US[$m]}")" "${RATES[$m]}"
+  printf '%-8s %8s %8s %6s %8s %9s   %s\n' "$m" "$(median_of "${RATES[$m]}")" \
+    "$(median_of "${SYN[$m]}")" "$(median_of "${PAWS[$m]}")" "$(median_of "${US[$m]}")" \
+    "$(median_of "${SEGS[$m]}")" "${RATES[$m]}"
 done
 if [[ " $MODES " == *" haproxy "* ]]; then
   h=$(median_of "${RATES[haproxy]}")
