@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # New connections per second through the API VIP as a cluster routes them (docs/proxy.md,
-# "Routed"): clients, VIP holder and backend each in a network namespace of its own, joined
+# "Issue 29: between hosts, and kernel forwarding weighed"): clients, VIP holder and backend each in a network namespace of its own, joined
 # by veth pairs (client i 10.77.i.2 — holder 10.77.i.1, VIP 10.77.0.100, 10.77.200.1 —
 # backend 10.77.200.2, nginx serving a small file on :6443), where bench/proxy_vs_haproxy.sh
 # puts all of them on loopback. Separate stacks matter for connection rates: on loopback a
@@ -173,8 +173,8 @@ cpu_jiffies() { awk -v c="cpu$1" '$1 == c { print $2 + $3 + $4 + $7 + $8, $8 }' 
 # user + system jiffies of process $1.
 proc_jiffies() { awk '{ print $14 + $15 }' "/proc/$1/stat" 2>/dev/null || echo 0; }
 
-# One run of MODE in fresh namespaces. Prints "r/s syn-rtx paws-backend paws-holder segments
-# proxy-cpu% softirq% load-cpu% us/conn proxy-us/conn requests".
+# One run of MODE in fresh namespaces. Prints "r/s syn-rtx paws-backend paws-holder
+# proxy-cpu% softirq% load-cpu% us/conn proxy-us/conn segments/conn".
 run() { # mode
   setup "$1"
   local pb0 ps0 lb0 pb1 ps1 lb1 pj0=0 pj1=0 i=0 c w wrks=() rate requests
@@ -211,11 +211,11 @@ run() { # mode
   rm -f "$WORK"/wrk-*.out
   echo "$rate $(client_counter TcpExtTCPSynRetrans) $(counter "$B" TcpExtPAWSTimewait)" \
     "$(counter "$L" TcpExtPAWSTimewait)" \
-    "$(($(client_counter TcpOutSegs) + $(counter "$L" TcpOutSegs) + $(counter "$B" TcpOutSegs)))" \
     "$(awk -v pb=$((pb1 - pb0)) -v ps=$((ps1 - ps0)) -v lb=$((lb1 - lb0)) -v t="$SECS" \
       -v hz="$(getconf CLK_TCK)" -v p=$((pj1 - pj0)) -v n="$requests" \
-      'BEGIN { if (n == 0) n = 1; printf "%d %d %d %d %d %d", 100 * pb / hz / t, 100 * ps / hz / t,
-        100 * lb / hz / t, (pb + lb) * 1e6 / hz / n, p * 1e6 / hz / n, n }')"
+      -v segs=$(($(client_counter TcpOutSegs) + $(counter "$L" TcpOutSegs) + $(counter "$B" TcpOutSegs))) \
+      'BEGIN { if (n == 0) n = 1; printf "%d %d %d %d %d %.1f", 100 * pb / hz / t, 100 * ps / hz / t,
+        100 * lb / hz / t, (pb + lb) * 1e6 / hz / n, p * 1e6 / hz / n, segs / n }')"
   teardown
 }
 
@@ -227,11 +227,11 @@ echo "rounds of $SECS s, $CONNS connections from $CLIENTS client(s), RPS=$RPS"
 for r in $(seq "$ROUNDS"); do
   for m in $MODES; do
     run "$m" >"$WORK/result"
-    read -r rate syn pb pl segs busy soft lbusy us pus n <"$WORK/result"
+    read -r rate syn pb pl busy soft lbusy us pus segs <"$WORK/result"
     printf '  round %d %-8s %6d r/s  syn-rtx %4d  paws %d/%d  cpu%d %3d%% (softirq %3d%%)  cpu%d %3d%%  %4d us/conn (proxy %4d)  %s seg/conn\n' \
       "$r" "$m" "$rate" "$syn" "$pb" "$pl" "$PROXY_CPU" "$busy" "$soft" "$LOAD_CPU" "$lbusy" \
-      "$us" "$pus" "$(awk -v s="$segs" -v n="$n" 'BEGIN { printf "%.1f", s / n }')"
-    SEGS[$m]+="$(awk -v s="$segs" -v n="$n" 'BEGIN { printf "%.1f", s / n }') "
+      "$us" "$pus" "$segs"
+    SEGS[$m]+="$segs "
     RATES[$m]+="$rate "
     SYN[$m]+="$syn "
     PAWS[$m]+="$((pb + pl)) "

@@ -40,7 +40,7 @@ NGINX
 # further argument "name bind-address server-address". It sets no nbthread: haproxy runs a
 # thread per CPU it may use (one under taskset), as OpenShift runs it.
 write_haproxy_cfg() { # file maxconn "name bind server"...
-  local out=$1 name bind server
+  local out=$1 spec name bind server
   {
     printf 'global\n  maxconn %s\n' "$2"
     grep -v '^#' testdata/openshift-haproxy-defaults.cfg
