@@ -93,11 +93,18 @@ impl Report {
 
     /// Prints the table: the rows, then every scenario of `order` that did not run.
     pub fn print(&self, order: &[&str]) {
-        println!();
-        println!("{:<12} {:<7} {:>8}  detail", "scenario", "result", "time");
+        print!("{}", self.table(order));
+    }
+
+    /// The table [`Report::print`] prints, with a blank line before it.
+    pub fn table(&self, order: &[&str]) -> String {
+        let mut t = format!(
+            "\n{:<12} {:<7} {:>8}  detail\n",
+            "scenario", "result", "time"
+        );
         for r in &self.rows {
-            println!(
-                "{:<12} {:<7} {:>6.1} s  {}",
+            t += &format!(
+                "{:<12} {:<7} {:>6.1} s  {}\n",
                 r.scenario,
                 if r.ok { "ok" } else { "FAILED" },
                 r.time.as_secs_f64(),
@@ -108,11 +115,12 @@ impl Report {
             .iter()
             .filter(|o| !self.rows.iter().any(|r| r.scenario == **o))
         {
-            println!(
-                "{s:<12} {:<7} {:>8}  (an earlier scenario failed)",
+            t += &format!(
+                "{s:<12} {:<7} {:>8}  (an earlier scenario failed)\n",
                 "skipped", "-"
             );
         }
+        t
     }
 }
 

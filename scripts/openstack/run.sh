@@ -18,16 +18,30 @@ flock -n 9 || { log "another run holds $OS_STATE/run.lock; waiting for it"; floc
 if [ -s "$OS_STATE/started" ]; then
   mv "$OS_STATE/started" "$OS_STATE/started.before-$$"
 fi
+# What the run was doing, and where openstack-cluster leaves its table and verdict: both are
+# said again after the stop below, whose twenty lines would otherwise be all that a log's tail
+# (CI's) shows of a failed run.
+stage="bringing the cloud up (scripts/openstack/up.sh)"
+summary=${OPENSTACK_CLUSTER_WORK:-target/openstack-cluster}/summary.txt
 finish() {
   local rc=$?
   if [ "${OPENSTACK_KEEP:-}" = 1 ]; then
     log "OPENSTACK_KEEP=1: the services stay up; scripts/openstack/down.sh stops them"
     [ -e "$OS_STATE/started.before-$$" ] && cat "$OS_STATE/started.before-$$" >> "$OS_STATE/started"
   else
-    scripts/openstack/down.sh || rc=1
+    if ! scripts/openstack/down.sh && [ "$rc" -eq 0 ]; then
+      rc=1 stage="stopping the cloud (scripts/openstack/down.sh)"
+    fi
     [ -e "$OS_STATE/started.before-$$" ] && mv "$OS_STATE/started.before-$$" "$OS_STATE/started"
   fi
   rm -f "$OS_STATE/started.before-$$"
+  if [ "$rc" -ne 0 ]; then
+    log "FAILED (exit $rc) while $stage"
+    if [ "$stage" = "running the cluster" ] && [ -s "$summary" ]; then
+      log "what openstack-cluster said at the end ($summary; all of it is above):"
+      sed 's/^/  /' "$summary" >&2
+    fi
+  fi
   exit $rc
 }
 trap finish EXIT
@@ -36,4 +50,5 @@ t=$SECONDS
 # as long as it runs, so a run reusing services left up (OPENSTACK_KEEP=1) waited forever.
 scripts/openstack/up.sh 9>&-
 log "the cloud was up after $((SECONDS - t)) s"
+stage="running the cluster"
 target/debug/openstack-cluster "$@"

@@ -13,6 +13,7 @@
 //! `OPENSTACK_CLUSTER_WORK` (default `target/openstack-cluster`), `OPENSTACK_CLUSTER_KEEP=1`
 //! (leave the servers and the network for a look afterwards).
 
+use std::path::Path;
 use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
@@ -33,9 +34,34 @@ fn main() {
             std::process::exit(2);
         }
     };
-    if let Err(e) = run(subset) {
-        eprintln!("openstack-cluster: {e:#}");
+    let work = env_path("OPENSTACK_CLUSTER_WORK", "target/openstack-cluster");
+    let summary = work.join(SUMMARY);
+    // A summary left by an earlier run must not stand for this one's.
+    let _ = std::fs::remove_file(&summary);
+    if let Err(e) = run(subset, &work) {
+        let line = format!("openstack-cluster: {e:#}");
+        eprintln!("{line}");
+        append(&summary, &line);
         std::process::exit(1);
+    }
+}
+
+/// The run's closing table and verdict (and the error that ended it, if one did), in the work
+/// directory: `scripts/openstack/run.sh` prints it again after stopping the cloud, whose
+/// twenty lines of log would otherwise be all a log's tail shows of a failed run.
+const SUMMARY: &str = "summary.txt";
+
+/// Appends `text` and a newline to `path`; the summary is a convenience, so a failure to write
+/// it is reported, not fatal.
+fn append(path: &Path, text: &str) {
+    use std::io::Write;
+    let written = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .and_then(|mut f| writeln!(f, "{text}"));
+    if let Err(e) = written {
+        eprintln!("openstack-cluster: writing {}: {e}", path.display());
     }
 }
 
@@ -219,10 +245,9 @@ fn openstack_memory_mib() -> Result<f64> {
     Ok(kib as f64 / 1024.0)
 }
 
-fn run(subset: bool) -> Result<()> {
+fn run(subset: bool, work: &Path) -> Result<()> {
     let start = Instant::now();
-    let work = env_path("OPENSTACK_CLUSTER_WORK", "target/openstack-cluster");
-    std::fs::create_dir_all(&work)?;
+    std::fs::create_dir_all(work)?;
     let master_image = masters()?;
     eprintln!(
         "openstack-cluster: {}; building the cluster's payloads and image in {}",
@@ -233,20 +258,21 @@ fn run(subset: bool) -> Result<()> {
         },
         work.display()
     );
-    let out = build(&work, Config::Unicast, master_image)?;
+    let out = build(work, Config::Unicast, master_image)?;
     let rhcos_disk = match master_image {
         ImageKind::Standin => Some(keelson_qemu_tests::standin::disk(&standin()?)?),
         ImageKind::Appliance => None,
     };
     let memory_idle = openstack_memory_mib()?;
     let mut cluster =
-        OpenStackCluster::new(&work, &out, rhcos_disk, deployment(subset, master_image))
+        OpenStackCluster::new(work, &out, rhcos_disk, deployment(subset, master_image))
             .context("preparing the cloud (is it up? scripts/openstack/up.sh)")?;
     let mut report = Report::new("openstack-cluster");
     let order = order(subset);
     let done = scenarios(&mut cluster, &mut report, subset).is_some();
     let memory_busy = openstack_memory_mib()?;
-    report.print(&order);
+    let table = report.table(&order);
+    print!("{table}");
     let passed = done && report.passed(&order);
     for (what, t) in &cluster.timings {
         println!("{what}: {:.1} s", t.as_secs_f64());
@@ -254,13 +280,15 @@ fn run(subset: bool) -> Result<()> {
     println!(
         "OpenStack's memory (PSS of its processes): {memory_idle:.0} MiB before the cluster, {memory_busy:.0} MiB with it running (guests not counted)"
     );
-    println!(
-        "\nopenstack-cluster: {} {} in {:.0} s; consoles: /var/lib/nova/instances/<id>/console.log, the script's output in {}",
+    let verdict = format!(
+        "openstack-cluster: {} {} in {:.0} s; consoles: /var/lib/nova/instances/<id>/console.log, the script's output in {}",
         if subset { "subset" } else { "whole cluster" },
         if passed { "PASSED" } else { "FAILED" },
         start.elapsed().as_secs_f64(),
         work.join("create-cluster.log").display()
     );
+    println!("\n{verdict}");
+    append(&work.join(SUMMARY), &format!("{table}\n{verdict}"));
     if std::env::var("OPENSTACK_CLUSTER_KEEP").as_deref() == Ok("1") {
         eprintln!(
             "openstack-cluster: OPENSTACK_CLUSTER_KEEP=1: servers and network left as they are"
