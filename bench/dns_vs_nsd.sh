@@ -210,7 +210,8 @@ run() {
     echo "$qps $completed $lost $(echo "($after - $before) * 1000000 / $HZ / $completed" | bc -l)"
 }
 
-median() { sort -g | awk '{a[NR]=$1} END {print (NR % 2) ? a[(NR+1)/2] : (a[NR/2] + a[NR/2+1]) / 2}'; }
+# shellcheck source=bench/lib/stats.sh
+. "$ROOT/bench/lib/stats.sh"
 
 : > "$WORK/k.runs"
 : > "$WORK/n.runs"

@@ -108,7 +108,8 @@ run_wrk() { # url -> requests/s
          /Non-2xx or 3xx responses/ {print "non-2xx responses: " $0 > "/dev/stderr"; exit 1}'
 }
 
-median() { sort -g | awk '{v[NR] = $1} END {print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2}'; }
+# shellcheck source=bench/lib/stats.sh
+. bench/lib/stats.sh
 KS_ALL=(); NGX_ALL=()
 for r in $(seq "$ROUNDS"); do
   ks=$(run_wrk "http://127.0.0.1:$KS_PLAIN/config/master")

@@ -256,7 +256,8 @@ one_run() { # stack -> one JSON line
     echo "{\"stack\":\"$stack\",\"holder\":\"m$h\",\"rss_idle_kib\":$idle,\"rss_loaded_kib\":$loaded,\"new_holder_rss_kib\":$nrss,${report#\{}"
 }
 
-median() { sort -n | awk '{a[NR]=$1} END{ if (NR==0) print "-"; else if (NR%2) print a[(NR+1)/2]; else print (a[NR/2]+a[NR/2+1])/2 }'; }
+# shellcheck source=bench/lib/stats.sh
+. "$ROOT/bench/lib/stats.sh"
 
 echo "reconnect storm: $N clients through VIP:6443, holder killed; rounds=$ROUNDS; $(date -u +%FT%TZ)"
 echo "load at start: $(cut -d' ' -f1-3 /proc/loadavg); $(keepalived -v 2>&1 | head -1); $(haproxy -v | head -1); keelson: $AGENT"

@@ -133,7 +133,8 @@ one_run() { # impl interval_ms -> prints failover ms
     echo $((t1 - t0))
 }
 
-median() { sort -n | awk '{a[NR]=$1} END{ if (NR%2) print a[(NR+1)/2]; else print (a[NR/2]+a[NR/2+1])/2 }'; }
+# shellcheck source=bench/lib/stats.sh
+. "$ROOT/bench/lib/stats.sh"
 
 echo "failover after node death (ms): VRRPv3, holder prio 250, backup prio 200; runs=$RUNS"
 echo "agent: $AGENT; $(keepalived -v 2>&1 | head -1)"

@@ -1,6 +1,6 @@
 # Sourced by bench/proxy_vs_haproxy.sh and bench/proxy_routed.sh (run from the repository):
 # the backend both hold the proxies in front of, haproxy's configuration as OpenShift ships
-# it, and the median.
+# it, and (from bench/lib/stats.sh) the median.
 
 # Writes $1/nginx.conf: one nginx worker serving $1/www, which holds `small` (100 bytes), on
 # listen address $2 (host:port).
@@ -54,6 +54,6 @@ write_haproxy_cfg() { # file maxconn "name bind server"...
   haproxy -c -q -f "$out"
 }
 
-# The median of the numbers on stdin (one per line; the mean of the middle two of an even
-# count).
-median() { sort -g | awk '{v[NR] = $1} END {print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2}'; }
+# The median (bench/lib/stats.sh).
+# shellcheck source=bench/lib/stats.sh
+. "$(dirname "${BASH_SOURCE[0]}")/stats.sh"

@@ -355,7 +355,8 @@ settle() {
     return 1
 }
 
-median() { sort -n | awk '{a[NR]=$1} END{ if (NR==0) print "-"; else if (NR%2) print a[(NR+1)/2]; else print (a[NR/2]+a[NR/2+1])/2 }'; }
+# shellcheck source=bench/lib/stats.sh
+. "$(dirname "${BASH_SOURCE[0]}")/stats.sh"
 spread() { sort -n | awk 'NR==1{lo=$1} {hi=$1} END{ if (NR==0) print "-"; else print lo "-" hi }'; }
 
 # SIGKILL to master $1's apiserver stand-in, found by name among its namespace's processes

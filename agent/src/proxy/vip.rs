@@ -25,6 +25,10 @@ use crate::net::nft;
 /// The nftables table (family `inet`) that holds keelson's redirects and nothing else.
 pub const NFT_TABLE: &str = "keelson_api";
 
+/// [`NFT_TABLE`]'s chains, each named after the `nat` hook it sits on: `prerouting` for
+/// connections from other hosts, `output` for this host's own.
+const NFT_CHAINS: [&str; 2] = ["prerouting", "output"];
+
 /// The `nft -f` script that makes [`NFT_TABLE`] redirect every address in `redirects` to
 /// local port `to_port`: from other hosts (prerouting) and from this host (output). The
 /// chains are created if missing and flushed, never deleted, and the rules added, in one
@@ -39,17 +43,17 @@ pub const NFT_TABLE: &str = "keelson_api";
 /// connections tracked from the table's first write on, before any redirect is needed.
 pub fn nft_script(redirects: &BTreeSet<SocketAddr>, to_port: u16) -> String {
     let mut s = format!("table inet {NFT_TABLE} {{\n");
-    for (chain, hook) in [("prerouting", "prerouting"), ("output", "output")] {
+    for chain in NFT_CHAINS {
         let _ = writeln!(
             s,
-            "\tchain {chain} {{ type nat hook {hook} priority -100; policy accept; }}"
+            "\tchain {chain} {{ type nat hook {chain} priority -100; policy accept; }}"
         );
     }
     s.push_str("}\n");
-    for chain in ["prerouting", "output"] {
+    for chain in NFT_CHAINS {
         let _ = writeln!(s, "flush chain inet {NFT_TABLE} {chain}");
     }
-    for chain in ["prerouting", "output"] {
+    for chain in NFT_CHAINS {
         for a in redirects {
             let family = if a.is_ipv4() { "ip" } else { "ip6" };
             // Only a connection's opening SYN is redirected. A node that has just taken the
