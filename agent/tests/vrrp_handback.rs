@@ -335,6 +335,7 @@ fn ipv6_hand_back(link_local: bool) {
             match op {
                 "add" => m.add().await,
                 "retire" => m.retire().await,
+                "end_retirement" => m.end_retirement().await.map(|_| ()),
                 _ => m.remove().await.map(|_| ()),
             }
             .unwrap_or_else(|e| panic!("{op}: {e}"));
@@ -439,6 +440,27 @@ fn ipv6_hand_back(link_local: bool) {
         after.is_err(),
         "the old connection answered without the forwarding: {after:?}"
     );
+    // The old holder is master again before its window ends (the new one left at once):
+    // the VIP goes back on, and at the window's end the retirement alone goes.
+    vip_op(&seg.nodes[new], "remove");
+    vip_op(&seg.nodes[old], "add");
+    vip_op(&seg.nodes[old], "end_retirement");
+    assert!(
+        !retired_vip(&seg.nodes[old], vip),
+        "end_retirement removes the rule"
+    );
+    let addrs = keelson_testkit::sh(&["ip", "-n", &seg.nodes[old], "-6", "addr", "show", "eth0"]);
+    assert!(
+        addrs.contains(&format!("{vip}/128")),
+        "end_retirement left the VIP on the interface: {addrs}"
+    );
+    client_neigh("flush");
+    let mut again = connect_to(&seg.nodes[client], at);
+    assert_eq!(
+        request(&mut again).expect("a connection to the old holder again"),
+        "old"
+    );
+    vip_op(&seg.nodes[old], "retire");
     vip_op(&seg.nodes[old], "remove");
     assert!(
         !retired_vip(&seg.nodes[old], vip),

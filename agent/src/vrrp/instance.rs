@@ -1049,6 +1049,17 @@ impl Runner {
     async fn drop_retired(&mut self) {
         self.retired_until = None;
         if self.machine.state() == State::Master {
+            // Master again within the window: the VIP stays; the retirement's rule and
+            // route, which would otherwise linger until the VIP next goes, go now.
+            match self.vip.end_retirement().await {
+                Ok(n) if n > 0 => tracing::info!(
+                    "vrrp {}: master again; the retirement of {} ended",
+                    self.spec.config.name,
+                    self.spec.config.vip
+                ),
+                Ok(_) => {}
+                Err(e) => tracing::warn!("vrrp {}: {e}", self.spec.config.name),
+            }
             return;
         }
         tracing::info!(

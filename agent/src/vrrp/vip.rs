@@ -191,8 +191,10 @@ impl VipManager {
             .collect())
     }
 
-    /// Undoes [`VipManager::retire`] (what is absent is fine); how many rules it removed.
-    async fn unretire(&self) -> Result<usize, VipError> {
+    /// Undoes [`VipManager::retire`] (what is absent is fine) and leaves the VIP's addresses
+    /// as they are: for a node that is master again when its retirement's window ends. How
+    /// many rules it removed.
+    pub async fn end_retirement(&self) -> Result<usize, VipError> {
         let rules = self.retired_rules().await?;
         let n = rules.len();
         for r in rules {
@@ -239,7 +241,7 @@ impl VipManager {
     /// also the stale ones a crashed agent or an earlier keepalived left) and its
     /// retirement ([`VipManager::retire`]). Returns how many were found.
     pub async fn remove(&self) -> Result<usize, VipError> {
-        Ok(self.remove_addresses().await? + self.unretire().await?)
+        Ok(self.remove_addresses().await? + self.end_retirement().await?)
     }
 
     /// Removes every copy of the VIP from the interface; how many.
