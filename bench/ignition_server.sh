@@ -8,6 +8,7 @@
 # times and the median of each counts, which damps noise from other load on the box.
 #
 # Env: KEELSON (binary; default target/release/keelson, else target/debug/keelson),
+#      KEELSON_AGENT (the static agent the payloads embed; default make agent's),
 #      SECS (per run, default 6), ROUNDS (default 5), CONNS (default 32),
 #      SERVER_CPU (default 1), WRK_CPU (default 0).
 # Bar (docs/architecture.md): keelson >= 0.5 x nginx. Exit 1 below the bar.
@@ -23,6 +24,9 @@ if [[ -z "${KEELSON:-}" ]]; then
   if [[ -x target/release/keelson ]]; then KEELSON=target/release/keelson; else KEELSON=target/debug/keelson; fi
 fi
 [[ -x "$KEELSON" ]] || { echo "no keelson binary at $KEELSON (cargo build -p keelson)" >&2; exit 1; }
+# `keelson build` takes only the static x86-64 agent (it checks the ELF header), as nodes do.
+AGENT=${KEELSON_AGENT:-target/x86_64-unknown-linux-gnu/release/keelson-agent}
+[[ -f "$AGENT" ]] || { echo "no static agent at $AGENT (make agent)" >&2; exit 1; }
 for tool in wrk nginx curl openssl taskset ss; do
   command -v "$tool" >/dev/null || { echo "missing $tool (make setup)" >&2; exit 1; }
 done
@@ -47,9 +51,8 @@ free_port() {
 
 # --- a build directory from the example install-config (keelson build --no-image) ---------
 DIR=$WORK/out
-printf '\x7fELF bench agent\n' >"$WORK/agent"
 "$KEELSON" build --config examples/install-config.yaml --out "$DIR" --no-image \
-  --agent "$WORK/agent" --quiet
+  --agent "$AGENT" --quiet
 
 # --- servers -----------------------------------------------------------------------------
 KS_PLAIN=$(free_port); KS_TLS=$(free_port); NGX=$(free_port)
@@ -59,7 +62,7 @@ PIDS+=($!)
 
 mkdir -p "$WORK/nginx/config" "$WORK/nginx/logs"
 "$KEELSON" render --config examples/install-config.yaml --role master --dir "$DIR" \
-  --agent "$WORK/agent" | head -c -1 >"$WORK/nginx/config/master"
+  --agent "$AGENT" | head -c -1 >"$WORK/nginx/config/master"
 SIZE=$(stat -c %s "$WORK/nginx/config/master")
 cat >"$WORK/nginx.conf" <<EOF
 worker_processes 1;
