@@ -460,6 +460,7 @@ fn ipv6_hand_back(link_local: bool) {
         request(&mut again).expect("a connection to the old holder again"),
         "old"
     );
+    // Retired once more, so that the last check still proves that remove undoes one.
     vip_op(&seg.nodes[old], "retire");
     vip_op(&seg.nodes[old], "remove");
     assert!(

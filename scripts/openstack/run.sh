@@ -22,7 +22,9 @@ fi
 # said again after the stop below, whose twenty lines would otherwise be all that a log's tail
 # (CI's) shows of a failed run.
 stage="bringing the cloud up (scripts/openstack/up.sh)"
-summary=${OPENSTACK_CLUSTER_WORK:-target/openstack-cluster}/summary.txt
+# Exported, so that openstack-cluster writes where this script reads.
+export OPENSTACK_CLUSTER_WORK=${OPENSTACK_CLUSTER_WORK:-target/openstack-cluster}
+summary=$OPENSTACK_CLUSTER_WORK/summary.txt
 finish() {
   local rc=$?
   if [ "${OPENSTACK_KEEP:-}" = 1 ]; then

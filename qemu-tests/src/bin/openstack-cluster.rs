@@ -38,7 +38,7 @@ fn main() {
     let summary = work.join(SUMMARY);
     // A summary left by an earlier run must not stand for this one's.
     let _ = std::fs::remove_file(&summary);
-    if let Err(e) = run(subset, &work) {
+    if let Err(e) = run(subset, &work, &summary) {
         let line = format!("openstack-cluster: {e:#}");
         eprintln!("{line}");
         append(&summary, &line);
@@ -245,7 +245,7 @@ fn openstack_memory_mib() -> Result<f64> {
     Ok(kib as f64 / 1024.0)
 }
 
-fn run(subset: bool, work: &Path) -> Result<()> {
+fn run(subset: bool, work: &Path, summary: &Path) -> Result<()> {
     let start = Instant::now();
     std::fs::create_dir_all(work)?;
     let master_image = masters()?;
@@ -288,7 +288,7 @@ fn run(subset: bool, work: &Path) -> Result<()> {
         work.join("create-cluster.log").display()
     );
     println!("\n{verdict}");
-    append(&work.join(SUMMARY), &format!("{table}\n{verdict}"));
+    append(summary, &format!("{table}\n{verdict}"));
     if std::env::var("OPENSTACK_CLUSTER_KEEP").as_deref() == Ok("1") {
         eprintln!(
             "openstack-cluster: OPENSTACK_CLUSTER_KEEP=1: servers and network left as they are"
