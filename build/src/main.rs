@@ -1,5 +1,6 @@
 //! `keelson`: builds a cluster's payloads from an install-config.yaml.
 
+mod compose;
 mod heat;
 mod image;
 mod payloads;

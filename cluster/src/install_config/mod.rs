@@ -382,6 +382,7 @@ type PlatformFields = (String, Vec<IpAddr>, Vec<IpAddr>, Option<IpAddr>);
 fn platform(
     doc: &Value,
     machine_networks: &[IpNet],
+    given: &GivenVips,
     notes: &mut Vec<String>,
 ) -> Result<PlatformFields, InstallConfigError> {
     let platform = doc
@@ -402,24 +403,41 @@ fn platform(
         .ok_or_else(|| field_err("platform", "a mapping such as openstack: {...}", platform))?;
     let base = format!("platform.{pname}");
     let vips: PlatformVips = typed(p.clone(), &base)?;
-    let pick = |list: Option<List<Ip>>, one: Option<Checked<Ip>>, plural: &str| match (list, one) {
+    let pick = |list: Option<List<Ip>>,
+                one: Option<Checked<Ip>>,
+                given: &[IpAddr],
+                plural: &str| match (list, one) {
+        _ if !given.is_empty() => Ok(given.to_vec()),
         (Some(List(l)), _) => Ok(l.into_iter().map(|Ip(a)| a).collect::<Vec<_>>()),
         (None, Some(Checked(Ip(a)))) => Ok(vec![a]),
+        (None, None) if pname == "none" => Err(InstallConfigError::Field {
+            field: format!("{base}.{plural}"),
+            expected: "the VIPs on keelson's command line (--api-vip, --ingress-vip): \
+                       platform none has no VIP fields, and openshift-install refuses unknown ones"
+                .into(),
+            got: "nothing".into(),
+        }),
         (None, None) => Err(field_err(
             &format!("{base}.{plural}"),
             "a list with the VIP",
             &Value::Null,
         )),
     };
-    let api_vips = pick(vips.api_vips, vips.api_vip, "apiVIPs")?;
-    let ingress_vips = pick(vips.ingress_vips, vips.ingress_vip, "ingressVIPs")?;
+    let api_vips = pick(vips.api_vips, vips.api_vip, &given.api, "apiVIPs")?;
+    let ingress_vips = pick(vips.ingress_vips, vips.ingress_vip, &given.ingress, "ingressVIPs")?;
+    // Errors name where the VIPs came from: the command line's flag, or the platform's field.
+    let label = |field: &str| match field {
+        "apiVIPs" if !given.api.is_empty() => "--api-vip".to_owned(),
+        "ingressVIPs" if !given.ingress.is_empty() => "--ingress-vip".to_owned(),
+        _ => format!("{base}.{field}"),
+    };
     for (field, list) in [("apiVIPs", &api_vips), ("ingressVIPs", &ingress_vips)] {
         if list.is_empty()
             || list.len() > 2
             || (list.len() == 2 && list[0].is_ipv4() == list[1].is_ipv4())
         {
             return Err(InstallConfigError::Field {
-                field: format!("{base}.{field}"),
+                field: label(field),
                 expected: "one VIP, or one IPv4 and one IPv6".into(),
                 got: format!("{list:?}"),
             });
@@ -427,7 +445,7 @@ fn platform(
         for (i, vip) in list.iter().enumerate() {
             if !machine_networks.iter().any(|n| n.contains(vip)) {
                 return Err(InstallConfigError::Field {
-                    field: format!("{base}.{field}[{i}]"),
+                    field: format!("{}[{i}]", label(field)),
                     expected: format!(
                         "an address inside the machine network ({})",
                         machine_networks
@@ -443,7 +461,7 @@ fn platform(
     }
     if let Some(same) = api_vips.iter().find(|v| ingress_vips.contains(v)) {
         return Err(InstallConfigError::Field {
-            field: format!("{base}.ingressVIPs"),
+            field: label("ingressVIPs"),
             expected: "a VIP different from the API VIP".into(),
             got: same.to_string(),
         });
@@ -456,9 +474,25 @@ fn platform(
     Ok((pname, api_vips, ingress_vips, floating))
 }
 
+/// VIPs given on keelson's command line (`--api-vip`, `--ingress-vip`): they take the place
+/// of the platform's, and are how `platform: none` (OpenShift's UPI, whose install-config
+/// has no VIP fields) gets them.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct GivenVips {
+    /// API VIPs (one, or one per family).
+    pub api: Vec<IpAddr>,
+    /// Ingress VIPs.
+    pub ingress: Vec<IpAddr>,
+}
+
 impl InstallConfig {
     /// Parses install-config.yaml text.
     pub fn parse(text: &str) -> Result<Self, InstallConfigError> {
+        Self::parse_with(text, &GivenVips::default())
+    }
+
+    /// Parses install-config.yaml text with VIPs given on the command line.
+    pub fn parse_with(text: &str, given: &GivenVips) -> Result<Self, InstallConfigError> {
         let doc: Value =
             serde_norway::from_str(text).map_err(|e| InstallConfigError::Yaml(e.to_string()))?;
         if !doc.is_mapping() {
@@ -509,7 +543,7 @@ impl InstallConfig {
         };
         let machine_networks = machine_networks(d.networking)?;
         let (platform, api_vips, ingress_vips, api_floating_ip) =
-            platform(&doc, &machine_networks, &mut notes)?;
+            platform(&doc, &machine_networks, given, &mut notes)?;
         Ok(InstallConfig {
             name,
             base_domain,

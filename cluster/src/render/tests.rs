@@ -15,11 +15,13 @@ fn assets(agent_url: Option<&str>) -> NodeAssets {
         server_key_pem: "-----BEGIN PRIVATE KEY-----\nMIIBkey\n-----END PRIVATE KEY-----\n".into(),
         agent_sha512: "ab".repeat(64),
         agent_url: agent_url.map(str::to_owned),
+        agent_inline: None,
         membership_keys: [(
             "membership.key".to_string(),
             "AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8=\n".to_string(),
         )]
         .into(),
+        operator: Default::default(),
     }
 }
 
