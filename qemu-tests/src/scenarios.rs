@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
 
-use crate::cluster::{API_VIP, Cluster, INGRESS_VIP, MetadataSource, ServiceFault};
+use crate::cluster::{API_VIP, Cluster, INGRESS_VIP, MetadataSource, Payload, ServiceFault};
 use crate::configdrive::NetworkMode;
 use crate::probe::{self, ClientLoop};
 use crate::report::secs;
@@ -25,6 +25,24 @@ const ACCEPT_32: &str = "Accept: application/vnd.coreos.ignition+json;version=3.
 
 fn names(c: &dyn Testbed, role: &str) -> Vec<String> {
     c.names(role)
+}
+
+/// The configs a node of `role` fetches through the API VIP: keelson's from keelson's server
+/// and, beside OpenShift, OpenShift's from the machine-config-server first (as the pointer
+/// lists them).
+fn config_urls(c: &dyn Testbed, role: &str) -> Vec<String> {
+    let payload = c.payload();
+    let keelson = format!(
+        "https://{API_VIP}:{}/config/{role}",
+        payload.keelson_ignition_port()
+    );
+    match payload {
+        Payload::Keelson => vec![keelson],
+        Payload::OpenShift => vec![
+            format!("https://api-int.{ZONE}:22623/config/{role}"),
+            keelson,
+        ],
+    }
 }
 
 /// How long `nodes` may take to boot: longer when one is a stand-in.
@@ -54,22 +72,25 @@ pub fn boot(c: &mut dyn Testbed) -> Result<String> {
     )?;
     let masters_at = start.elapsed();
     let mut standin_notes = Vec::new();
+    let urls = config_urls(c, "master");
     for m in &masters {
-        let url = format!("https://{API_VIP}:22623/config/master");
         if c.is_standin(m) {
-            standin_notes.push(standin_first_boot(c, m, &url)?);
+            standin_notes.push(standin_first_boot(c, m, &urls)?);
             continue;
         }
         let console = c.console_text(m);
-        ensure!(
-            console.contains(&format!("fetched config {url}")),
-            "{m} did not log fetching {url}"
-        );
+        for url in &urls {
+            ensure!(
+                console.contains(&format!("fetched config {url}")),
+                "{m} did not log fetching {url}"
+            );
+        }
     }
     // Workers keep asking; the bootstrap answers 500 for the worker pool.
+    let port = c.payload().keelson_ignition_port();
     let status = probe::http_status(
         c.outside().netns,
-        &format!("https://{API_VIP}:22623/config/worker"),
+        &format!("https://{API_VIP}:{port}/config/worker"),
         Duration::from_secs(5),
         &["-H", ACCEPT_32],
     );
@@ -98,11 +119,12 @@ pub fn boot(c: &mut dyn Testbed) -> Result<String> {
         format!("; RHCOS stand-ins: {}", standin_notes.join("; "))
     };
     Ok(format!(
-        "{holder} ready in {} and holds {API_VIP} at {} (the only node answering ARP for it once the masters are up); {} masters ready at {} (configs from :22623); {} retrying on 500{standin}",
+        "{holder} ready in {} and holds {API_VIP} at {} (the only node answering ARP for it once the masters are up); {} masters ready at {} (configs from {}); {} retrying on 500{standin}",
         secs(bootstrap),
         secs(vip_at),
         masters.len(),
         secs(masters_at),
+        urls.join(" and "),
         told.join(", ")
     ))
 }
@@ -293,19 +315,21 @@ fn journal(c: &dyn Testbed, name: &str, ident: &str, this_boot: bool) -> Result<
 }
 
 /// What an RHCOS node's first boot must show: the unmodified Ignition fetched the full
-/// config from `url` (the pointer's merge, through the API VIP, trusting the pointer's CA)
-/// and finished; NetworkManager, not the agent, owns the NIC; systemd runs the agent as
-/// Ignition enabled it. Returns "name: Ignition X s, ready Y s".
-pub fn standin_first_boot(c: &dyn Testbed, name: &str, url: &str) -> Result<String> {
+/// configs from `urls` (the pointer's merges, through the API VIP, trusting the pointer's
+/// CAs) and finished; NetworkManager, not the agent, owns the NIC; systemd runs the agent
+/// as Ignition enabled it. Returns "name: Ignition X s, ready Y s".
+pub fn standin_first_boot(c: &dyn Testbed, name: &str, urls: &[String]) -> Result<String> {
     let g = guest(c, name)?;
     g.wait(Duration::from_secs(60))?;
     let log = journal(c, name, "ignition", false)?;
-    ensure!(
-        log.iter()
-            .any(|l| l.contains(&format!("fetched referenced config at {url}"))),
-        "{name}: Ignition's log has no \"fetched referenced config at {url}\":\n{}",
-        log.join("\n")
-    );
+    for url in urls {
+        ensure!(
+            log.iter()
+                .any(|l| l.contains(&format!("fetched referenced config at {url}"))),
+            "{name}: Ignition's log has no \"fetched referenced config at {url}\":\n{}",
+            log.join("\n")
+        );
+    }
     let finished = log
         .iter()
         .rev()
@@ -556,10 +580,11 @@ pub fn pivot(c: &mut dyn Testbed) -> Result<String> {
     // The new holder answers at once; a host whose ARP entry still names a node that held
     // the VIP for a moment learns the right one from the winner's next announcement.
     let served = Instant::now();
+    let port = c.payload().keelson_ignition_port();
     let master_cfg = loop {
         if let Some(body) = probe::curl_with(
             c.outside().netns,
-            &format!("https://{API_VIP}:22623/config/master"),
+            &format!("https://{API_VIP}:{port}/config/master"),
             Duration::from_secs(3),
             &["-H", ACCEPT_32],
         ) {
@@ -577,15 +602,34 @@ pub fn pivot(c: &mut dyn Testbed) -> Result<String> {
         "served config: {}",
         &master_cfg[..master_cfg.len().min(200)]
     );
+    // Beside OpenShift the VIP follows the machine-config-server: a master serves
+    // OpenShift's configs on :22623 through it.
+    let mcs = if c.payload() == Payload::OpenShift {
+        let status = probe::http_status(
+            c.outside().netns,
+            &format!("https://{API_VIP}:22623/config/worker"),
+            Duration::from_secs(5),
+            &[],
+        );
+        ensure!(
+            status == 200,
+            "the machine-config-server answered {status} for /config/worker through {API_VIP} after the pivot, expected 200"
+        );
+        "; the machine-config-server answers :22623 through the VIP".to_owned()
+    } else {
+        String::new()
+    };
     let workers = names(c, "worker");
     c.wait_ready(&workers, BOOT_TIMEOUT)?;
     let workers_at = start.elapsed();
+    let urls = config_urls(c, "worker");
     for w in &workers {
-        let url = format!("https://{API_VIP}:22623/config/worker");
-        ensure!(
-            c.console_text(w).contains(&format!("fetched config {url}")),
-            "{w} did not log fetching {url}"
-        );
+        for url in &urls {
+            ensure!(
+                c.console_text(w).contains(&format!("fetched config {url}")),
+                "{w} did not log fetching {url}"
+            );
+        }
     }
     let api = c.sole_holder(API_VIP, Duration::from_secs(10))?;
     ensure!(
@@ -604,7 +648,7 @@ pub fn pivot(c: &mut dyn Testbed) -> Result<String> {
         ingress
     };
     Ok(format!(
-        "bootstrap off in {}; {API_VIP} on {holder} at {}; :22623 answered through the VIP {} later; workers ready at {}; one holder each: {api}, {ingress}",
+        "bootstrap off in {}; {API_VIP} on {holder} at {}; :{port} answered through the VIP {} later{mcs}; workers ready at {}; one holder each: {api}, {ingress}",
         secs(off),
         secs(moved),
         secs(served),
@@ -863,4 +907,68 @@ mod tests {
         assert_eq!(monotonic("-- No entries --"), None);
         assert_eq!(monotonic("[abc] x"), None);
     }
+}
+
+/// 4d. Own Ignition (beside OpenShift): every node applied both OpenShift's config (from the
+///     machine-config-server) and keelson's, with the operator's own merged into keelson's
+///     (`keelson build --merge`). On each stand-in master: the operator's file, user and the
+///     marker its unit left; OpenShift's rendered file and the marker of its unit; the
+///     machine-config-server and keelson's agent running. On the appliance nodes, which run
+///     no units: both configs' units named in their refusals, so both were merged.
+pub fn own_ignition(c: &dyn Testbed) -> Result<String> {
+    use crate::openshift::{
+        MARKER_UNIT, MCS_UNIT, OPERATOR_FILE, OPERATOR_MARKER, OPERATOR_UNIT, OPERATOR_USER,
+        RENDERED_MARKER, UNIT_MARKER,
+    };
+    let mut lines = Vec::new();
+    for node in c.plan().to_vec() {
+        let name = node.name.as_str();
+        if node.role == "bootstrap" || !c.is_running(name) {
+            continue;
+        }
+        if c.is_standin(name) {
+            let read = |path: &str| in_node(c, name, &["cat", path]).map(|s| s.trim().to_owned());
+            let want = [
+                (OPERATOR_FILE, format!("operator {}", node.role)),
+                (OPERATOR_MARKER, "ran".to_owned()),
+                (RENDERED_MARKER, node.role.to_string()),
+                (UNIT_MARKER, "ran".to_owned()),
+            ];
+            for (path, expected) in &want {
+                let got = read(path)?;
+                ensure!(
+                    &got == expected,
+                    "{name}: {path} holds {got:?}, expected {expected:?}"
+                );
+            }
+            let user = in_node(c, name, &["getent", "passwd", OPERATOR_USER])?;
+            ensure!(
+                user.starts_with(&format!("{OPERATOR_USER}:")),
+                "{name}: no user {OPERATOR_USER} ({user:?})"
+            );
+            for unit in ["keelson-agent.service", MCS_UNIT, OPERATOR_UNIT, MARKER_UNIT] {
+                let state = in_node(c, name, &["systemctl", "is-active", unit]).unwrap_or_default();
+                ensure!(
+                    state.trim() == "active",
+                    "{name}: {unit} is {state:?}, expected active"
+                );
+            }
+            lines.push(format!(
+                "{name}: operator's file, user and unit; OpenShift's file and unit; machine-config-server and agent active"
+            ));
+        } else {
+            let console = c.console_text(name);
+            for unit in [OPERATOR_UNIT, MARKER_UNIT] {
+                ensure!(
+                    console.contains(&format!("not applied: systemd.units {unit}")),
+                    "{name}: no refusal of {unit} on the console: it never got that config"
+                );
+            }
+            lines.push(format!(
+                "{name} (appliance): refused {OPERATOR_UNIT} and {MARKER_UNIT}, so both configs were merged"
+            ));
+        }
+    }
+    ensure!(!lines.is_empty(), "no node to check");
+    Ok(lines.join("; "))
 }

@@ -146,6 +146,17 @@ async fn boot() -> anyhow::Result<()> {
 
     match &metadata.user_data {
         Some(user_data) => {
+            // Pointers may name hosts: look them up through the network's servers until the
+            // agent's own DNS takes resolv.conf over.
+            let servers = dns_rx.borrow().clone();
+            if !servers.is_empty()
+                && let Err(e) = crate::dns::resolv::write_network_servers(
+                    Path::new(crate::dns::resolv::RESOLV_CONF),
+                    &servers,
+                )
+            {
+                log(&format!("{}: {e}", crate::dns::resolv::RESOLV_CONF));
+            }
             let applied = tokio::select! {
                 a = crate::apply::apply_user_data(user_data, Path::new("/")) => a?,
                 _ = stop.cancelled() => return Ok(()),
