@@ -1478,6 +1478,7 @@ mod tests {
                 handback_secs: 0,
                 priorities: RolePriorities::default(),
                 checks: vec![],
+                required_checks: vec![],
             },
             base: 40,
             iface: "eth0".into(),
