@@ -18,8 +18,8 @@ use tokio::sync::watch;
 use crate::member::MemberList;
 use crate::node::NodeIdentity;
 use crate::status::model::{
-    AddressProblem, AgentStatus, BgpStatus, BuildInfo, DiscoveryStatus, DnsStatus, IgnitionStatus, NodeStatus,
-    OtherSections, ProxyStatus, Restarts, VrrpInstance,
+    AddressProblem, AgentStatus, BgpStatus, BuildInfo, DiscoveryStatus, DnsStatus, IgnitionStatus,
+    NodeStatus, OtherSections, ProxyStatus, Restarts, VrrpInstance,
 };
 
 /// The watch channels between subsystems.

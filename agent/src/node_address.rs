@@ -40,14 +40,12 @@ pub fn observe() -> Vec<Seen> {
             addr.as_sockaddr_in6(),
             mask.as_sockaddr_in6(),
         ) {
-            (Some(a), Some(m), _, _) => Some((
-                IpAddr::V4(a.ip()),
-                u32::from(m.ip()).leading_ones() as u8,
-            )),
-            (_, _, Some(a), Some(m)) => Some((
-                IpAddr::V6(a.ip()),
-                u128::from(m.ip()).leading_ones() as u8,
-            )),
+            (Some(a), Some(m), _, _) => {
+                Some((IpAddr::V4(a.ip()), u32::from(m.ip()).leading_ones() as u8))
+            }
+            (_, _, Some(a), Some(m)) => {
+                Some((IpAddr::V6(a.ip()), u128::from(m.ip()).leading_ones() as u8))
+            }
             _ => None,
         };
         if let Some((ip, prefix)) = pair
@@ -344,9 +342,7 @@ pub async fn from_system_waiting(
     let mut said = false;
     loop {
         match crate::node::from_system(cluster, root, metadata) {
-            Err(crate::node::IdentityError::NoAddress { why, .. })
-                if started.elapsed() < limit =>
-            {
+            Err(crate::node::IdentityError::NoAddress { why, .. }) if started.elapsed() < limit => {
                 if !said {
                     tracing::warn!("node address: {why}; waiting up to {limit:?}");
                     said = true;
@@ -363,8 +359,7 @@ mod tests {
     use super::*;
 
     fn cluster(patch: serde_json::Value) -> ClusterConfig {
-        let base =
-            ClusterConfig::from_json(include_bytes!("dns/testdata/cluster.json")).unwrap();
+        let base = ClusterConfig::from_json(include_bytes!("dns/testdata/cluster.json")).unwrap();
         base.with_merge_patch(&serde_json::json!({"machineNetworks": ["10.0.0.0/16", "fd00::/64"]}))
             .unwrap()
             .with_merge_patch(&patch)
@@ -415,7 +410,10 @@ mod tests {
         );
         let gone = cluster(serde_json::json!({"nodeAddress": {"interface": "br-ex"}}));
         let e = select(&gone, &machine).unwrap_err();
-        assert!(e.contains("nodeAddress.interface br-ex has no address"), "{e}");
+        assert!(
+            e.contains("nodeAddress.interface br-ex has no address"),
+            "{e}"
+        );
     }
 
     #[test]

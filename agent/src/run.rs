@@ -81,7 +81,11 @@ pub fn services(
             Arc::new(|c, s| boxed(crate::vrrp::run(c, s))),
             Some(link_changed),
         ),
-        ("proxy", Arc::new(|c, s| boxed(crate::proxy::run(c, s))), None),
+        (
+            "proxy",
+            Arc::new(|c, s| boxed(crate::proxy::run(c, s))),
+            None,
+        ),
         (
             "bgp",
             Arc::new(|c, s| boxed(crate::bgp::run(c, s))),

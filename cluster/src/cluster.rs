@@ -1376,7 +1376,9 @@ mod tests {
         same.vrrp.instances[1].vrid = api;
         let e = same.check().unwrap_err().to_string();
         assert!(
-            e.contains("vrrp.instances[1].vrid") && e.contains("api's") && e.contains(&api.to_string()),
+            e.contains("vrrp.instances[1].vrid")
+                && e.contains("api's")
+                && e.contains(&api.to_string()),
             "{e}"
         );
         // Another family may share it (IPv4 and IPv6 routers are apart).
@@ -1403,7 +1405,9 @@ mod tests {
         let json = String::from_utf8(base.to_json()).unwrap();
         assert!(!json.contains("nodeAddress") && !json.contains("loadBalancer"));
         let ok = base
-            .with_merge_patch(&serde_json::json!({"nodeAddress": {"hint": "10.0.0.1", "interface": "br-ex"}}))
+            .with_merge_patch(
+                &serde_json::json!({"nodeAddress": {"hint": "10.0.0.1", "interface": "br-ex"}}),
+            )
             .unwrap();
         assert_eq!(
             ok.node_address.hint,

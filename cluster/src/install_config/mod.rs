@@ -15,8 +15,8 @@ use serde_norway::Value;
 use crate::cluster::{
     ApiSettings, BackendCheck, CLUSTER_JSON_VERSION, ClusterConfig, DnsSettings, HealthCheckConfig,
     HealthCheckKind, IgnitionServerSettings, LoadBalancerSettings, LoadBalancerType,
-    MembersSettings, MembersTransport, RolePriorities,
-    VrrpInstanceConfig, VrrpSettings, VrrpTransport, VrrpVersion, default_vrids,
+    MembersSettings, MembersTransport, RolePriorities, VrrpInstanceConfig, VrrpSettings,
+    VrrpTransport, VrrpVersion, default_vrids,
 };
 
 /// An install-config error: the field path and what was expected.

@@ -211,7 +211,10 @@ fn user_managed_load_balancer_leaves_the_vips_to_it() {
     let cluster = managed.cluster_config();
     cluster.check().unwrap();
     assert!(cluster.load_balancer.user_managed());
-    assert!(cluster.vrrp.instances.is_empty(), "no VRRP for VIPs it owns");
+    assert!(
+        cluster.vrrp.instances.is_empty(),
+        "no VRRP for VIPs it owns"
+    );
     // DNS still names the VIPs.
     assert_eq!(cluster.api_vips, plain.api_vips);
     let json = String::from_utf8(cluster.to_json()).unwrap();
