@@ -104,6 +104,7 @@ fn run(config: Config) -> Result<()> {
         "4b dns",
         "4c api",
         "5 failover",
+        "5b ingress",
         "6 rejoin",
         "7 renewal",
     ];
@@ -173,11 +174,18 @@ fn run(config: Config) -> Result<()> {
         report.run(
             &mut cluster,
             order[8],
+            &all[1..],
+            |c| scenarios::ingress_routers(c),
+            |d| d.clone(),
+        )?;
+        report.run(
+            &mut cluster,
+            order[9],
             &all[1..4],
             |c| scenarios::rejoin(c, &dead),
             |d| d.clone(),
         )?;
-        report.run(&mut cluster, order[9], &all, scenarios::renewals, |d| {
+        report.run(&mut cluster, order[10], &all, scenarios::renewals, |d| {
             d.clone()
         })?;
         Some(())

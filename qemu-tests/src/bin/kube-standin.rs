@@ -9,6 +9,11 @@
 //!
 //! `--slow-readyz-if FILE`: while FILE exists, `/readyz` answers after 1, 2, 3 s in turn —
 //! an overloaded apiserver that is slow but alive (`bench/vip_soak.sh`).
+//!
+//! `--control` (the router): `GET /router/stop` makes `/healthz/ready` answer 503, as a
+//! router that stops does before it exits, and `GET /router/start` 200 again; `--stopped`
+//! starts it that way. The harness starts and stops routers with it on nodes it has no shell
+//! on (the appliance). A test fixture: anyone on the segment may ask.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpListener;
@@ -23,17 +28,21 @@ fn main() -> Result<()> {
         .unwrap_or_default();
     let mut plain = false;
     let mut slow_if: Option<std::path::PathBuf> = None;
+    let mut control = false;
+    let mut stopped = false;
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
         match arg.as_str() {
             "--listen" => listen = args.next().context("--listen needs ADDR:PORT")?,
             "--name" => name = args.next().context("--name needs a node name")?,
             "--plain" => plain = true,
+            "--control" => control = true,
+            "--stopped" => stopped = true,
             "--slow-readyz-if" => {
                 slow_if = Some(args.next().context("--slow-readyz-if needs a file")?.into())
             }
             other => anyhow::bail!(
-                "unknown argument {other:?} (expected --listen, --name, --plain, --slow-readyz-if)"
+                "unknown argument {other:?} (expected --listen, --name, --plain, --slow-readyz-if, --control, --stopped)"
             ),
         }
     }
@@ -54,6 +63,8 @@ fn main() -> Result<()> {
     let slow = Arc::new(Slow {
         file: slow_if,
         turn: std::sync::atomic::AtomicUsize::new(0),
+        control,
+        stopped: std::sync::atomic::AtomicBool::new(stopped),
     });
     let listener = TcpListener::bind(&listen).with_context(|| format!("binding {listen}"))?;
     let scheme = if plain { "http" } else { "https" };
@@ -76,10 +87,13 @@ fn main() -> Result<()> {
     Ok(())
 }
 
-/// `--slow-readyz-if`: the file, and whose turn of the 1/2/3 s delays is next.
+/// `--slow-readyz-if`: the file, and whose turn of the 1/2/3 s delays is next; `--control`:
+/// whether the router is stopped.
 struct Slow {
     file: Option<std::path::PathBuf>,
     turn: std::sync::atomic::AtomicUsize,
+    control: bool,
+    stopped: std::sync::atomic::AtomicBool,
 }
 
 impl Slow {
@@ -123,7 +137,16 @@ fn serve<S: Read + Write>(
         if path == "/readyz" {
             std::thread::sleep(slow.delay());
         }
+        use std::sync::atomic::Ordering::Relaxed;
         let (status, body) = match path {
+            "/router/stop" | "/router/start" if slow.control => {
+                slow.stopped.store(path == "/router/stop", Relaxed);
+                eprintln!("kube-standin: {path}");
+                ("200 OK", "ok".to_owned())
+            }
+            "/healthz/ready" if slow.stopped.load(Relaxed) => {
+                ("503 Service Unavailable", "stopped".to_owned())
+            }
             "/readyz" | "/healthz" | "/livez" | "/healthz/ready" => ("200 OK", "ok".to_owned()),
             "/version" => (
                 "200 OK",
