@@ -86,6 +86,13 @@ REQUIRED=(
   # segment's loss and jitter (tc netem).
   "stress-ng stress-ng"
   "tc iproute2"
+  # Open vSwitch: agent/tests/node_address_ovs.rs moves a node's address onto an OVS br-ex
+  # as OpenShift's ovs-configuration does. The test starts its own daemons with ovs-ctl in
+  # a namespace (the package's own service is kept from starting, as every daemon here).
+  "ovs-vsctl openvswitch-switch"
+  # The same test turns off checksum offload on its veths: the userspace datapath this
+  # kernel leaves OVS (no openvswitch module) passes on what a veth left unfinished.
+  "ethtool ethtool"
   # PROFILE=1 of bench/dns_vs_nsd.sh: system calls per query and a profile.
   "perf linux-perf"
 )
@@ -100,6 +107,8 @@ REQUIRED_FILES=(
   "/usr/lib/frr/zebra frr"
   "/usr/lib/frr/bfdd frr"
   "/usr/lib/frr/bgpd frr"
+  # ovs-ctl, which starts ovsdb-server and ovs-vswitchd without systemd.
+  "/usr/share/openvswitch/scripts/ovs-ctl openvswitch-switch"
 )
 # Cargo subcommands `make lint` runs: "command crate". (`make fuzz` installs cargo-fuzz
 # itself: minutes of compiling that `make test` does not need.)

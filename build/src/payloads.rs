@@ -1,4 +1,4 @@
-//! `keelson build`, `render`, `validate` and `vrids`: from install-config.yaml to the files of
+//! `keelson build`, `render` and `validate`: from install-config.yaml to the files of
 //! docs/architecture.md, "From install-config to a running node" (`bootstrap.ign`,
 //! `master.ign`, `worker.ign`, `cluster.json`, `tls/`, `assets/keelson-agent`, `keelson.qcow2`,
 //! `SHA256SUMS`), and `openstack.yaml`, the cluster as one Heat template (docs/openstack.md).
@@ -63,6 +63,10 @@ pub struct BuildArgs {
     /// `bgp.daemon.path`) and its libraries are found (default: this machine).
     #[arg(long, default_value = "/", value_name = "DIR")]
     pub routing_daemon_root: PathBuf,
+    /// An explicit VRRP router ID, `api=N` or `ingress=N` (repeatable): instead of the one
+    /// derived from the cluster name (`keelson vrids`, docs/vrrp.md "VRIDs").
+    #[arg(long = "vrid", value_name = "ROLE=N")]
+    pub vrids: Vec<crate::vrids::VridArg>,
     /// Print only errors.
     #[arg(long)]
     pub quiet: bool,
@@ -128,7 +132,8 @@ pub struct VipArgs {
 }
 
 impl VipArgs {
-    fn given(&self) -> GivenVips {
+    /// The VIPs as the install-config reader takes them.
+    pub fn given(&self) -> GivenVips {
         GivenVips {
             api: self.api.clone(),
             ingress: self.ingress.clone(),
@@ -182,9 +187,12 @@ pub struct RenderArgs {
     /// The build's assets (as for build).
     #[arg(long = "asset", value_name = "FILE")]
     pub assets: Vec<PathBuf>,
+    /// The build's explicit VRIDs (as for build).
+    #[arg(long = "vrid", value_name = "ROLE=N")]
+    pub vrids: Vec<crate::vrids::VridArg>,
 }
 
-/// `keelson validate` / `keelson vrids`.
+/// `keelson validate`.
 #[derive(Debug, clap::Args)]
 pub struct ConfigArgs {
     /// install-config.yaml.
@@ -387,22 +395,6 @@ pub fn validate(args: ConfigArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Runs `keelson vrids`.
-pub fn vrids(args: ConfigArgs) -> anyhow::Result<()> {
-    let cluster = load_install_config(&args.config, &args.vips.given())?.cluster_config();
-    for inst in &cluster.vrrp.instances {
-        println!(
-            "{:<11} vrid {:>3}  vip {:<15} (Fletcher-8 of \"{}-{}\" + 1)",
-            inst.name,
-            inst.vrid,
-            inst.vip,
-            cluster.name,
-            inst.name.trim_end_matches("-v6")
-        );
-    }
-    Ok(())
-}
-
 /// Runs `keelson render`.
 pub fn render_cmd(args: RenderArgs) -> anyhow::Result<()> {
     let ic = load_install_config(&args.config, &args.own.vips.given())?;
@@ -416,6 +408,7 @@ pub fn render_cmd(args: RenderArgs) -> anyhow::Result<()> {
         args.cluster_patch.as_deref(),
         &assets,
     )?;
+    let cluster = crate::vrids::apply(cluster, &args.vrids)?;
     let tls = args.dir.join("tls");
     let pki = pki::load_or_create(&tls, &cluster, source_date_epoch())?;
     let cluster = with_membership_key(cluster, &pki);
@@ -572,6 +565,11 @@ pub fn build(args: BuildArgs) -> anyhow::Result<()> {
         args.cluster_patch.as_deref(),
         &assets,
     )?;
+    let cluster = crate::vrids::apply(cluster, &args.vrids)?;
+    // A warning, shown with --quiet too: a VRID shared with a neighbour breaks both.
+    if let Some(w) = crate::vrids::warning(&cluster, &args.vrids) {
+        eprintln!("keelson: warning: {w}");
+    }
     let agent_binary = crate::image::find_agent(args.agent.as_deref())?;
     say(&format!("agent: {}", agent_binary.describe()));
     let agent = &agent_binary.bytes;

@@ -941,3 +941,88 @@ fn beside_openshift_install_both_eras() {
     assert!(!o.status.success());
     assert!(String::from_utf8_lossy(&o.stderr).contains("metadata.json clusterName is \"ocp4\""));
 }
+
+/// `keelson vrids --scan`: keepalived (a real neighbour's virtual router: VRRPv3 multicast,
+/// VRID 51 as a cluster named `lab` derives it, 100 ms adverts) on a segment, and the scan
+/// from another node of it lists VRID 51 with keepalived's address and VIP, marked as the
+/// scanning cluster's (an install-config named `ocp8`, which gets 51 and 146 too), and 146 as
+/// not heard. Needs root and keepalived.
+#[test]
+fn vrids_scan_lists_the_virtual_routers_on_a_segment() {
+    use keelson_testkit::{Segment, require, require_root};
+    if !require_root() || !require("keepalived") {
+        return;
+    }
+    let seg = Segment::ipv4_only("kvs", 2, 0);
+    let dir = tempfile::tempdir().unwrap();
+    let conf = "global_defs {\n    router_id kvs-ka\n}\n\
+        vrrp_instance lab_api {\n    state BACKUP\n    interface eth0\n    version 3\n    \
+        virtual_router_id 51\n    priority 100\n    advert_int 0.1\n    \
+        virtual_ipaddress {\n        10.0.0.5/32 dev eth0\n    }\n}\n";
+    let mut ka = keelson_testkit::agent::start_keepalived(&seg, dir.path(), 1, conf);
+    let config = dir.path().join("install-config.yaml");
+    std::fs::write(
+        &config,
+        std::fs::read_to_string(EXAMPLE)
+            .unwrap()
+            .replace("name: ocp4", "name: ocp8"),
+    )
+    .unwrap();
+    let out = Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            &seg.nodes[0],
+            KEELSON,
+            "vrids",
+            "--scan",
+            "eth0",
+        ])
+        .args(["--seconds", "1.5", "--config"])
+        .arg(&config)
+        .output()
+        .unwrap();
+    ka.term();
+    let text = ok(&out);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        text.contains("eth0: 1 virtual router(s) heard")
+            && text.contains("vrid  51 IPv4 v3 every 100 ms: vips 10.0.0.5; routers 10.0.0.11")
+            && text.contains("<- this cluster's VRID: taken")
+            && text.contains("this cluster's VRIDs not heard: 146"),
+        "{text}"
+    );
+    // ocp8's derived VRIDs are lab's: the warning says so and what to do.
+    assert!(
+        stderr.contains("\"lab\" (51, 146)") && stderr.contains("--vrid api=N"),
+        "{stderr}"
+    );
+    // Bad input is named.
+    let e = keelson(&["vrids", "--scan", "no-such-if0", "--seconds", "1"]);
+    assert!(!e.status.success());
+    assert!(
+        String::from_utf8_lossy(&e.stderr).contains("--scan no-such-if0: no such interface"),
+        "{}",
+        String::from_utf8_lossy(&e.stderr)
+    );
+    let e = keelson(&["vrids", "--config", EXAMPLE, "--vrid", "api=256"]);
+    assert!(
+        String::from_utf8_lossy(&e.stderr).contains("api: expected a VRID 1..=255, got \"256\""),
+        "{}",
+        String::from_utf8_lossy(&e.stderr)
+    );
+    let e = keelson(&[
+        "vrids",
+        "--config",
+        EXAMPLE,
+        "--vrid",
+        "api=9",
+        "--vrid",
+        "ingress=9",
+    ]);
+    assert!(
+        String::from_utf8_lossy(&e.stderr).contains("vrrp.instances[1].vrid"),
+        "{}",
+        String::from_utf8_lossy(&e.stderr)
+    );
+}

@@ -118,7 +118,7 @@ fn run(config: Config) -> Result<()> {
     if own {
         order.push("4d own");
     }
-    order.extend(["5 failover", "6 rejoin", "7 renewal"]);
+    order.extend(["5 failover", "5b ingress", "6 rejoin", "7 renewal"]);
 
     let passed = (|| {
         report.run(
@@ -190,6 +190,13 @@ fn run(config: Config) -> Result<()> {
             &all[1..],
             |c| scenarios::failover(c),
             |(_, d)| d.clone(),
+        )?;
+        report.run(
+            &mut cluster,
+            "5b ingress",
+            &all[1..],
+            |c| scenarios::ingress_routers(c),
+            |d| d.clone(),
         )?;
         report.run(
             &mut cluster,

@@ -83,7 +83,9 @@ pub fn env_path(var: &str, default: &str) -> PathBuf {
 }
 
 /// The operator services of the test cluster: the stand-in kube-apiserver on the control
-/// plane and, with `--plain` on :1936, the ingress router's readiness endpoint on workers.
+/// plane and, with `--plain` on :1936, the ingress router's readiness endpoint: running on
+/// the workers, stopped on the masters (`--control`: the harness starts and stops either,
+/// scenario `5b ingress`).
 /// Both are the `kube-standin` build asset. On appliance nodes the API stand-in binds the
 /// node's own address, not the wildcard, so the agent's proxy can bind VIP:6443 itself (the
 /// appliance has no `nft` for the redirect). The RHCOS stand-in masters run their own
@@ -117,8 +119,11 @@ fn services_patch(masters: ImageKind, payload: Payload) -> String {
      "args": ["--listen", "${{KEELSON_NODE_ADDRESS}}:6443"], "roles": {api_roles},
      "asset": "kube-standin"}},
     {{"name": "router", "path": "/usr/local/bin/kube-standin",
-     "args": ["--plain", "--listen", "0.0.0.0:1936"], "roles": ["worker"],
-     "asset": "kube-standin"}}{mcs}
+     "args": ["--plain", "--control", "--listen", "0.0.0.0:1936"], "roles": ["worker"],
+     "asset": "kube-standin"}},
+    {{"name": "router-stopped", "path": "/usr/local/bin/kube-standin",
+     "args": ["--plain", "--control", "--stopped", "--listen", "0.0.0.0:1936"],
+     "roles": ["master"], "asset": "kube-standin"}}{mcs}
   ]
 }}
 "#

@@ -178,7 +178,13 @@ async fn boot() -> anyhow::Result<()> {
     let cluster_bytes = std::fs::read(CLUSTER_JSON)
         .with_context(|| format!("{CLUSTER_JSON} (user_data must provide it)"))?;
     let cluster = ClusterConfig::from_json(&cluster_bytes).context(CLUSTER_JSON)?;
-    let node = crate::node::from_system(&cluster, Path::new("/"), Some(&metadata))?;
+    let node = crate::node_address::from_system_waiting(
+        &cluster,
+        Path::new("/"),
+        Some(&metadata),
+        std::time::Duration::from_secs(60),
+    )
+    .await?;
     log(&format!(
         "node {} role {} on {}",
         node.name,

@@ -260,6 +260,16 @@ const FAMILIES: &[Family] = &[
         },
     ),
     gauge(
+        "keelson_node_address_problem",
+        "1 while the node's address cannot be followed (on no link, or on one nodeAddress.interface excludes).",
+        |st| one(none(), int(i64::from(st.node.address_problem.is_some()))),
+    ),
+    counter(
+        "keelson_node_address_moves",
+        "Times the node's address moved to another link and the services bound to it followed.",
+        |st| one(none(), count(st.node.address_moves)),
+    ),
+    gauge(
         "keelson_uptime_seconds",
         "Seconds since the agent started serving.",
         |st| one(none(), float(st.process.uptime_seconds)),
@@ -955,6 +965,8 @@ mod tests {
                 interface: "eth0".into(),
                 addresses: vec!["10.0.0.11/24".parse().unwrap()],
                 cluster: "ocp4.example.com".into(),
+                address_problem: None,
+                address_moves: 1,
             },
             build: BuildInfo {
                 version: "0.1.0".into(),

@@ -67,7 +67,7 @@ pub struct OtherSections {
 }
 
 /// Who this node is.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct NodeStatus {
     /// Node name.
@@ -80,6 +80,24 @@ pub struct NodeStatus {
     pub addresses: Vec<IpNet>,
     /// The cluster zone (`<name>.<baseDomain>`).
     pub cluster: String,
+    /// Why the node's address cannot be followed now (docs/agent.md, "The node's
+    /// address"): it is on no link, or on one `nodeAddress.interface` excludes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub address_problem: Option<AddressProblem>,
+    /// Times the node's address moved to another link (or the addresses beside it changed)
+    /// and the services bound to the link followed.
+    #[serde(default)]
+    pub address_moves: u64,
+}
+
+/// A finding about the node's address.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AddressProblem {
+    /// What is wrong.
+    pub problem: String,
+    /// Seconds since it was found.
+    pub seconds: f64,
 }
 
 /// What was built.

@@ -280,6 +280,12 @@ impl StatusMap {
         self.changed.send_replace(());
     }
 
+    /// Forgets an instance that no longer runs (the node left it) and signals the change.
+    pub fn remove(&self, name: &str) {
+        self.lock().remove(name);
+        self.changed.send_replace(());
+    }
+
     /// The typed status sections of every instance (`status`, `/metrics`).
     pub fn views(&self, now: Instant) -> Vec<crate::status::model::VrrpInstance> {
         self.lock().values().map(|s| s.view(now)).collect()
@@ -1478,6 +1484,7 @@ mod tests {
                 handback_secs: 0,
                 priorities: RolePriorities::default(),
                 checks: vec![],
+                required_checks: vec![],
             },
             base: 40,
             iface: "eth0".into(),

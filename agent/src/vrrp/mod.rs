@@ -10,6 +10,7 @@
 //!   [`reach`], the connects the holder's check makes.
 //! - [`handback`]: connections across a clean hand-over (nftables rules, pure script).
 //! - [`instance`]: one virtual router wiring them together, with health weights.
+//! - [`participation`]: an instance with required checks runs only while they pass.
 
 pub mod announce;
 pub mod codec;
@@ -18,6 +19,7 @@ pub mod fsm;
 pub mod gate;
 pub mod handback;
 pub mod instance;
+pub mod participation;
 pub mod portsec;
 pub mod reach;
 pub mod socket;
@@ -113,9 +115,12 @@ pub async fn run_with(
         let name = spec.config.name.clone();
         let (ctx, status, stop) = (ctx.clone(), status.clone(), stop.clone());
         tasks.spawn(async move {
-            instance::run(spec, ctx, status, stop)
-                .await
-                .with_context(|| format!("vrrp instance {name}"))
+            if spec.config.required_checks.is_empty() {
+                instance::run(spec, ctx, status, stop).await
+            } else {
+                participation::run(spec, ctx, status, stop).await
+            }
+            .with_context(|| format!("vrrp instance {name}"))
         });
     }
     ctx.bus.mark_ready("vrrp");

@@ -14,8 +14,9 @@ use serde_norway::Value;
 
 use crate::cluster::{
     ApiSettings, BackendCheck, CLUSTER_JSON_VERSION, ClusterConfig, DnsSettings, HealthCheckConfig,
-    HealthCheckKind, IgnitionServerSettings, MembersSettings, MembersTransport, RolePriorities,
-    VrrpInstanceConfig, VrrpSettings, VrrpTransport, VrrpVersion, default_vrids,
+    HealthCheckKind, IgnitionServerSettings, LoadBalancerSettings, LoadBalancerType,
+    MembersSettings, MembersTransport, RolePriorities, VrrpInstanceConfig, VrrpSettings,
+    VrrpTransport, VrrpVersion, default_vrids,
 };
 
 /// An install-config error: the field path and what was expected.
@@ -69,6 +70,9 @@ pub struct InstallConfig {
     pub api_floating_ip: Option<IpAddr>,
     /// The platform's key (`openstack`, `baremetal`, `none`...).
     pub platform: String,
+    /// `platform.<name>.loadBalancer.type`: `UserManaged` means an external load balancer
+    /// owns the VIPs (docs/cluster-json.md, "`loadBalancer`").
+    pub load_balancer: LoadBalancerType,
     /// Fields present but not used by keelson, one line each.
     pub notes: Vec<String>,
 }
@@ -283,6 +287,30 @@ struct PlatformVips {
     api_floating_ip: Option<Checked<Ip>>,
     #[serde(default, rename = "lbFloatingIP")]
     lb_floating_ip: Option<Checked<Ip>>,
+    #[serde(default, rename = "loadBalancer")]
+    load_balancer: Option<LoadBalancerSection>,
+}
+
+/// `platform.<name>.loadBalancer` (OpenShift 4.13+ on bare metal, OpenStack, vSphere...).
+#[derive(Deserialize)]
+struct LoadBalancerSection {
+    #[serde(default, rename = "type")]
+    kind: Option<Checked<LoadBalancerKind>>,
+}
+
+/// `loadBalancer.type`: `OpenShiftManagedDefault` or `UserManaged`.
+struct LoadBalancerKind(LoadBalancerType);
+impl Leaf for LoadBalancerKind {
+    fn expected() -> String {
+        "OpenShiftManagedDefault or UserManaged".into()
+    }
+    fn from_value(v: &Value) -> Option<Self> {
+        match v.as_str()? {
+            "OpenShiftManagedDefault" => Some(LoadBalancerKind(LoadBalancerType::Keelson)),
+            "UserManaged" => Some(LoadBalancerKind(LoadBalancerType::UserManaged)),
+            _ => None,
+        }
+    }
 }
 
 /// The platform keys keelson reads.
@@ -299,6 +327,7 @@ const USED_PLATFORM: &[&str] = &[
     "ingressVIP",
     "apiFloatingIP",
     "lbFloatingIP",
+    "loadBalancer",
 ];
 
 /// `T` from `v` through serde; an error names the field path below `prefix`.
@@ -374,8 +403,14 @@ fn machine_networks(networking: Option<Networking>) -> Result<Vec<IpNet>, Instal
     Ok(out)
 }
 
-/// The platform's key, API VIPs, ingress VIPs and floating IP.
-type PlatformFields = (String, Vec<IpAddr>, Vec<IpAddr>, Option<IpAddr>);
+/// The platform's key, API VIPs, ingress VIPs, floating IP and who owns the VIPs.
+type PlatformFields = (
+    String,
+    Vec<IpAddr>,
+    Vec<IpAddr>,
+    Option<IpAddr>,
+    LoadBalancerType,
+);
 
 /// The key of the first platform with a mapping, its API and ingress VIPs checked against
 /// the machine networks, the floating IP; notes for the platform keys keelson does not read.
@@ -470,8 +505,13 @@ fn platform(
         .api_floating_ip
         .or(vips.lb_floating_ip)
         .map(|Checked(Ip(a))| a);
+    let load_balancer = vips
+        .load_balancer
+        .and_then(|l| l.kind)
+        .map(|Checked(LoadBalancerKind(k))| k)
+        .unwrap_or_default();
     notes.extend(unused_keys(p, USED_PLATFORM, &format!("{base}.")));
-    Ok((pname, api_vips, ingress_vips, floating))
+    Ok((pname, api_vips, ingress_vips, floating, load_balancer))
 }
 
 /// VIPs given on keelson's command line (`--api-vip`, `--ingress-vip`): they take the place
@@ -542,7 +582,7 @@ impl InstallConfig {
                 .sum(),
         };
         let machine_networks = machine_networks(d.networking)?;
-        let (platform, api_vips, ingress_vips, api_floating_ip) =
+        let (platform, api_vips, ingress_vips, api_floating_ip, load_balancer) =
             platform(&doc, &machine_networks, given, &mut notes)?;
         Ok(InstallConfig {
             name,
@@ -555,6 +595,7 @@ impl InstallConfig {
             ssh_keys: d.ssh_key.map(|Checked(SshKeys(k))| k).unwrap_or_default(),
             api_floating_ip,
             platform,
+            load_balancer,
             notes,
         })
     }
@@ -633,6 +674,7 @@ impl InstallConfig {
                         timeout_ms: Some(10_000),
                     },
                 ],
+                required_checks: vec![],
             });
         }
         for (i, vip) in self.ingress_vips.iter().enumerate() {
@@ -653,14 +695,18 @@ impl InstallConfig {
                 preempt: true,
                 garp_refresh_secs: 60,
                 handback_secs: self.handback_secs(),
+                // Every node that runs a router takes part, masters included (routers
+                // are scheduled there when the cluster has no workers, or by the
+                // operator's choice); a node whose router does not answer its readiness
+                // probe (the router's stats port, as OpenShift's keepalived asks) never
+                // holds the VIP (docs/vrrp.md, "Ingress follows the routers").
                 priorities: RolePriorities {
                     bootstrap: None,
-                    master: if self.workers == 0 { Some(20) } else { None },
+                    master: Some(20),
                     worker: Some(20),
                 },
-                // As OpenShift's keepalived: the node whose router answers its readiness
-                // probe (the router's stats port) gets the ingress VIP.
-                checks: vec![HealthCheckConfig {
+                checks: vec![],
+                required_checks: vec![HealthCheckConfig {
                     name: "ingress-router".into(),
                     check: HealthCheckKind::Http {
                         url: "http://127.0.0.1:1936/healthz/ready".into(),
@@ -669,10 +715,15 @@ impl InstallConfig {
                     interval_ms: 1000,
                     rise: 1,
                     fall: 3,
-                    weight: 50,
+                    weight: 0,
                     timeout_ms: None,
                 }],
             });
+        }
+        // An external load balancer owns the VIPs: no virtual routers (the operator may
+        // still add some with a patch).
+        if self.load_balancer == LoadBalancerType::UserManaged {
+            instances.clear();
         }
         ClusterConfig {
             version: CLUSTER_JSON_VERSION,
@@ -727,6 +778,10 @@ impl InstallConfig {
             ssh_authorized_keys: self.ssh_keys.clone(),
             bgp: None,
             services: vec![],
+            node_address: Default::default(),
+            load_balancer: LoadBalancerSettings {
+                kind: self.load_balancer,
+            },
         }
     }
 }

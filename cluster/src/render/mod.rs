@@ -264,8 +264,10 @@ pub fn full_model(cluster: &ClusterConfig, role: Role, assets: &NodeAssets) -> M
     // server they come from is the one the bootstrap itself is about to start.
     if role != Role::Bootstrap {
         for svc in cluster.services.iter().filter(|s| s.runs_on(role)) {
+            // Two services may run one executable (one asset, one path): fetched once.
             if let Some(asset) = &svc.asset
                 && let Ok(url) = asset_url(cluster, &asset.name)
+                && !files.iter().any(|f| f.path == svc.path)
             {
                 files.push(FileSpec {
                     path: svc.path.clone(),

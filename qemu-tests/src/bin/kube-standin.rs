@@ -10,6 +10,11 @@
 //! `--slow-readyz-if FILE`: while FILE exists, `/readyz` answers after 1, 2, 3 s in turn —
 //! an overloaded apiserver that is slow but alive (`bench/vip_soak.sh`).
 //!
+//! `--control` (the router): `GET /router/stop` makes `/healthz/ready` answer 503, as a
+//! router that stops does before it exits, and `GET /router/start` 200 again; `--stopped`
+//! starts it that way. The harness starts and stops routers with it on nodes it has no shell
+//! on (the appliance). A test fixture: anyone on the segment may ask.
+//!
 //! `--mcs DIR`: plays OpenShift's machine-config-server instead (the QEMU cluster beside
 //! openshift-install, docs/qemu-cluster.md): HTTPS with `DIR/tls.crt` and `DIR/tls.key` (a
 //! certificate for `api-int.<cluster>.<baseDomain>` from OpenShift's root CA, as the real
@@ -28,6 +33,8 @@ fn main() -> Result<()> {
         .unwrap_or_default();
     let mut plain = false;
     let mut slow_if: Option<std::path::PathBuf> = None;
+    let mut control = false;
+    let mut stopped = false;
     let mut mcs: Option<std::path::PathBuf> = None;
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
@@ -35,12 +42,14 @@ fn main() -> Result<()> {
             "--listen" => listen = args.next().context("--listen needs ADDR:PORT")?,
             "--name" => name = args.next().context("--name needs a node name")?,
             "--plain" => plain = true,
+            "--control" => control = true,
+            "--stopped" => stopped = true,
             "--slow-readyz-if" => {
                 slow_if = Some(args.next().context("--slow-readyz-if needs a file")?.into())
             }
             "--mcs" => mcs = Some(args.next().context("--mcs needs a directory")?.into()),
             other => anyhow::bail!(
-                "unknown argument {other:?} (expected --listen, --name, --plain, --slow-readyz-if, --mcs)"
+                "unknown argument {other:?} (expected --listen, --name, --plain, --slow-readyz-if, --control, --stopped, --mcs)"
             ),
         }
     }
@@ -69,6 +78,8 @@ fn main() -> Result<()> {
     let slow = Arc::new(Slow {
         file: slow_if,
         turn: std::sync::atomic::AtomicUsize::new(0),
+        control,
+        stopped: std::sync::atomic::AtomicBool::new(stopped),
     });
     let listener = TcpListener::bind(&listen).with_context(|| format!("binding {listen}"))?;
     let scheme = if plain { "http" } else { "https" };
@@ -113,10 +124,13 @@ fn mcs_identity(
     Ok((certs, key))
 }
 
-/// `--slow-readyz-if`: the file, and whose turn of the 1/2/3 s delays is next.
+/// `--slow-readyz-if`: the file, and whose turn of the 1/2/3 s delays is next; `--control`:
+/// whether the router is stopped.
 struct Slow {
     file: Option<std::path::PathBuf>,
     turn: std::sync::atomic::AtomicUsize,
+    control: bool,
+    stopped: std::sync::atomic::AtomicBool,
 }
 
 impl Slow {
@@ -161,26 +175,37 @@ fn serve<S: Read + Write>(
         if path == "/readyz" {
             std::thread::sleep(slow.delay());
         }
+        use std::sync::atomic::Ordering::Relaxed;
         // Pools are plain names (`master`, `worker`): nothing else is looked up.
         let config = |pool: &str| {
             mcs.filter(|_| !pool.is_empty() && pool.chars().all(|c| c.is_ascii_lowercase()))
                 .and_then(|dir| std::fs::read(dir.join(format!("{pool}.ign"))).ok())
         };
+        let text = |s: &str| s.as_bytes().to_vec();
         let (status, kind, body) = match path {
+            "/router/stop" | "/router/start" if slow.control => {
+                slow.stopped.store(path == "/router/stop", Relaxed);
+                eprintln!("kube-standin: {path}");
+                ("200 OK", "text/plain", text("ok"))
+            }
+            "/healthz/ready" if slow.stopped.load(Relaxed) => {
+                ("503 Service Unavailable", "text/plain", text("stopped"))
+            }
             "/readyz" | "/healthz" | "/livez" | "/healthz/ready" => {
-                ("200 OK", "text/plain", b"ok".to_vec())
+                ("200 OK", "text/plain", text("ok"))
             }
             "/version" => (
                 "200 OK",
                 "text/plain",
-                format!(r#"{{"gitVersion":"v0.0.0-keelson-standin","node":"{name}"}}"#)
-                    .into_bytes(),
+                text(&format!(
+                    r#"{{"gitVersion":"v0.0.0-keelson-standin","node":"{name}"}}"#
+                )),
             ),
             p if p.starts_with("/config/") => match config(&p["/config/".len()..]) {
                 Some(bytes) => ("200 OK", "application/json", bytes),
-                None => ("404 Not Found", "text/plain", b"not found".to_vec()),
+                None => ("404 Not Found", "text/plain", text("not found")),
             },
-            _ => ("404 Not Found", "text/plain", b"not found".to_vec()),
+            _ => ("404 Not Found", "text/plain", text("not found")),
         };
         let head = format!(
             "HTTP/1.1 {status}\r\nContent-Type: {kind}\r\nContent-Length: {}\r\nX-Node: {name}\r\n{}\r\n",
