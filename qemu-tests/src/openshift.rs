@@ -213,7 +213,7 @@ pub const OPERATOR_UNIT: &str = "operator-marker.service";
 /// What it leaves.
 pub const OPERATOR_MARKER: &str = "/var/lib/operator-marker";
 /// The operator's user.
-pub const OPERATOR_USER: &str = "operator";
+pub const OPERATOR_USER: &str = "clusterops";
 
 #[cfg(test)]
 mod tests {
