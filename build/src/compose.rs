@@ -56,7 +56,10 @@ impl Composition {
         let mut out = Self::default();
         if let Some(dir) = openshift_dir {
             let os = read_openshift_dir(dir)?;
-            let origin = format!("openshift-install's {}", dir.join("bootstrap.ign").display());
+            let origin = format!(
+                "openshift-install's {}",
+                dir.join("bootstrap.ign").display()
+            );
             let bootstrap = serde_json::to_vec(&os.bootstrap)?;
             out.operator.insert(
                 Role::Bootstrap,
@@ -163,12 +166,20 @@ mod tests {
                 file: "a.ign".into()
             }
         );
-        assert!(parse_merge("a.ign").unwrap_err().contains("expected ROLE=FILE"));
+        assert!(
+            parse_merge("a.ign")
+                .unwrap_err()
+                .contains("expected ROLE=FILE")
+        );
         assert!(
             parse_merge("infra=a.ign")
                 .unwrap_err()
                 .contains("\"infra\": expected a role")
         );
-        assert!(parse_merge("worker=").unwrap_err().contains("expected a file"));
+        assert!(
+            parse_merge("worker=")
+                .unwrap_err()
+                .contains("expected a file")
+        );
     }
 }

@@ -765,8 +765,18 @@ fn an_operator_config_rides_along_in_bootstrap_ign_and_the_served_configs() {
     let merge_master = format!("master={}", op.display());
     let merge_boot = format!("bootstrap={}", boot.display());
     let o = keelson(&[
-        "build", "--config", EXAMPLE, "--out", out.to_str().unwrap(), "--agent", &agent,
-        "--no-image", "--merge", &merge_master, "--merge", &merge_boot,
+        "build",
+        "--config",
+        EXAMPLE,
+        "--out",
+        out.to_str().unwrap(),
+        "--agent",
+        &agent,
+        "--no-image",
+        "--merge",
+        &merge_master,
+        "--merge",
+        &merge_boot,
     ]);
     ok(&o);
     let b = json(&out.join("bootstrap.ign"));
@@ -777,18 +787,40 @@ fn an_operator_config_rides_along_in_bootstrap_ign_and_the_served_configs() {
         .map(|f| f["path"].as_str().unwrap())
         .collect();
     assert!(paths.contains(&"/etc/boot-op"), "{paths:?}");
-    assert!(paths.contains(&"/etc/keelson/merge/master.ign"), "{paths:?}");
+    assert!(
+        paths.contains(&"/etc/keelson/merge/master.ign"),
+        "{paths:?}"
+    );
     assert!(paths.contains(&"/etc/keelson/cluster.json"), "{paths:?}");
     // The served master config: what `keelson serve` answers is keelson's with the
     // operator's merged, in the build's spec (3.2.0, converted from 3.0.0).
     let kept = json(&out.join("merge/master.ign"));
     assert_eq!(kept["ignition"]["version"], "3.2.0");
     let rendered = keelson(&[
-        "render", "--config", EXAMPLE, "--role", "master", "--dir", out.to_str().unwrap(),
-        "--agent", &agent, "--merge", &merge_master, "--merge", &merge_boot,
+        "render",
+        "--config",
+        EXAMPLE,
+        "--role",
+        "master",
+        "--dir",
+        out.to_str().unwrap(),
+        "--agent",
+        &agent,
+        "--merge",
+        &merge_master,
+        "--merge",
+        &merge_boot,
     ]);
     let master: serde_json::Value = serde_json::from_str(&ok(&rendered)).unwrap();
-    assert_eq!(master["systemd"]["units"].as_array().unwrap().iter().filter(|u| u["name"] == "op.service").count(), 1);
+    assert_eq!(
+        master["systemd"]["units"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|u| u["name"] == "op.service")
+            .count(),
+        1
+    );
     // An appliance bootstrap is told what it will not apply.
     let unit_boot = work.path().join("unit-boot.ign");
     std::fs::write(
@@ -797,8 +829,16 @@ fn an_operator_config_rides_along_in_bootstrap_ign_and_the_served_configs() {
     )
     .unwrap();
     let o = keelson(&[
-        "build", "--config", EXAMPLE, "--out", out.to_str().unwrap(), "--agent", &agent,
-        "--no-image", "--merge", &format!("bootstrap={}", unit_boot.display()),
+        "build",
+        "--config",
+        EXAMPLE,
+        "--out",
+        out.to_str().unwrap(),
+        "--agent",
+        &agent,
+        "--no-image",
+        "--merge",
+        &format!("bootstrap={}", unit_boot.display()),
     ]);
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(o.status.success(), "{err}");
@@ -817,8 +857,16 @@ fn a_clash_stops_the_build_before_anything_is_written() {
     .unwrap();
     let out = work.path().join("out");
     let o = keelson(&[
-        "build", "--config", EXAMPLE, "--out", out.to_str().unwrap(), "--agent", &agent,
-        "--no-image", "--merge", &format!("bootstrap={}", op.display()),
+        "build",
+        "--config",
+        EXAMPLE,
+        "--out",
+        out.to_str().unwrap(),
+        "--agent",
+        &agent,
+        "--no-image",
+        "--merge",
+        &format!("bootstrap={}", op.display()),
     ]);
     assert!(!o.status.success());
     let err = String::from_utf8_lossy(&o.stderr);
@@ -831,17 +879,28 @@ fn a_clash_stops_the_build_before_anything_is_written() {
     let left: Vec<_> = std::fs::read_dir(&out)
         .map(|d| d.flatten().map(|e| e.file_name()).collect())
         .unwrap_or_default();
-    assert!(
-        left.iter().all(|n| n == "tls"),
-        "left in --out: {left:?}"
-    );
+    assert!(left.iter().all(|n| n == "tls"), "left in --out: {left:?}");
     for (arg, want) in [
-        ("infra=x.ign".to_owned(), "expected a role of bootstrap, master or worker"),
-        (format!("master={}", work.path().join("missing.ign").display()), "missing.ign"),
+        (
+            "infra=x.ign".to_owned(),
+            "expected a role of bootstrap, master or worker",
+        ),
+        (
+            format!("master={}", work.path().join("missing.ign").display()),
+            "missing.ign",
+        ),
     ] {
         let o = keelson(&[
-            "build", "--config", EXAMPLE, "--out", out.to_str().unwrap(), "--agent", &agent,
-            "--no-image", "--merge", &arg,
+            "build",
+            "--config",
+            EXAMPLE,
+            "--out",
+            out.to_str().unwrap(),
+            "--agent",
+            &agent,
+            "--no-image",
+            "--merge",
+            &arg,
         ]);
         assert!(!o.status.success());
         assert!(String::from_utf8_lossy(&o.stderr).contains(want), "{arg}");
@@ -849,11 +908,22 @@ fn a_clash_stops_the_build_before_anything_is_written() {
     let not_ign = work.path().join("butane.bu");
     std::fs::write(&not_ign, "variant: fcos\nversion: 1.5.0\n").unwrap();
     let o = keelson(&[
-        "build", "--config", EXAMPLE, "--out", out.to_str().unwrap(), "--agent", &agent,
-        "--no-image", "--merge", &format!("worker={}", not_ign.display()),
+        "build",
+        "--config",
+        EXAMPLE,
+        "--out",
+        out.to_str().unwrap(),
+        "--agent",
+        &agent,
+        "--no-image",
+        "--merge",
+        &format!("worker={}", not_ign.display()),
     ]);
     let err = String::from_utf8_lossy(&o.stderr);
-    assert!(err.contains("butane.bu: expected an Ignition config (JSON)"), "{err}");
+    assert!(
+        err.contains("butane.bu: expected an Ignition config (JSON)"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -864,21 +934,46 @@ fn beside_openshift_install_both_eras() {
     // platform none has no VIPs: the build says where to give them.
     let out = work.path().join("out");
     let o = keelson(&[
-        "build", "--config", &ic, "--out", out.to_str().unwrap(), "--agent", &agent,
-        "--no-image", "--openshift-install-dir", OPENSHIFT_414,
+        "build",
+        "--config",
+        &ic,
+        "--out",
+        out.to_str().unwrap(),
+        "--agent",
+        &agent,
+        "--no-image",
+        "--openshift-install-dir",
+        OPENSHIFT_414,
     ]);
     assert!(!o.status.success());
     assert!(String::from_utf8_lossy(&o.stderr).contains("--api-vip"));
-    for (dir, spec, key) in [(OPENSHIFT_414, "3.2.0", "merge"), (OPENSHIFT_42, "2.2.0", "append")] {
+    for (dir, spec, key) in [
+        (OPENSHIFT_414, "3.2.0", "merge"),
+        (OPENSHIFT_42, "2.2.0", "append"),
+    ] {
         let out = work.path().join(format!("out-{spec}"));
         let o = keelson(&[
-            "build", "--config", &ic, "--out", out.to_str().unwrap(), "--agent", &agent,
-            "--no-image", "--openshift-install-dir", dir, "--api-vip", "10.0.0.5",
-            "--ingress-vip", "10.0.0.7",
+            "build",
+            "--config",
+            &ic,
+            "--out",
+            out.to_str().unwrap(),
+            "--agent",
+            &agent,
+            "--no-image",
+            "--openshift-install-dir",
+            dir,
+            "--api-vip",
+            "10.0.0.5",
+            "--ingress-vip",
+            "10.0.0.7",
         ]);
         let err = String::from_utf8_lossy(&o.stderr).into_owned();
         assert!(o.status.success(), "{err}");
-        assert!(err.contains("api-int.ocp4.osd2019.local"), "the DNS note: {err}");
+        assert!(
+            err.contains("api-int.ocp4.osd2019.local"),
+            "the DNS note: {err}"
+        );
         for role in ["master", "worker"] {
             let p = json(&out.join(format!("{role}.ign")));
             assert_eq!(p["ignition"]["version"], spec);
@@ -909,7 +1004,11 @@ fn beside_openshift_install_both_eras() {
         assert!(cluster.get("sshAuthorizedKeys").is_none(), "{cluster}");
         let checks = &cluster["vrrp"]["instances"][0]["checks"];
         assert!(
-            checks.as_array().unwrap().iter().any(|c| c["check"]["url"] == "https://127.0.0.1:22623/healthz"),
+            checks
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|c| c["check"]["url"] == "https://127.0.0.1:22623/healthz"),
             "{checks}"
         );
         // OpenShift's bootstrap with keelson's: bootkube and the agent, the agent inline.
@@ -921,22 +1020,47 @@ fn beside_openshift_install_both_eras() {
             .iter()
             .map(|u| u["name"].as_str().unwrap())
             .collect();
-        assert!(units.contains(&"bootkube.service") && units.contains(&"keelson-agent.service"), "{units:?}");
+        assert!(
+            units.contains(&"bootkube.service") && units.contains(&"keelson-agent.service"),
+            "{units:?}"
+        );
         let agent_file = b["storage"]["files"]
             .as_array()
             .unwrap()
             .iter()
             .find(|f| f["path"] == "/usr/local/bin/keelson-agent")
             .unwrap();
-        assert!(agent_file["contents"]["source"].as_str().unwrap().starts_with("data:"));
+        assert!(
+            agent_file["contents"]["source"]
+                .as_str()
+                .unwrap()
+                .starts_with("data:")
+        );
     }
     // The install-config of another cluster than openshift-install's.
     let other = work.path().join("other.yaml");
-    std::fs::write(&other, std::fs::read_to_string(&ic).unwrap().replace("name: ocp4", "name: lab")).unwrap();
+    std::fs::write(
+        &other,
+        std::fs::read_to_string(&ic)
+            .unwrap()
+            .replace("name: ocp4", "name: lab"),
+    )
+    .unwrap();
     let o = keelson(&[
-        "build", "--config", other.to_str().unwrap(), "--out", out.to_str().unwrap(), "--agent", &agent,
-        "--no-image", "--openshift-install-dir", OPENSHIFT_414, "--api-vip", "10.0.0.5",
-        "--ingress-vip", "10.0.0.7",
+        "build",
+        "--config",
+        other.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+        "--agent",
+        &agent,
+        "--no-image",
+        "--openshift-install-dir",
+        OPENSHIFT_414,
+        "--api-vip",
+        "10.0.0.5",
+        "--ingress-vip",
+        "10.0.0.7",
     ]);
     assert!(!o.status.success());
     assert!(String::from_utf8_lossy(&o.stderr).contains("metadata.json clusterName is \"ocp4\""));

@@ -116,7 +116,11 @@ fn apply(config: &Value) -> Tree {
     let work = tempfile::tempdir().unwrap();
     let root = work.path().join("root");
     std::fs::create_dir_all(root.join("etc/selinux")).unwrap();
-    std::fs::write(root.join("etc/selinux/config"), "SELINUX=disabled\nSELINUXTYPE=targeted\n").unwrap();
+    std::fs::write(
+        root.join("etc/selinux/config"),
+        "SELINUX=disabled\nSELINUXTYPE=targeted\n",
+    )
+    .unwrap();
     for f in ["passwd", "group", "shadow", "gshadow"] {
         std::fs::copy(Path::new("/etc").join(f), root.join("etc").join(f)).unwrap();
     }
@@ -126,8 +130,7 @@ fn apply(config: &Value) -> Tree {
     let bin = work.path().join("bin");
     std::fs::create_dir_all(&bin).unwrap();
     std::fs::write(bin.join("setfiles"), "#!/bin/sh\ncat >/dev/null\n").unwrap();
-    std::fs::set_permissions(bin.join("setfiles"), std::fs::Permissions::from_mode(0o755))
-        .unwrap();
+    std::fs::set_permissions(bin.join("setfiles"), std::fs::Permissions::from_mode(0o755)).unwrap();
     let path = format!(
         "{}:{}",
         bin.display(),
@@ -139,7 +142,14 @@ fn apply(config: &Value) -> Tree {
         let out = Command::new("timeout")
             .arg("120")
             .arg(IGNITION_BIN)
-            .args(["-platform", "file", "-stage", stage, "-log-to-stdout", "-root"])
+            .args([
+                "-platform",
+                "file",
+                "-stage",
+                stage,
+                "-log-to-stdout",
+                "-root",
+            ])
             .arg(&root)
             .arg("-config-cache")
             .arg(work.path().join("cache.json"))
@@ -269,5 +279,8 @@ fn a_clash_is_an_error_because_ignition_lets_the_child_win() {
     )
     .unwrap_err()
     .to_string();
-    assert!(e.contains("storage.files path \"/etc/x\": defined by a.ign and by b.ign"), "{e}");
+    assert!(
+        e.contains("storage.files path \"/etc/x\": defined by a.ign and by b.ign"),
+        "{e}"
+    );
 }

@@ -516,12 +516,11 @@ fn replace_steps(c: &mut Cluster) -> Result<String> {
     c.boot(&new)?;
     c.wait_ready(std::slice::from_ref(&new), STANDIN_BOOT_TIMEOUT)?;
     let ready = booted.elapsed();
-    let first_boot =
-        scenarios::standin_first_boot(
-            c,
-            &new,
-            &[format!("https://{API_VIP}:22623/config/master")],
-        )?;
+    let first_boot = scenarios::standin_first_boot(
+        c,
+        &new,
+        &[format!("https://{API_VIP}:22623/config/master")],
+    )?;
     let name = format!("{new}.{ZONE}");
     let mut everyone = survivors.clone();
     everyone.push(new.clone());

@@ -107,13 +107,7 @@ fn run(config: Config) -> Result<()> {
     let control = ["bootstrap", "master-0", "master-1", "master-2"];
     let own = payload == cluster::Payload::OpenShift;
     let mut order = vec![
-        "1 boot",
-        "1b cloud",
-        "2 dns",
-        "3 api",
-        "4 pivot",
-        "4b dns",
-        "4c api",
+        "1 boot", "1b cloud", "2 dns", "3 api", "4 pivot", "4b dns", "4c api",
     ];
     if own {
         order.push("4d own");

@@ -61,7 +61,9 @@ fn pki(zone: &str) -> Result<Pki> {
     ca_params
         .distinguished_name
         .push(DnType::OrganizationalUnitName, "openshift");
-    ca_params.distinguished_name.push(DnType::CommonName, "root-ca");
+    ca_params
+        .distinguished_name
+        .push(DnType::CommonName, "root-ca");
     let ca = CertifiedIssuer::self_signed(ca_params, KeyPair::generate()?)?;
     let key = KeyPair::generate()?;
     // As on platform none: the name the pointers use, no IP address.
@@ -106,8 +108,16 @@ fn rendered_worker(ssh_key: &str) -> Value {
 fn rendered_master(pki: &Pki, ssh_key: &str, worker: &Value, master: Option<&Value>) -> Value {
     let mut files = vec![
         file(RENDERED_MARKER, 420, b"master\n"),
-        file(&format!("{MCS_DIR}/tls.crt"), 420, pki.mcs_cert_pem.as_bytes()),
-        file(&format!("{MCS_DIR}/tls.key"), 384, pki.mcs_key_pem.as_bytes()),
+        file(
+            &format!("{MCS_DIR}/tls.crt"),
+            420,
+            pki.mcs_cert_pem.as_bytes(),
+        ),
+        file(
+            &format!("{MCS_DIR}/tls.key"),
+            384,
+            pki.mcs_key_pem.as_bytes(),
+        ),
         file(
             &format!("{MCS_DIR}/worker.ign"),
             420,
@@ -224,7 +234,13 @@ mod tests {
     #[test]
     fn the_install_dir_has_openshift_install_shapes() {
         let dir = tempfile::tempdir().unwrap();
-        write_install_dir(dir.path(), "ocp4", "ocp4.osd2019.local", "ssh-ed25519 AAAA x").unwrap();
+        write_install_dir(
+            dir.path(),
+            "ocp4",
+            "ocp4.osd2019.local",
+            "ssh-ed25519 AAAA x",
+        )
+        .unwrap();
         let read = |f: &str| std::fs::read(dir.path().join(f)).unwrap();
         let os = keelson_cluster::render::openshift::OpenShiftConfigs::parse(
             "dir",

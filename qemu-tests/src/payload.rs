@@ -244,12 +244,7 @@ pub fn build(work: &Path, config: Config, masters: ImageKind, payload: Payload) 
             .context("the example install-config has no sshKey")?;
         let install_dir = work.join("openshift-install");
         let _ = std::fs::remove_dir_all(&install_dir);
-        crate::openshift::write_install_dir(
-            &install_dir,
-            "ocp4",
-            crate::scenarios::ZONE,
-            ssh_key,
-        )?;
+        crate::openshift::write_install_dir(&install_dir, "ocp4", crate::scenarios::ZONE, ssh_key)?;
         let operator = work.join("operator");
         crate::openshift::write_operator_configs(&operator)?;
         args.extend(

@@ -1043,7 +1043,12 @@ pub fn own_ignition(c: &dyn Testbed) -> Result<String> {
                 user.starts_with(&format!("{OPERATOR_USER}:")),
                 "{name}: no user {OPERATOR_USER} ({user:?})"
             );
-            for unit in ["keelson-agent.service", MCS_UNIT, OPERATOR_UNIT, MARKER_UNIT] {
+            for unit in [
+                "keelson-agent.service",
+                MCS_UNIT,
+                OPERATOR_UNIT,
+                MARKER_UNIT,
+            ] {
                 let state = in_node(c, name, &["systemctl", "is-active", unit]).unwrap_or_default();
                 ensure!(
                     state.trim() == "active",

@@ -12,10 +12,10 @@ use std::time::Duration;
 use std::os::fd::AsRawFd;
 
 use hickory_proto::op::{Message, ResponseCode};
+use nix::sys::socket::SockaddrStorage;
 use tokio::io::{AsyncReadExt, AsyncWriteExt, Interest};
 use tokio::net::{TcpListener, TcpStream, UdpSocket};
 use tokio::sync::watch;
-use nix::sys::socket::SockaddrStorage;
 use tokio_util::sync::CancellationToken;
 
 use super::forward::Forwarder;
@@ -398,7 +398,9 @@ async fn send(sock: &UdpSocket, bytes: &[u8], peer: &SockaddrStorage, local: Opt
     }
     let fd = sock.as_raw_fd();
     loop {
-        match sock.try_io(Interest::WRITABLE, || udp::send_from(fd, bytes, peer, local)) {
+        match sock.try_io(Interest::WRITABLE, || {
+            udp::send_from(fd, bytes, peer, local)
+        }) {
             Ok(_) => return,
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
                 if sock.writable().await.is_err() {

@@ -67,7 +67,9 @@ impl Source {
                 ipi_addr: libc::in_addr { s_addr: 0 },
             }),
             IpAddr::V6(a) => Source::V6(libc::in6_pktinfo {
-                ipi6_addr: libc::in6_addr { s6_addr: a.octets() },
+                ipi6_addr: libc::in6_addr {
+                    s6_addr: a.octets(),
+                },
                 ipi6_ifindex: 0,
             }),
         }
@@ -91,7 +93,13 @@ pub fn send_from(
     let iov = [IoSlice::new(bytes)];
     let source = local.map(Source::new);
     let cmsgs: Vec<ControlMessage<'_>> = source.iter().map(Source::message).collect();
-    Ok(sendmsg(fd, &iov, &cmsgs, MsgFlags::MSG_DONTWAIT, Some(peer))?)
+    Ok(sendmsg(
+        fd,
+        &iov,
+        &cmsgs,
+        MsgFlags::MSG_DONTWAIT,
+        Some(peer),
+    )?)
 }
 
 /// Room for one packet-info control message of either family (received).
@@ -184,9 +192,9 @@ impl Batch {
         for r in results {
             let local = r.cmsgs().ok().and_then(|mut c| {
                 c.find_map(|m| match m {
-                    ControlMessageOwned::Ipv4PacketInfo(i) => Some(IpAddr::V4(Ipv4Addr::from(
-                        u32::from_be(i.ipi_addr.s_addr),
-                    ))),
+                    ControlMessageOwned::Ipv4PacketInfo(i) => {
+                        Some(IpAddr::V4(Ipv4Addr::from(u32::from_be(i.ipi_addr.s_addr))))
+                    }
                     ControlMessageOwned::Ipv6PacketInfo(i) => {
                         Some(IpAddr::V6(Ipv6Addr::from(i.ipi6_addr.s6_addr)))
                     }
@@ -372,7 +380,11 @@ mod tests {
             assert_eq!(wait_recv(&mut batch, fd), 1);
             let (_, rx, _) = batch.get(0);
             send_from(fd, b"f", rx.peer.as_ref().unwrap(), rx.local).unwrap();
-            assert_eq!(client.recv(&mut buf).unwrap(), 1, "no forwarded reply from {asked}");
+            assert_eq!(
+                client.recv(&mut buf).unwrap(),
+                1,
+                "no forwarded reply from {asked}"
+            );
         }
     }
 

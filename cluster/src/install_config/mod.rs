@@ -459,7 +459,12 @@ fn platform(
         )),
     };
     let api_vips = pick(vips.api_vips, vips.api_vip, &given.api, "apiVIPs")?;
-    let ingress_vips = pick(vips.ingress_vips, vips.ingress_vip, &given.ingress, "ingressVIPs")?;
+    let ingress_vips = pick(
+        vips.ingress_vips,
+        vips.ingress_vip,
+        &given.ingress,
+        "ingressVIPs",
+    )?;
     // Errors name where the VIPs came from: the command line's flag, or the platform's field.
     let label = |field: &str| match field {
         "apiVIPs" if !given.api.is_empty() => "--api-vip".to_owned(),

@@ -69,7 +69,10 @@ pub const ADDED_IN: &[(SpecVersion, &str)] = &[
     (SpecVersion::V3_2, "storage.disks[].partitions[].resize"),
     (SpecVersion::V3_2, "storage.luks"),
     (SpecVersion::V3_3, "kernelArguments"),
-    (SpecVersion::V3_4, "storage.luks[].clevis.tang[].advertisement"),
+    (
+        SpecVersion::V3_4,
+        "storage.luks[].clevis.tang[].advertisement",
+    ),
     (SpecVersion::V3_4, "storage.luks[].discard"),
     (SpecVersion::V3_4, "storage.luks[].openOptions"),
     (SpecVersion::V3_5, "storage.luks[].cex"),
@@ -269,11 +272,7 @@ impl<'a> Fields<'a> {
 
     /// Errors on the first field left, with `why`.
     fn done(self, why: &str) -> Result<(), ConvertError> {
-        match self
-            .map
-            .into_iter()
-            .find(|(_, v)| !is_empty(v))
-        {
+        match self.map.into_iter().find(|(_, v)| !is_empty(v)) {
             Some((k, _)) => Err(ConvertError::Lossy {
                 path: if self.path.is_empty() {
                     k
@@ -376,10 +375,7 @@ fn root_filesystem(f: &mut Fields<'_>) -> Result<(), ConvertError> {
 }
 
 /// The node fields 2.2 and 3.x share (`path`, `overwrite`, `user`, `group`).
-fn node_common(
-    f: &mut Fields<'_>,
-    out: &mut Map<String, Value>,
-) -> Result<(), ConvertError> {
+fn node_common(f: &mut Fields<'_>, out: &mut Map<String, Value>) -> Result<(), ConvertError> {
     put(out, "path", f.take("path"));
     for key in ["user", "group"] {
         if let Some(v) = f.take(key) {
@@ -421,7 +417,9 @@ pub fn v2_to_v3(config: &Value) -> Result<Value, ConvertError> {
         if !is_empty(&networkd) {
             return Err(ConvertError::Lossy {
                 path: "networkd".into(),
-                why: "spec 3 removed networkd: write its units as files under /etc/systemd/network/".into(),
+                why:
+                    "spec 3 removed networkd: write its units as files under /etc/systemd/network/"
+                        .into(),
             });
         }
     }
@@ -464,10 +462,7 @@ fn v2_ignition_to_v3(ign: &Value) -> Result<Value, ConvertError> {
 }
 
 /// `security` and `timeouts`, which 2.2 and 3.0 write alike.
-fn ignition_common(
-    f: &mut Fields<'_>,
-    out: &mut Map<String, Value>,
-) -> Result<(), ConvertError> {
+fn ignition_common(f: &mut Fields<'_>, out: &mut Map<String, Value>) -> Result<(), ConvertError> {
     if let Some(sec) = f.take("security") {
         let mut sf = Fields::of(&sec, "ignition.security")?;
         if let Some(tls) = sf.take("tls") {
@@ -498,7 +493,11 @@ fn ignition_common(
     if let Some(t) = f.take("timeouts") {
         let mut tf = Fields::of(&t, "ignition.timeouts")?;
         let mut tout = Map::new();
-        put(&mut tout, "httpResponseHeaders", tf.take("httpResponseHeaders"));
+        put(
+            &mut tout,
+            "httpResponseHeaders",
+            tf.take("httpResponseHeaders"),
+        );
         put(&mut tout, "httpTotal", tf.take("httpTotal"));
         tf.done("is not a field of timeouts in both specs")?;
         if !tout.is_empty() {
@@ -646,7 +645,10 @@ fn systemd_either(systemd: &Value, path: &str, from_v2: bool) -> Result<Value, C
         put(&mut u, "contents", uf.take("contents"));
         let dropins = uf.take("dropins");
         let mut ds = Vec::new();
-        for (j, d) in list(&dropins, &format!("{upath}.dropins"))?.iter().enumerate() {
+        for (j, d) in list(&dropins, &format!("{upath}.dropins"))?
+            .iter()
+            .enumerate()
+        {
             let dpath = format!("{upath}.dropins[{j}]");
             let mut df = Fields::of(d, &dpath)?;
             let mut dout = Map::new();

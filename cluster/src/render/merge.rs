@@ -94,7 +94,10 @@ const LISTS_V3: &[(&str, ListRule)] = &[
             noun: "source",
         },
     ),
-    ("ignition.proxy.noProxy", ListRule::Set { handle: "noProxy" }),
+    (
+        "ignition.proxy.noProxy",
+        ListRule::Set { handle: "noProxy" },
+    ),
     (
         "storage.files",
         ListRule::Keyed {
@@ -175,7 +178,10 @@ const LISTS_V3: &[(&str, ListRule)] = &[
             noun: "name",
         },
     ),
-    ("kernelArguments.shouldExist", ListRule::Set { handle: "karg" }),
+    (
+        "kernelArguments.shouldExist",
+        ListRule::Set { handle: "karg" },
+    ),
     (
         "kernelArguments.shouldNotExist",
         ListRule::Set { handle: "karg" },
@@ -660,7 +666,10 @@ mod tests {
             "storage": {"links": [{"path": "/x", "target": "/y"}]}});
         let e = m(a, b).unwrap_err().to_string();
         assert!(e.contains("path \"/x\""), "{e}");
-        assert!(e.contains("storage.files") && e.contains("storage.links"), "{e}");
+        assert!(
+            e.contains("storage.files") && e.contains("storage.links"),
+            "{e}"
+        );
     }
 
     #[test]
@@ -724,7 +733,10 @@ mod tests {
         let b = json!({"ignition": {"version": "3.3.0"},
             "kernelArguments": {"shouldExist": ["b", "c"]}});
         let out = m(a.clone(), b).unwrap();
-        assert_eq!(out["kernelArguments"]["shouldExist"], json!(["a", "b", "c"]));
+        assert_eq!(
+            out["kernelArguments"]["shouldExist"],
+            json!(["a", "b", "c"])
+        );
         let c = json!({"ignition": {"version": "3.3.0"},
             "kernelArguments": {"shouldNotExist": ["a"]}});
         let e = m(a, c).unwrap_err().to_string();
@@ -756,7 +768,10 @@ mod tests {
         let c = json!({"ignition": {"version": "2.2.0"},
             "storage": {"files": [{"filesystem": "var", "path": "/x", "mode": 384}]}});
         assert_eq!(
-            m(a, c).unwrap()["storage"]["files"].as_array().unwrap().len(),
+            m(a, c).unwrap()["storage"]["files"]
+                .as_array()
+                .unwrap()
+                .len(),
             2
         );
     }
@@ -793,5 +808,152 @@ mod tests {
             "storage": {"files": [{"path": "/etc/keelson/cluster.json", "mode": 384}]}});
         let e = m(a, b).unwrap_err().to_string();
         assert!(e.contains("keelson owns that path"), "{e}");
+    }
+}
+
+#[cfg(test)]
+mod properties {
+    use super::*;
+    use proptest::prelude::*;
+    use serde_json::json;
+
+    /// A 3.x config of a few files, links, units and users whose keys come from small sets,
+    /// so two of them often share one.
+    fn config() -> impl Strategy<Value = Value> {
+        let file = ("[a-c]", 0u32..3).prop_map(|(p, m)| {
+            json!({"path": format!("/etc/{p}"), "mode": 420 + m,
+                   "contents": {"source": format!("data:,{m}")}})
+        });
+        let link = "[c-d]".prop_map(|p| json!({"path": format!("/etc/{p}"), "target": "/x"}));
+        let unit = ("[a-c]", any::<bool>())
+            .prop_map(|(n, e)| json!({"name": format!("{n}.service"), "enabled": e}));
+        let user = ("[a-b]", 0u8..2)
+            .prop_map(|(n, k)| json!({"name": n, "sshAuthorizedKeys": [format!("key{k}")]}));
+        (
+            proptest::collection::vec(file, 0..3),
+            proptest::collection::vec(link, 0..2),
+            proptest::collection::vec(unit, 0..3),
+            proptest::collection::vec(user, 0..2),
+        )
+            .prop_map(|(files, links, units, users)| {
+                // One entry per key within a config, as Ignition requires of one config.
+                let dedup = |v: Vec<Value>, k: &str| {
+                    let mut seen = Vec::new();
+                    v.into_iter()
+                        .filter(|e| {
+                            let key = e[k].clone();
+                            let fresh = !seen.contains(&key);
+                            seen.push(key);
+                            fresh
+                        })
+                        .collect::<Vec<_>>()
+                };
+                let files = dedup(files, "path");
+                let links: Vec<Value> = dedup(links, "path")
+                    .into_iter()
+                    .filter(|l| !files.iter().any(|f| f["path"] == l["path"]))
+                    .collect();
+                json!({"ignition": {"version": "3.2.0"},
+                       "storage": {"files": files, "links": links},
+                       "systemd": {"units": dedup(units, "name")},
+                       "passwd": {"users": dedup(users, "name")}})
+            })
+    }
+
+    /// Every keyed entry of `v` as (list, key, entry).
+    fn entries(v: &Value) -> Vec<(String, Value, Value)> {
+        let mut out = Vec::new();
+        for (list, key) in [
+            ("storage.files", "path"),
+            ("storage.links", "path"),
+            ("systemd.units", "name"),
+            ("passwd.users", "name"),
+        ] {
+            for e in lookup(v, list)
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+            {
+                out.push((list.to_owned(), e[key].clone(), e.clone()));
+            }
+        }
+        out
+    }
+
+    proptest! {
+        #![proptest_config(keelson_testkit::proptest::config())]
+
+        /// A merge is the union of both sides, each key once, or a clash that really is one:
+        /// a key both define differently.
+        #[test]
+        fn a_merge_is_the_union_or_a_real_clash(a in config(), b in config()) {
+            let merged = merge(Named { config: &a, name: "a" }, Named { config: &b, name: "b" });
+            let (ea, eb) = (entries(&normalize(&a)), entries(&normalize(&b)));
+            let node_key = |l: &str| if l.starts_with("storage.") { "node".to_owned() } else { l.to_owned() };
+            let clashes = ea.iter().any(|(la, ka, va)| eb.iter().any(|(lb, kb, vb)| {
+                node_key(la) == node_key(lb) && ka == kb && (la != lb || va != vb)
+            }));
+            match merged {
+                Ok(m) => {
+                    prop_assert!(!clashes);
+                    let em = entries(&m);
+                    for e in ea.iter().chain(&eb) {
+                        prop_assert_eq!(em.iter().filter(|x| x.0 == e.0 && x.1 == e.1).count(), 1);
+                        prop_assert!(em.contains(e));
+                    }
+                    prop_assert_eq!(em.len(), {
+                        let mut all = ea.clone();
+                        all.extend(eb.iter().filter(|e| !ea.contains(e)).cloned());
+                        all.len()
+                    });
+                }
+                Err(MergeError::Clash { .. }) => prop_assert!(clashes),
+                Err(other) => prop_assert!(false, "{other}"),
+            }
+        }
+
+        /// A config merged with itself is itself.
+        #[test]
+        fn merging_a_config_with_itself_changes_nothing(a in config()) {
+            let m = merge(Named { config: &a, name: "a" }, Named { config: &a, name: "a" }).unwrap();
+            prop_assert_eq!(m, normalize(&a));
+        }
+
+        /// Whatever the JSON, merging answers without panicking.
+        #[test]
+        fn any_json_merges_or_says_why(a in any_json(), b in any_json()) {
+            let _ = merge(Named { config: &a, name: "a" }, Named { config: &b, name: "b" });
+        }
+    }
+
+    /// Arbitrary JSON under `ignition`/`storage`/`systemd` keys, three levels deep.
+    fn any_json() -> impl Strategy<Value = Value> {
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::Bool),
+            (0u32..5).prop_map(|n| json!(n)),
+            "[a-c/]{0,3}".prop_map(Value::String),
+        ];
+        let tree = leaf.prop_recursive(3, 24, 4, |inner| {
+            prop_oneof![
+                proptest::collection::vec(inner.clone(), 0..3).prop_map(Value::Array),
+                proptest::collection::btree_map(
+                    prop_oneof![
+                        Just("files".to_owned()),
+                        Just("path".to_owned()),
+                        Just("units".to_owned()),
+                        Just("name".to_owned()),
+                        Just("append".to_owned()),
+                        "[a-c]".prop_map(String::from)
+                    ],
+                    inner,
+                    0..3
+                )
+                .prop_map(|m| Value::Object(m.into_iter().collect())),
+            ]
+        });
+        (tree.clone(), tree).prop_map(|(storage, systemd)| {
+            json!({"ignition": {"version": "3.2.0"}, "storage": storage, "systemd": systemd})
+        })
     }
 }

@@ -113,10 +113,8 @@ impl OpenShiftConfigs {
             ("master.ign", Role::Master, &master),
             ("worker.ign", Role::Worker, &worker),
         ] {
-            let base = pointer_base(config, spec, role).map_err(|why| OpenShiftError::Shape {
-                file: file(f),
-                why,
-            })?;
+            let base = pointer_base(config, spec, role)
+                .map_err(|why| OpenShiftError::Shape { file: file(f), why })?;
             match &mcs_base {
                 None => mcs_base = Some(base),
                 Some(b) if *b == base => {}
@@ -128,11 +126,10 @@ impl OpenShiftConfigs {
                 }
             }
         }
-        let meta: Value =
-            serde_json::from_slice(metadata).map_err(|e| OpenShiftError::Shape {
-                file: file("metadata.json"),
-                why: format!("not JSON: {e}"),
-            })?;
+        let meta: Value = serde_json::from_slice(metadata).map_err(|e| OpenShiftError::Shape {
+            file: file("metadata.json"),
+            why: format!("not JSON: {e}"),
+        })?;
         let cluster_name = meta["clusterName"]
             .as_str()
             .filter(|s| !s.is_empty())
@@ -175,7 +172,10 @@ impl OpenShiftConfigs {
     /// Whether the pointers name a host that a node must resolve before its Ignition can
     /// fetch (platform `none`): then its first resolver must be the cluster's DNS.
     pub fn needs_dns(&self) -> bool {
-        let host = self.mcs_host().trim_start_matches('[').trim_end_matches(']');
+        let host = self
+            .mcs_host()
+            .trim_start_matches('[')
+            .trim_end_matches(']');
         host.parse::<std::net::IpAddr>().is_err()
     }
 }
@@ -200,7 +200,11 @@ pub fn adapt_cluster(cluster: &mut crate::ClusterConfig) {
         if inst.priorities.bootstrap.is_none() {
             continue;
         }
-        if inst.checks.iter().any(|c| c.name == "machine-config-server") {
+        if inst
+            .checks
+            .iter()
+            .any(|c| c.name == "machine-config-server")
+        {
             continue;
         }
         inst.checks.push(HealthCheckConfig {
@@ -262,11 +266,12 @@ pub fn compose_pointer(
     openshift_spec: SpecVersion,
     role: Role,
 ) -> Result<Value, OpenShiftError> {
-    let theirs =
-        convert::convert(openshift, openshift_spec, spec).map_err(|source| OpenShiftError::Convert {
+    let theirs = convert::convert(openshift, openshift_spec, spec).map_err(|source| {
+        OpenShiftError::Convert {
             file: format!("{}.ign", role.as_str()),
             source,
-        })?;
+        }
+    })?;
     Ok(merge::merge(
         Named {
             config: &theirs,
@@ -311,7 +316,10 @@ mod tests {
         let new = parse("4.14");
         assert!(!new.spec.is_v2());
         assert_eq!(new.cluster_name, "ocp4");
-        assert_eq!(new.mcs_base, "https://api-int.ocp4.osd2019.local:22623/config/");
+        assert_eq!(
+            new.mcs_base,
+            "https://api-int.ocp4.osd2019.local:22623/config/"
+        );
     }
 
     #[test]
@@ -324,7 +332,10 @@ mod tests {
             compose_pointer(&new.master, &keelson, new.spec, new.spec, Role::Master).unwrap();
         let merge = composed["ignition"]["config"]["merge"].as_array().unwrap();
         assert_eq!(merge.len(), 2);
-        assert_eq!(merge[0]["source"], "https://api-int.ocp4.osd2019.local:22623/config/master");
+        assert_eq!(
+            merge[0]["source"],
+            "https://api-int.ocp4.osd2019.local:22623/config/master"
+        );
         assert_eq!(merge[1]["source"], "https://10.0.0.5:22626/config/master");
         let cas = composed["ignition"]["security"]["tls"]["certificateAuthorities"]
             .as_array()

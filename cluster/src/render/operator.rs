@@ -70,7 +70,11 @@ impl OperatorConfig {
     /// Reads `bytes` (named `origin` in errors) and brings it to `spec`: refuses what
     /// cannot be merged (`config.replace`, which would discard keelson's config; an HTTPS
     /// reference with no CA to check it by) and what `spec` cannot say.
-    pub fn parse(origin: &str, bytes: &[u8], spec: SpecVersion) -> Result<Self, OperatorConfigError> {
+    pub fn parse(
+        origin: &str,
+        bytes: &[u8],
+        spec: SpecVersion,
+    ) -> Result<Self, OperatorConfigError> {
         let convert_err = |source| OperatorConfigError::Convert {
             origin: origin.into(),
             source,
@@ -109,7 +113,11 @@ impl OperatorConfig {
 
 /// References to other configs must be checkable: `replace` throws keelson's config away,
 /// and an HTTPS source needs the CA the node checks its server by.
-fn check_references(origin: &str, config: &Value, spec: SpecVersion) -> Result<(), OperatorConfigError> {
+fn check_references(
+    origin: &str,
+    config: &Value,
+    spec: SpecVersion,
+) -> Result<(), OperatorConfigError> {
     let ign = &config["ignition"];
     if !ign["config"]["replace"].is_null() {
         return Err(OperatorConfigError::Refused {
@@ -149,11 +157,12 @@ pub fn merge_into(
     operator: &OperatorConfig,
     spec: SpecVersion,
 ) -> Result<Vec<u8>, OperatorConfigError> {
-    let base: Value = serde_json::from_slice(keelson).map_err(|e| OperatorConfigError::Refused {
-        origin: what.into(),
-        field: "(config)".into(),
-        why: format!("not JSON: {e}"),
-    })?;
+    let base: Value =
+        serde_json::from_slice(keelson).map_err(|e| OperatorConfigError::Refused {
+            origin: what.into(),
+            field: "(config)".into(),
+            why: format!("not JSON: {e}"),
+        })?;
     let theirs = operator
         .in_spec(spec)
         .map_err(|source| OperatorConfigError::Convert {
@@ -186,7 +195,10 @@ mod tests {
         )
         .unwrap_err()
         .to_string();
-        assert!(e.starts_with("--merge master=a.ign: ignition.config.replace:"), "{e}");
+        assert!(
+            e.starts_with("--merge master=a.ign: ignition.config.replace:"),
+            "{e}"
+        );
         let e = OperatorConfig::parse(
             "--merge master=a.ign",
             br#"{"ignition":{"version":"2.2.0","config":{"append":[{"source":"https://api-int.c.x:22623/config/master","verification":{}}]}}}"#,
@@ -194,7 +206,12 @@ mod tests {
         )
         .unwrap_err()
         .to_string();
-        assert!(e.contains("ignition.config.append[0]: https://api-int.c.x:22623/config/master with no"), "{e}");
+        assert!(
+            e.contains(
+                "ignition.config.append[0]: https://api-int.c.x:22623/config/master with no"
+            ),
+            "{e}"
+        );
     }
 
     #[test]
@@ -206,9 +223,13 @@ mod tests {
         )
         .unwrap();
         assert_eq!(op.config["ignition"]["version"], "3.2.0");
-        let kept = OperatorConfig::from_node_file("/etc/keelson/merge/worker.ign", &op.to_bytes()).unwrap();
+        let kept = OperatorConfig::from_node_file("/etc/keelson/merge/worker.ign", &op.to_bytes())
+            .unwrap();
         assert_eq!(kept.spec, SpecVersion::V3_2);
-        assert_eq!(kept.in_spec(SpecVersion::V3_4).unwrap()["ignition"]["version"], "3.4.0");
+        assert_eq!(
+            kept.in_spec(SpecVersion::V3_4).unwrap()["ignition"]["version"],
+            "3.4.0"
+        );
         let v2 = kept.in_spec(SpecVersion::V2_2).unwrap();
         assert_eq!(v2["storage"]["files"][0]["filesystem"], "root");
     }
@@ -218,6 +239,9 @@ mod tests {
         let e = OperatorConfig::parse("--merge master=m.bu", b"variant: fcos\n", SpecVersion::V3_2)
             .unwrap_err()
             .to_string();
-        assert!(e.starts_with("--merge master=m.bu: expected an Ignition config (JSON)"), "{e}");
+        assert!(
+            e.starts_with("--merge master=m.bu: expected an Ignition config (JSON)"),
+            "{e}"
+        );
     }
 }

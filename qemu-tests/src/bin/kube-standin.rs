@@ -98,7 +98,9 @@ fn main() -> Result<()> {
             }
             let mut conn = rustls::ServerConnection::new(config)?;
             let mut tls = rustls::Stream::new(&mut conn, &mut tcp);
-            serve(&mut tls, &name, &slow, mcs, |tls| tls.conn.send_close_notify())
+            serve(&mut tls, &name, &slow, mcs, |tls| {
+                tls.conn.send_close_notify()
+            })
         });
     }
     Ok(())

@@ -81,17 +81,16 @@ fn run(config: Config, segment: MulticastSegment) -> Result<()> {
         .into_iter()
         .filter(|n| n.role != "worker")
         .collect();
-    let mut cluster =
-        Cluster::with_segment(
-            &work,
-            &out,
-            &image,
-            config,
-            segment,
-            payload,
-            plan,
-            Some(standin()?),
-        )?;
+    let mut cluster = Cluster::with_segment(
+        &work,
+        &out,
+        &image,
+        config,
+        segment,
+        payload,
+        plan,
+        Some(standin()?),
+    )?;
     eprintln!("qemu-day2: segment: {}", cluster.segment_text());
     let mut report = Report::new("qemu-day2");
     let all = ["bootstrap", "master-0", "master-1", "master-2"];

@@ -21,7 +21,12 @@ fn schema_fields(minor: &str) -> BTreeSet<String> {
     }
     fn walk(root: &Value, node: &Value, path: &str, out: &mut BTreeSet<String>) {
         let node = resolve(root, node);
-        for sub in node.get("allOf").and_then(Value::as_array).into_iter().flatten() {
+        for sub in node
+            .get("allOf")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+        {
             walk(root, sub, path, out);
         }
         if let Some(props) = node.get("properties").and_then(Value::as_object) {
@@ -120,28 +125,42 @@ fn values_newer_specs_introduced_hold_a_config_up() {
             json!({"storage": {"files": [{"path": "/a", "contents": {"source": "arn:aws:s3:x"}}]}}),
             SpecVersion::V3_4,
         ),
-        (json!({"kernelArguments": {"shouldExist": ["a"]}}), SpecVersion::V3_3),
+        (
+            json!({"kernelArguments": {"shouldExist": ["a"]}}),
+            SpecVersion::V3_3,
+        ),
     ] {
         let mut c = value.clone();
         c["ignition"] = json!({"version": "3.5.0"});
         assert_eq!(min_v3(&c).0, needs, "{c}");
         assert!(convert(&c, SpecVersion::V3_5, needs).is_ok());
-        let lower = SpecVersion::ALL[SpecVersion::ALL.iter().position(|s| *s == needs).unwrap() - 1];
+        let lower =
+            SpecVersion::ALL[SpecVersion::ALL.iter().position(|s| *s == needs).unwrap() - 1];
         assert!(convert(&c, SpecVersion::V3_5, lower).is_err(), "{c}");
     }
 }
 
 #[test]
 fn read_takes_3_6_without_special_bits_as_3_5() {
-    let (spec, v) = read(br#"{"ignition":{"version":"3.6.0"},"storage":{"files":[{"path":"/a","mode":420}]}}"#).unwrap();
+    let (spec, v) =
+        read(br#"{"ignition":{"version":"3.6.0"},"storage":{"files":[{"path":"/a","mode":420}]}}"#)
+            .unwrap();
     assert_eq!(spec, SpecVersion::V3_5);
     assert_eq!(v["ignition"]["version"], "3.5.0");
-    let e = read(br#"{"ignition":{"version":"3.6.0"},"storage":{"files":[{"path":"/a","mode":2541}]}}"#)
-        .unwrap_err()
-        .to_string();
+    let e = read(
+        br#"{"ignition":{"version":"3.6.0"},"storage":{"files":[{"path":"/a","mode":2541}]}}"#,
+    )
+    .unwrap_err()
+    .to_string();
     assert!(e.starts_with("storage.files[0].mode:"), "{e}");
-    assert!(matches!(read(b"variant: fcos\nversion: 1.5.0\n"), Err(ConvertError::NotJson(_))));
-    assert!(matches!(read(b"{\"storage\":{}}"), Err(ConvertError::NotIgnition)));
+    assert!(matches!(
+        read(b"variant: fcos\nversion: 1.5.0\n"),
+        Err(ConvertError::NotJson(_))
+    ));
+    assert!(matches!(
+        read(b"{\"storage\":{}}"),
+        Err(ConvertError::NotIgnition)
+    ));
     assert!(matches!(
         read(br#"{"ignition":{"version":"2.1.0"}}"#),
         Err(ConvertError::Version(_))
@@ -172,7 +191,12 @@ fn openshift_4_2_bootstrap() -> Value {
 
 #[test]
 fn spec_2_2_to_3_keeps_its_semantics_explicit() {
-    let v3 = convert(&openshift_4_2_bootstrap(), SpecVersion::V2_2, SpecVersion::V3_2).unwrap();
+    let v3 = convert(
+        &openshift_4_2_bootstrap(),
+        SpecVersion::V2_2,
+        SpecVersion::V3_2,
+    )
+    .unwrap();
     assert_eq!(v3["ignition"]["version"], "3.2.0");
     let files = v3["storage"]["files"].as_array().unwrap();
     assert_eq!(files[0]["path"], "/etc/motd");
@@ -206,7 +230,10 @@ fn spec_3_to_2_2_and_back() {
         "passwd": {"users": [{"name": "op", "groups": ["wheel"]}], "groups": [{"name": "g", "gid": 1200}]}
     });
     let v2 = convert(&v3, SpecVersion::V3_0, SpecVersion::V2_2).unwrap();
-    assert_eq!(v2["ignition"]["config"]["append"][0]["source"], v3["ignition"]["config"]["merge"][0]["source"]);
+    assert_eq!(
+        v2["ignition"]["config"]["append"][0]["source"],
+        v3["ignition"]["config"]["merge"][0]["source"]
+    );
     let files = v2["storage"]["files"].as_array().unwrap();
     assert_eq!(files.len(), 3);
     assert!(files.iter().all(|f| f["filesystem"] == "root"));
@@ -283,4 +310,76 @@ fn two_writers_of_one_path_in_2_2_do_not_become_one_3_x_file() {
         .unwrap_err()
         .to_string();
     assert!(e.starts_with("storage.files[1]:"), "{e}");
+}
+
+mod properties {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// A 3.0 config of files (written or appended to), directories, links, units and users.
+    fn config() -> impl Strategy<Value = Value> {
+        // Keyed by path, name: one entry per key, as a 3.x config must have.
+        let file = |p: String, (m, o, appends): (u32, bool, usize)| {
+            let mut f = json!({"path": format!("/etc/{p}"), "mode": 420 + m, "overwrite": o});
+            if o || appends == 0 {
+                f["contents"] = json!({"source": format!("data:,{p}")});
+            }
+            if appends > 0 {
+                f["append"] = Value::Array(
+                    (0..appends)
+                        .map(|i| json!({"source": format!("data:,{i}")}))
+                        .collect(),
+                );
+            }
+            f
+        };
+        (
+            proptest::collection::btree_map("[a-d]", (0u32..2, any::<bool>(), 0usize..3), 0..3),
+            proptest::collection::btree_set("[e-f]", 0..2),
+            proptest::collection::btree_map("[a-c]", any::<bool>(), 0..2),
+        )
+            .prop_map(move |(files, dirs, units)| {
+                let files: Vec<Value> = files.into_iter().map(|(p, f)| file(p, f)).collect();
+                let dirs: Vec<Value> = dirs
+                    .into_iter()
+                    .map(|p| json!({"path": format!("/var/{p}"), "mode": 493}))
+                    .collect();
+                let units: Vec<Value> = units
+                    .into_iter()
+                    .map(|(n, e)| json!({"name": format!("{n}.service"), "enabled": e, "contents": "[Unit]\n"}))
+                    .collect();
+                json!({"ignition": {"version": "3.0.0"},
+                       "storage": {"files": files, "directories": dirs},
+                       "systemd": {"units": units}})
+            })
+    }
+
+    proptest! {
+        #![proptest_config(keelson_testkit::proptest::config())]
+
+        /// 3.0 to 2.2 and back is the config itself, with 3.x's defaults said explicitly.
+        #[test]
+        fn spec_2_2_and_back_loses_nothing(c in config()) {
+            let v2 = convert(&c, SpecVersion::V3_0, SpecVersion::V2_2).unwrap();
+            let back = convert(&v2, SpecVersion::V2_2, SpecVersion::V3_0).unwrap();
+            let mut want = c.clone();
+            for f in want["storage"]["files"].as_array_mut().unwrap() {
+                if f.get("contents").is_none() {
+                    f["overwrite"] = json!(false);
+                }
+            }
+            prop_assert_eq!(
+                crate::render::merge::normalize(&back),
+                crate::render::merge::normalize(&want)
+            );
+        }
+
+        /// Up and down 3.x with nothing newer in it.
+        #[test]
+        fn up_and_down_3_x(c in config(), to in 1usize..7) {
+            let spec = SpecVersion::ALL[to];
+            let up = convert(&c, SpecVersion::V3_0, spec).unwrap();
+            prop_assert_eq!(convert(&up, spec, SpecVersion::V3_0).unwrap(), c);
+        }
+    }
 }
