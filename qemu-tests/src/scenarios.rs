@@ -991,21 +991,6 @@ fn standin_second_boot(c: &dyn Testbed, name: &str) -> Result<String> {
     ))
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn monotonic_timestamps_of_journal_lines() {
-        assert_eq!(
-            monotonic("[    4.123456] master-0 ignition[312]: Ignition 2.14.0"),
-            Some(4.123456)
-        );
-        assert_eq!(monotonic("-- No entries --"), None);
-        assert_eq!(monotonic("[abc] x"), None);
-    }
-}
-
 /// 4d. Own Ignition (beside OpenShift): every node applied both OpenShift's config (from the
 ///     machine-config-server) and keelson's, with the operator's own merged into keelson's
 ///     (`keelson build --merge`). On each stand-in master: the operator's file, user and the
@@ -1073,4 +1058,19 @@ pub fn own_ignition(c: &dyn Testbed) -> Result<String> {
     }
     ensure!(!lines.is_empty(), "no node to check");
     Ok(lines.join("; "))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn monotonic_timestamps_of_journal_lines() {
+        assert_eq!(
+            monotonic("[    4.123456] master-0 ignition[312]: Ignition 2.14.0"),
+            Some(4.123456)
+        );
+        assert_eq!(monotonic("-- No entries --"), None);
+        assert_eq!(monotonic("[abc] x"), None);
+    }
 }

@@ -321,13 +321,13 @@ fn resource(value: &Value, path: &str, compression: bool) -> Result<Value, Conve
     let mut f = Fields::of(value, path)?;
     let mut out = Map::new();
     if let Some(source) = f.take("source") {
-        if let Some(s) = source.as_str() {
-            if s.starts_with("oem://") {
-                return Err(ConvertError::Lossy {
-                    path: f.sub("source"),
-                    why: "oem:// sources were dropped in spec 3".into(),
-                });
-            }
+        if let Some(s) = source.as_str()
+            && s.starts_with("oem://")
+        {
+            return Err(ConvertError::Lossy {
+                path: f.sub("source"),
+                why: "oem:// sources were dropped in spec 3".into(),
+            });
         }
         out.insert("source".into(), source);
     }
@@ -413,15 +413,14 @@ pub fn v2_to_v3(config: &Value) -> Result<Value, ConvertError> {
             out.insert("passwd".into(), p);
         }
     }
-    if let Some(networkd) = top.take("networkd") {
-        if !is_empty(&networkd) {
-            return Err(ConvertError::Lossy {
-                path: "networkd".into(),
-                why:
-                    "spec 3 removed networkd: write its units as files under /etc/systemd/network/"
-                        .into(),
-            });
-        }
+    if let Some(networkd) = top.take("networkd")
+        && !is_empty(&networkd)
+    {
+        return Err(ConvertError::Lossy {
+            path: "networkd".into(),
+            why: "spec 3 removed networkd: write its units as files under /etc/systemd/network/"
+                .into(),
+        });
     }
     top.done(NO_V3)?;
     Ok(Value::Object(out))
@@ -509,13 +508,13 @@ fn ignition_common(f: &mut Fields<'_>, out: &mut Map<String, Value>) -> Result<(
 
 fn refuse_layout(f: &mut Fields<'_>) -> Result<(), ConvertError> {
     for key in ["disks", "raid", "filesystems"] {
-        if let Some(v) = f.take(key) {
-            if !is_empty(&v) {
-                return Err(ConvertError::Lossy {
+        if let Some(v) = f.take(key)
+            && !is_empty(&v)
+        {
+            return Err(ConvertError::Lossy {
                     path: f.sub(key),
                     why: "disk layout is not translated between spec 2.2 and 3 (file systems are named in one and mounted by path in the other): write the config in the build's spec".into(),
                 });
-            }
         }
     }
     Ok(())
@@ -635,10 +634,8 @@ fn systemd_either(systemd: &Value, path: &str, from_v2: bool) -> Result<Value, C
         let mut u = Map::new();
         put(&mut u, "name", uf.take("name"));
         let mut enabled = uf.take("enabled");
-        if from_v2 {
-            if let Some(Value::Bool(true)) = uf.take("enable") {
-                enabled = Some(Value::Bool(true));
-            }
+        if from_v2 && let Some(Value::Bool(true)) = uf.take("enable") {
+            enabled = Some(Value::Bool(true));
         }
         put(&mut u, "enabled", enabled);
         put(&mut u, "mask", uf.take("mask"));

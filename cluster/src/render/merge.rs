@@ -446,14 +446,14 @@ impl Merger<'_> {
                     if va == vb {
                         continue;
                     }
-                    if path == "storage.files" {
-                        if let Some(joined) = join_appends(va, vb) {
-                            match joined {
-                                Appends::Merged(v) => out[ia] = v,
-                                Appends::Both => out.push(vb.clone()),
-                            }
-                            continue;
+                    if path == "storage.files"
+                        && let Some(joined) = join_appends(va, vb)
+                    {
+                        match joined {
+                            Appends::Merged(v) => out[ia] = v,
+                            Appends::Both => out.push(vb.clone()),
                         }
+                        continue;
                     }
                     return Err(self.clash(
                         format!("{path} {noun} {}", display_key(&kb)),
