@@ -249,6 +249,29 @@ fn recv_v6(fd: std::os::fd::RawFd) -> io::Result<Option<Received>> {
     }))
 }
 
+/// One datagram or frame from a socket with `SO_TIMESTAMPNS` on, at most `max` bytes, and
+/// how long before now the kernel received it (zero without a timestamp).
+pub(crate) fn recv_stamped(fd: std::os::fd::RawFd, max: usize) -> io::Result<(Vec<u8>, Duration)> {
+    let mut buf = vec![0u8; max];
+    let mut cmsg = nix::cmsg_space!(nix::sys::time::TimeSpec);
+    let mut iov = [io::IoSliceMut::new(&mut buf)];
+    let msg = nix::sys::socket::recvmsg::<SockaddrStorage>(
+        fd,
+        &mut iov,
+        Some(&mut cmsg),
+        MsgFlags::empty(),
+    )?;
+    let n = msg.bytes;
+    let mut age = Duration::ZERO;
+    for c in msg.cmsgs()? {
+        if let ControlMessageOwned::ScmTimestampns(ts) = c {
+            age = age_of(ts);
+        }
+    }
+    buf.truncate(n);
+    Ok((buf, age))
+}
+
 /// How long ago the kernel's receive timestamp `ts` (CLOCK_REALTIME) was, capped at
 /// [`MAX_AGE`]: zero for a timestamp in the future (the clock was stepped back), and a
 /// step forward cannot make a packet look older than the cap.

@@ -1,0 +1,260 @@
+//! Confirming that a silent master is dead before a backup claims its VIP, pure: time is a
+//! [`Duration`] since the instance's origin (docs/vrrp.md, "Fast failover without
+//! flapping").
+//!
+//! Adverts that stop do not prove their master dead. A burst of lost adverts, a master whose
+//! agent is stalled (a starved or descheduled process, SIGSTOP) while its node runs, and
+//! adverts lost one way only all look the same to a backup, and at sub-second adverts they
+//! happen often enough to move a live VIP many times a day. What tells them apart is a
+//! second path that the holder's *kernel* answers, not its agent: an ARP request (IPv4) or
+//! neighbour solicitation (IPv6) for the VIP. A node that still has the VIP on its interface
+//! answers it whatever its agent does; a node that died, or whose link did, cannot.
+//!
+//! So once no advert has arrived for [`Timing::suspect_after`] (two of the master's
+//! intervals) a backup starts a round: it asks for the VIP at once and every
+//! [`Timing::probe_every`] until someone answers. Its claim at Master_Down then needs the
+//! round to have gone unanswered for [`Timing::answer_wait`] from its first probe. An answer
+//! from another MAC at any time since the round began means a live holder: no claim, and
+//! the next round after [`HOLD_RECHECK`]. The round ends whenever an advert arrives.
+//!
+//! The answer wait covers a probe's round trip on a bad network (50 ms ± 50 ms of delay each
+//! way, 10 % loss: several probes each have ~80 % of an answer) and the scheduling of a
+//! loaded host, whose kernel answers even while its processes wait.
+
+use std::time::Duration;
+
+/// How long a round waits, at least, for an answer after its first probe.
+pub const ANSWER_WAIT_MIN: Duration = Duration::from_millis(300);
+
+/// After a live holder answered, how long before the next round (and the next decision).
+/// A master whose adverts the network drops (protocol 112 blocked) stays silent for good:
+/// its backups then ask about once a second, not at the probe rate.
+pub const HOLD_RECHECK: Duration = Duration::from_secs(1);
+
+/// The confirmation's times, from the master's advert interval (Master_Adver_Interval).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Timing {
+    /// No advert for this long starts a round: two intervals, so one lost advert (or one
+    /// late by up to an interval) starts none.
+    pub suspect_after: Duration,
+    /// Probes of one round, this far apart until one is answered.
+    pub probe_every: Duration,
+    /// A round that has had no answer this long after its first probe confirms the death:
+    /// the interval, and at least [`ANSWER_WAIT_MIN`].
+    pub answer_wait: Duration,
+}
+
+impl Timing {
+    /// The times for a master advertising every `interval`.
+    pub fn for_interval(interval: Duration) -> Self {
+        Timing {
+            suspect_after: interval * 2,
+            probe_every: (interval / 2)
+                .clamp(Duration::from_millis(20), Duration::from_millis(250)),
+            answer_wait: interval.max(ANSWER_WAIT_MIN),
+        }
+    }
+
+    /// How long after the last advert the death of a silent master is confirmed at the
+    /// earliest (with Master_Down `master_down`): the later of Master_Down and the end of
+    /// the first round's answer wait. The detection part of the failover bound.
+    pub fn confirmed_after(&self, master_down: Duration) -> Duration {
+        master_down.max(self.suspect_after + self.answer_wait)
+    }
+}
+
+/// What a round says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// Nobody answered within the answer wait: the holder is gone.
+    Dead,
+    /// Another host answered for the VIP since the round began (when: the first answer).
+    Alive(Duration),
+    /// Not yet known: decide again at this time (the round's answer wait ends then).
+    Pending(Duration),
+}
+
+/// One round of probes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Round {
+    /// When its first probe went out.
+    started: Duration,
+    /// When the next probe is due.
+    next_probe: Duration,
+    /// The first answer since it started.
+    answered: Option<Duration>,
+}
+
+/// The confirmation of one backup.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Confirmation {
+    round: Option<Round>,
+    /// After a hold: no round before this.
+    rest_until: Option<Duration>,
+}
+
+impl Confirmation {
+    /// An advert arrived (or this router left Backup): whatever was under way ends.
+    pub fn reset(&mut self) {
+        *self = Self::default();
+    }
+
+    /// When the next probe is due, if adverts have been quiet since `quiet_since`: the
+    /// round's next probe while unanswered, or the start of the next round.
+    pub fn probe_due(&self, quiet_since: Duration, t: &Timing) -> Option<Duration> {
+        match self.round {
+            Some(r) if r.answered.is_none() => Some(r.next_probe),
+            Some(_) => None,
+            None => {
+                Some((quiet_since + t.suspect_after).max(self.rest_until.unwrap_or(Duration::ZERO)))
+            }
+        }
+    }
+
+    /// A probe went out at `now`; the first starts a round.
+    pub fn probe_sent(&mut self, now: Duration, t: &Timing) {
+        let r = self.round.get_or_insert(Round {
+            started: now,
+            next_probe: now,
+            answered: None,
+        });
+        r.next_probe = now + t.probe_every;
+        self.rest_until = None;
+    }
+
+    /// Another host answered for the VIP at `at` (its arrival).
+    pub fn on_answer(&mut self, at: Duration) {
+        if let Some(r) = self.round.as_mut()
+            && at >= r.started
+        {
+            r.answered = Some(r.answered.map_or(at, |a| a.min(at)));
+        }
+    }
+
+    /// Whether a round is under way.
+    pub fn in_round(&self) -> bool {
+        self.round.is_some()
+    }
+
+    /// The verdict at `now` (`Pending` until a round has started and run its wait).
+    pub fn verdict(&self, now: Duration, t: &Timing) -> Verdict {
+        match self.round {
+            None => Verdict::Pending(now + t.answer_wait),
+            Some(Round {
+                answered: Some(at), ..
+            }) => Verdict::Alive(at),
+            Some(r) if now >= r.started + t.answer_wait => Verdict::Dead,
+            Some(r) => Verdict::Pending(r.started + t.answer_wait),
+        }
+    }
+
+    /// The holder answered and the backup held its claim: the round ends, and the next
+    /// one starts no sooner than `until`.
+    pub fn rest(&mut self, until: Duration) {
+        self.round = None;
+        self.rest_until = Some(until);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ms(m: u64) -> Duration {
+        Duration::from_millis(m)
+    }
+
+    #[test]
+    fn timing_scales_with_the_interval_within_bounds() {
+        let t = Timing::for_interval(ms(100));
+        assert_eq!(t.suspect_after, ms(200));
+        assert_eq!(t.probe_every, ms(50));
+        assert_eq!(t.answer_wait, ms(300));
+        // 100 ms adverts, priority 120: Master_Down 353.125 ms; the round decides later.
+        let md = Duration::from_micros(353_125);
+        assert_eq!(t.confirmed_after(md), ms(500));
+        // At 1 s adverts (a keepalived peer's) Master_Down decides, as the RFC says.
+        let t = Timing::for_interval(ms(1000));
+        assert_eq!(t.probe_every, ms(250));
+        assert_eq!(t.answer_wait, ms(1000));
+        let md = Duration::from_micros(3_531_250);
+        assert_eq!(t.confirmed_after(md), md);
+        assert_eq!(Timing::for_interval(ms(10)).probe_every, ms(20));
+    }
+
+    #[test]
+    fn an_unanswered_round_confirms_after_its_wait() {
+        let t = Timing::for_interval(ms(100));
+        let mut c = Confirmation::default();
+        // Last advert at 1 s: the first probe is due at 1.2 s.
+        assert_eq!(c.probe_due(ms(1000), &t), Some(ms(1200)));
+        assert!(!c.in_round());
+        c.probe_sent(ms(1200), &t);
+        assert_eq!(c.probe_due(ms(1000), &t), Some(ms(1250)));
+        assert_eq!(c.verdict(ms(1353), &t), Verdict::Pending(ms(1500)));
+        c.probe_sent(ms(1250), &t);
+        // An answer from before the round says nothing.
+        c.on_answer(ms(1100));
+        assert_eq!(c.verdict(ms(1500), &t), Verdict::Dead);
+    }
+
+    #[test]
+    fn an_answer_holds_and_the_next_round_waits() {
+        let t = Timing::for_interval(ms(100));
+        let mut c = Confirmation::default();
+        c.probe_sent(ms(1200), &t);
+        c.on_answer(ms(1203));
+        c.on_answer(ms(1260));
+        assert_eq!(c.verdict(ms(1353), &t), Verdict::Alive(ms(1203)));
+        assert_eq!(c.probe_due(ms(1000), &t), None, "answered: no more probes");
+        c.rest(ms(2353));
+        assert_eq!(c.probe_due(ms(1000), &t), Some(ms(2353)));
+        assert_eq!(c.verdict(ms(2000), &t), Verdict::Pending(ms(2300)));
+        // An advert ends it all.
+        c.reset();
+        assert_eq!(c.probe_due(ms(3000), &t), Some(ms(3200)));
+    }
+
+    proptest::proptest! {
+        #![proptest_config(keelson_testkit::proptest::config())]
+
+        /// Whatever the probes and answers, a round confirms a death only when no answer
+        /// arrived since its first probe and its answer wait has run out; any answer since
+        /// then keeps it alive.
+        #[test]
+        fn dead_only_without_an_answer_after_the_wait(
+            interval_ms in 10u64..2000,
+            quiet_ms in 0u64..10_000,
+            probes in proptest::collection::vec(0u64..3000, 1..8),
+            answers in proptest::collection::vec(0u64..13_000, 0..4),
+            at_ms in 0u64..14_000,
+        ) {
+            let t = Timing::for_interval(ms(interval_ms));
+            let mut c = Confirmation::default();
+            let first = c.probe_due(ms(quiet_ms), &t).unwrap();
+            let mut sent = first;
+            c.probe_sent(sent, &t);
+            for gap in probes {
+                sent += ms(gap);
+                c.probe_sent(sent, &t);
+            }
+            for a in &answers {
+                c.on_answer(ms(*a));
+            }
+            let heard = answers.iter().map(|a| ms(*a)).filter(|a| *a >= first).min();
+            let now = ms(at_ms);
+            match c.verdict(now, &t) {
+                Verdict::Dead => {
+                    proptest::prop_assert!(heard.is_none());
+                    proptest::prop_assert!(now >= first + t.answer_wait);
+                }
+                Verdict::Alive(at) => proptest::prop_assert_eq!(Some(at), heard),
+                Verdict::Pending(until) => {
+                    proptest::prop_assert!(heard.is_none());
+                    proptest::prop_assert_eq!(until, first + t.answer_wait);
+                    proptest::prop_assert!(now < until);
+                }
+            }
+        }
+    }
+}
