@@ -15,7 +15,8 @@
 //! [`Timing::probe_every`] until someone answers. Its claim at Master_Down then needs the
 //! round to have gone unanswered for [`Timing::answer_wait`] from its first probe. An answer
 //! from another MAC at any time since the round began means a live holder: no claim, and
-//! the next round after [`HOLD_RECHECK`]. The round ends whenever an advert arrives.
+//! the next round after Master_Down, then after [`HOLD_RECHECK`] as long as the silence
+//! lasts. The round ends whenever an advert arrives.
 //!
 //! The answer wait covers a probe's round trip on a bad network (50 ms ± 50 ms of delay each
 //! way, 10 % loss: several probes each have ~80 % of an answer) and the scheduling of a
@@ -26,9 +27,11 @@ use std::time::Duration;
 /// How long a round waits, at least, for an answer after its first probe.
 pub const ANSWER_WAIT_MIN: Duration = Duration::from_millis(300);
 
-/// After a live holder answered, how long before the next round (and the next decision).
-/// A master whose adverts the network drops (protocol 112 blocked) stays silent for good:
-/// its backups then ask about once a second, not at the probe rate.
+/// After a live holder answered more than once in one silence, how long before the next
+/// round (and the next decision). A master whose adverts the network drops (protocol 112
+/// blocked) stays silent for good: its backups then ask about once a second, not at the
+/// probe rate. (The first time, Master_Down: a holder handing the VIP over answers until
+/// its grace ends.)
 pub const HOLD_RECHECK: Duration = Duration::from_secs(1);
 
 /// The confirmation's times, from the master's advert interval (Master_Adver_Interval).

@@ -162,6 +162,10 @@ impl Runner {
                 "vrrp {name}: adverts arrive while {} announces {vip}: VRRP elects between us",
                 fmt_mac(*mac)
             ),
+            Note::ConflictGone { mac } => tracing::info!(
+                "vrrp {name}: {} no longer answers for {vip}: keeping it",
+                fmt_mac(*mac)
+            ),
             Note::ConflictYield { mac } => tracing::warn!(
                 "vrrp {name}: {vip} also held by {} (higher MAC, no adverts from it): giving it up and waiting for a peer",
                 fmt_mac(*mac)

@@ -191,6 +191,11 @@ pub enum Note {
         /// Its MAC.
         mac: [u8; 6],
     },
+    /// Unicast: that holder no longer answers for the VIP (it gave it up): keeping it.
+    ConflictGone {
+        /// Its MAC.
+        mac: [u8; 6],
+    },
     /// Unicast: gave the VIP up to a holder that sends no adverts.
     ConflictYield {
         /// Its MAC.
@@ -263,6 +268,10 @@ struct PendingYield {
     at: Duration,
     /// Its MAC.
     mac: [u8; 6],
+    /// A probe goes out then; the yield needs an answer from that MAC after it.
+    probe_at: Duration,
+    /// When that MAC last answered for (or announced) the VIP.
+    seen: Duration,
 }
 
 /// While master: a router we outrank that advertises as master too.
@@ -671,12 +680,17 @@ impl Router {
                     return;
                 }
                 Verdict::Alive(_) => {
-                    if self.silence != Silence::Held {
+                    // The first hold of a silence decides again after Master_Down (a
+                    // holder handing the VIP over answers until its grace ends); later
+                    // ones once a second.
+                    let mut recheck = self.machine.master_down_interval();
+                    if self.silence == Silence::Held {
+                        recheck = recheck.max(HOLD_RECHECK);
+                    } else {
                         self.silence = Silence::Held;
                         self.counters.claims_held += 1;
                         out.push(Effect::Note(Note::ClaimHeld { master, silent_for }));
                     }
-                    let recheck = self.machine.master_down_interval().max(HOLD_RECHECK);
                     self.machine.hold_until(now + recheck);
                     self.confirm
                         .rest(now + recheck.saturating_sub(t.answer_wait.min(recheck)));
@@ -853,6 +867,11 @@ impl Router {
         if arp.sender_ip == vip && arp.sender_mac != self.mac {
             self.holder_seen = Some(at);
             self.confirm.on_answer(at);
+            if let Some(p) = self.pending_yield.as_mut()
+                && p.mac == arp.sender_mac
+            {
+                p.seen = p.seen.max(at);
+            }
         }
         if !self.arp_watch() {
             return out;
@@ -880,17 +899,24 @@ impl Router {
                 // millisecond apart) see each other's gratuitous ARP and advert together,
                 // the ARP socket sometimes first: judged at once, both yielded (one to the
                 // other's advert, one to its ARP) and nobody held the VIP. A rank step is
-                // time for the other one's advert.
+                // time for the other one's advert; and the other must still answer for the
+                // VIP at the end (it may have yielded to us by VRRP meanwhile, its adverts
+                // never reaching us: then both gave the VIP up).
                 if self.pending_yield.is_none() {
                     let wait = self.machine.rank_step();
                     out.push(Effect::Note(Note::ConflictYieldPending {
                         mac: arp.sender_mac,
                         wait,
                     }));
+                    let probe_at = at + wait / 2;
                     self.pending_yield = Some(PendingYield {
                         at: at + wait,
                         mac: arp.sender_mac,
+                        probe_at,
+                        seen: at,
                     });
+                    self.next_watch_probe =
+                        Some(self.next_watch_probe.map_or(probe_at, |t| t.min(probe_at)));
                 }
             }
         }
@@ -920,6 +946,10 @@ impl Router {
             self.machine.master_down_interval(),
         ) {
             out.push(Effect::Note(Note::ConflictVrrpElects { mac: pending.mac }));
+            return;
+        }
+        if pending.seen < pending.probe_at {
+            out.push(Effect::Note(Note::ConflictGone { mac: pending.mac }));
             return;
         }
         self.counters.conflict_yields += 1;

@@ -169,23 +169,27 @@ fn a_silent_master_whose_vip_answers_keeps_it() {
     assert_eq!(probes(&effects), [ms(1200)]);
     // Its kernel answers (the agent is stalled, or its adverts are lost).
     assert!(r.on_arp(ms(1201), &answer(0)).is_empty());
-    let effects = run_timers(&mut r, ms(1220), ms(2000));
+    let effects = run_timers(&mut r, ms(1220), ms(1400));
     assert_eq!(claimed_at(&effects), None);
     assert!(probes(&effects).is_empty(), "answered: no more probes");
     assert!(effects.iter().any(|(_, e)| matches!(
         e,
         Effect::Note(Note::ClaimHeld { master: Some(m), .. }) if *m == addr(0)
     )));
-    assert_eq!(r.snapshot(ms(2000)).counters.claims_held, 1);
-    // Held at Master_Down (1.353 s): decided again a second on, after a round of its own.
-    let next = run_timers(&mut r, ms(2000), ms(2060));
-    assert_eq!(probes(&next), [ms(2053) + Duration::from_micros(125)]);
-    r.on_arp(ms(2054), &answer(0));
-    let effects = run_timers(&mut r, ms(2060), ms(2400));
+    // Held at Master_Down (1.353 s): decided again a Master_Down on, after a round.
+    let effects = run_timers(&mut r, ms(1400), ms(1410));
+    assert_eq!(probes(&effects), [ms(1406) + Duration::from_micros(250)]);
+    r.on_arp(ms(1407), &answer(0));
+    // Held again at 1.706 s: from now on once a second.
+    let effects = run_timers(&mut r, ms(1410), ms(2400));
     assert_eq!(claimed_at(&effects), None);
+    assert!(probes(&effects).is_empty(), "{effects:?}");
+    assert_eq!(r.snapshot(ms(2400)).counters.claims_held, 1, "one silence");
+    let effects = run_timers(&mut r, ms(2400), ms(2410));
+    assert_eq!(probes(&effects), [ms(2406) + Duration::from_micros(250)]);
     // Its adverts come back: nothing moved.
-    r.on_advert(ms(2400), addr(0), &adv(120, 100));
-    let effects = run_timers(&mut r, ms(2400), ms(2550));
+    r.on_advert(ms(2410), addr(0), &adv(120, 100));
+    let effects = run_timers(&mut r, ms(2410), ms(2550));
     assert!(effects.is_empty(), "{effects:?}");
     assert_eq!(r.machine().state(), State::Backup);
     assert_eq!(r.machine().transitions(), 1);
