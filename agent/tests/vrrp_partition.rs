@@ -13,6 +13,9 @@
 //!    advertising as master after its answers, gives the VIP up to it, and the two hold it
 //!    together for no longer than the confirmation window (0.5 s).
 //!
+//! And for an IPv6 VIP, whose second path is neighbour solicitation: phases 2 and 3 with
+//! two `keelson-agent vrrp` routers.
+//!
 //! Real packets; nothing mocked. Needs root (namespaces) and nftables.
 
 use std::sync::Arc;
@@ -177,4 +180,61 @@ fn partitions_and_one_way_loss_end_with_one_holder() {
         api(&net, h)
     );
     net.seg.assert_stable(b, VIP, Duration::from_secs(2));
+}
+
+/// The same second path for an IPv6 VIP (neighbour solicitation, `keelson-agent vrrp`,
+/// multicast, 100 ms adverts): a bootstrap (70) holds, a master (40) backs it up.
+/// Adverts from the holder to the backup dropped: the holder answers the backup's
+/// solicitations, and the backup never holds the VIP. Then everything from the holder to
+/// the backup dropped (its advertisements too): the backup finds nobody answering and
+/// claims, and the holder, hearing it go on, gives the VIP up to it.
+#[test]
+fn an_ipv6_holder_answers_neighbour_solicitation() {
+    if !require_root() || !require("nft") {
+        return;
+    }
+    let seg = Segment::new("kp6", 2, 41);
+    let dir = tempfile::tempdir().unwrap();
+    let vip = "fd29::100";
+    let cluster = keelson_testkit::agent::vrrp_cluster_json(serde_json::json!([
+        keelson_testkit::agent::vrrp_instance("api6", vip, 61)
+    ]));
+    let holder =
+        keelson_testkit::agent::start_vrrp_agent(AGENT, &seg, dir.path(), &cluster, 0, "bootstrap");
+    let backup =
+        keelson_testkit::agent::start_vrrp_agent(AGENT, &seg, dir.path(), &cluster, 1, "master");
+    seg.wait_sole_holder(0, vip, Duration::from_secs(10));
+    wait_for_ok("node 1 a backup of node 0", Duration::from_secs(10), || {
+        let st = backup.instance("api6");
+        if st["state"] == "backup" && st["masterPriority"] == 70 {
+            Ok(())
+        } else {
+            Err(st.to_string())
+        }
+    });
+    let watch = seg.watch_holders(vip, &[1]);
+    seg.cut_one_way(0, 1, "ip6 nexthdr 112");
+    std::thread::sleep(Duration::from_secs(3));
+    seg.heal_one_way();
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(
+        watch.stop().is_empty(),
+        "node 1 held {vip} beside a live holder"
+    );
+    let held = backup.instance("api6")["counters"]["claimsHeld"].as_u64();
+    assert!(
+        held >= Some(1),
+        "Master_Down never ran out: {}",
+        backup.instance("api6")
+    );
+
+    seg.cut_one_way(0, 1, "");
+    seg.wait_sole_holder(1, vip, Duration::from_secs(3));
+    assert_eq!(
+        holder.instance("api6")["counters"]["deafYields"].as_u64(),
+        Some(1),
+        "{}",
+        holder.instance("api6")
+    );
+    seg.heal_one_way();
 }
