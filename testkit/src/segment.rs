@@ -328,21 +328,15 @@ impl Segment {
 
     /// Ends a [`Segment::cut_one_way`].
     pub fn heal_one_way(&self) {
-        sh(&[
-            "ip",
-            "netns",
-            "exec",
-            &self.bridge,
-            "nft",
-            "delete",
-            "table",
-            "bridge",
-            "oneway",
-        ]);
+        self.delete_bridge_table("oneway");
     }
 
     /// Ends a [`Segment::partition`].
     pub fn heal(&self) {
+        self.delete_bridge_table("split");
+    }
+
+    fn delete_bridge_table(&self, table: &str) {
         sh(&[
             "ip",
             "netns",
@@ -352,7 +346,7 @@ impl Segment {
             "delete",
             "table",
             "bridge",
-            "split",
+            table,
         ]);
     }
 }

@@ -154,22 +154,12 @@ impl ArpSocket {
     /// The next ARP frame on the interface (Ethernet header included), with how long
     /// before it was read the kernel received it.
     pub async fn recv(&self) -> io::Result<(Vec<u8>, std::time::Duration)> {
-        loop {
-            let mut guard = self.fd.readable().await?;
-            match guard.try_io(|s| super::socket::recv_stamped(s.get_ref().as_raw_fd(), 128)) {
-                Ok(r) => return r,
-                Err(_would_block) => continue,
-            }
-        }
+        super::socket::recv_stamped_async(&self.fd, 128).await
     }
 
     /// A frame already queued, without waiting (`Ok(None)` when none is).
     pub fn try_recv(&self) -> io::Result<Option<(Vec<u8>, std::time::Duration)>> {
-        match super::socket::recv_stamped(self.fd.get_ref().as_raw_fd(), 128) {
-            Ok(f) => Ok(Some(f)),
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(None),
-            Err(e) => Err(e),
-        }
+        super::socket::try_recv_stamped(&self.fd, 128)
     }
 }
 
@@ -302,22 +292,12 @@ impl NdSocket {
     /// The next neighbour advertisement (the ICMPv6 message), with how long before it was
     /// read the kernel received it.
     pub async fn recv(&self) -> io::Result<(Vec<u8>, std::time::Duration)> {
-        loop {
-            let mut guard = self.fd.readable().await?;
-            match guard.try_io(|s| super::socket::recv_stamped(s.get_ref().as_raw_fd(), 256)) {
-                Ok(r) => return r,
-                Err(_would_block) => continue,
-            }
-        }
+        super::socket::recv_stamped_async(&self.fd, 256).await
     }
 
     /// An advertisement already queued, without waiting (`Ok(None)` when none is).
     pub fn try_recv(&self) -> io::Result<Option<(Vec<u8>, std::time::Duration)>> {
-        match super::socket::recv_stamped(self.fd.get_ref().as_raw_fd(), 256) {
-            Ok(f) => Ok(Some(f)),
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(None),
-            Err(e) => Err(e),
-        }
+        super::socket::try_recv_stamped(&self.fd, 256)
     }
 }
 

@@ -19,8 +19,8 @@
 //!   ([`super::confirm`]): a master that died cannot answer the probes, a live one whose
 //!   adverts are dropped does. The holder keeps the VIP, and once no advert has arrived for
 //!   [`ADVERTS_STALE_FACTOR`] Master_Down intervals the backup says that adverts do not
-//!   arrive and how to let them. A master that stops answering (it died) no longer holds
-//!   anyone back.
+//!   arrive and how to let them (after 10 s at least, [`ADVERTS_STALE_MIN`]). A master
+//!   that stops answering (it died) no longer holds anyone back.
 
 /// What is wrong with the port or its security group (a status value: it lives with the
 /// status document's types).
@@ -117,8 +117,15 @@ impl VipCheck {
 }
 
 /// How many Master_Down intervals without any advert make adverts "not arriving" (what a
-/// backup reports; holding the claim does not wait for it).
+/// backup reports; holding the claim does not wait for it), and at least
+/// [`ADVERTS_STALE_MIN`].
 pub const ADVERTS_STALE_FACTOR: u32 = 3;
+
+/// The shortest silence reported as adverts not arriving: at 100 ms adverts three
+/// Master_Down intervals are a second, which a holder stalled on a loaded host also keeps
+/// silent (its kernel answering the backups' ARP meanwhile), and the report names a fix
+/// for the cloud's security group.
+pub const ADVERTS_STALE_MIN: std::time::Duration = std::time::Duration::from_secs(10);
 
 #[cfg(test)]
 mod tests {

@@ -310,6 +310,8 @@ pub struct Router {
     /// When the current state began.
     state_since: Duration,
     state_seen: State,
+    /// When the router was made.
+    started: Duration,
     /// Unicast: no claim before a peer is heard or the grace ran out.
     gate: ClaimGate,
     /// Live members (this node's own record included: callers filter by name).
@@ -413,6 +415,7 @@ impl Router {
             weight,
             state_since: now,
             state_seen: State::Initialize,
+            started: now,
             gate,
             members: Vec::new(),
             heard: BTreeMap::new(),
@@ -1028,16 +1031,17 @@ impl Router {
     }
 
     /// Another host answers for the VIP (the callers know), a member taking part in this
-    /// instance is live (members reach each other over TCP), and no advert has arrived for
-    /// [`portsec::ADVERTS_STALE_FACTOR`] Master_Down intervals: VRRP itself does not get
-    /// through. Records the finding and says so, once.
+    /// instance is live (members reach each other over TCP), and no advert has arrived (since
+    /// the start, if none ever did) for [`portsec::ADVERTS_STALE_FACTOR`] Master_Down
+    /// intervals and [`portsec::ADVERTS_STALE_MIN`]: VRRP itself does not get through.
+    /// Records the finding and says so, once.
     fn note_blocked_adverts(&mut self, now: Duration, out: &mut Vec<Effect>) {
-        let stale = self.machine.master_down_interval() * portsec::ADVERTS_STALE_FACTOR;
+        let stale = (self.machine.master_down_interval() * portsec::ADVERTS_STALE_FACTOR)
+            .max(portsec::ADVERTS_STALE_MIN);
+        let since = self.last_other_advert.map_or(self.started, |(t, _)| t);
         if self.findings.contains_key(&Problem::VrrpBlocked)
             || !self.participating_peer()
-            || self
-                .last_other_advert
-                .is_some_and(|(t, _)| now.saturating_sub(t) <= stale)
+            || now.saturating_sub(since) <= stale
         {
             return;
         }
