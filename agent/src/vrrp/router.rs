@@ -310,8 +310,6 @@ pub struct Router {
     /// When the current state began.
     state_since: Duration,
     state_seen: State,
-    /// When the router was made.
-    started: Duration,
     /// Unicast: no claim before a peer is heard or the grace ran out.
     gate: ClaimGate,
     /// Live members (this node's own record included: callers filter by name).
@@ -331,6 +329,10 @@ pub struct Router {
     claim_not_before: Option<Duration>,
     /// What this silence of the master already led to (logged and counted once).
     silence: Silence,
+    /// Since when this backup holds back because another host answers for the VIP while
+    /// no advert arrives (the confirmation's or the claim gate's): the report that adverts
+    /// do not arrive counts from here.
+    held_since: Option<Duration>,
     /// When another host last answered ARP / NS for the VIP (or announced it).
     holder_seen: Option<Duration>,
     /// The "another host answers" line of the claim gate was logged in this wait.
@@ -415,7 +417,6 @@ impl Router {
             weight,
             state_since: now,
             state_seen: State::Initialize,
-            started: now,
             gate,
             members: Vec::new(),
             heard: BTreeMap::new(),
@@ -426,6 +427,7 @@ impl Router {
             confirm: Confirmation::default(),
             claim_not_before: None,
             silence: Silence::Quiet,
+            held_since: None,
             holder_seen: None,
             holder_logged: false,
             contest: None,
@@ -775,6 +777,7 @@ impl Router {
             self.confirm.reset();
             self.claim_not_before = None;
             self.silence = Silence::Quiet;
+            self.held_since = None;
         }
         if self.findings.remove(&Problem::VrrpBlocked).is_some() {
             out.push(Effect::Note(Note::AdvertsAgain { src }));
@@ -1031,17 +1034,19 @@ impl Router {
     }
 
     /// Another host answers for the VIP (the callers know), a member taking part in this
-    /// instance is live (members reach each other over TCP), and no advert has arrived (since
-    /// the start, if none ever did) for [`portsec::ADVERTS_STALE_FACTOR`] Master_Down
+    /// instance is live (members reach each other over TCP), and this backup has held back
+    /// for it, with no advert arriving, for [`portsec::ADVERTS_STALE_FACTOR`] Master_Down
     /// intervals and [`portsec::ADVERTS_STALE_MIN`]: VRRP itself does not get through.
-    /// Records the finding and says so, once.
+    /// (Counted from the first hold, not from the last advert: when a cluster forms, every
+    /// node waits out the claim grace without adverts, then one claims and the others hear
+    /// its answer a moment before its first advert.) Records the finding and says so, once.
     fn note_blocked_adverts(&mut self, now: Duration, out: &mut Vec<Effect>) {
         let stale = (self.machine.master_down_interval() * portsec::ADVERTS_STALE_FACTOR)
             .max(portsec::ADVERTS_STALE_MIN);
-        let since = self.last_other_advert.map_or(self.started, |(t, _)| t);
+        let held = *self.held_since.get_or_insert(now);
         if self.findings.contains_key(&Problem::VrrpBlocked)
             || !self.participating_peer()
-            || now.saturating_sub(since) <= stale
+            || now.saturating_sub(held) < stale
         {
             return;
         }

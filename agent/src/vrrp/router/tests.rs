@@ -354,4 +354,35 @@ fn the_port_check_runs_while_master_only() {
     );
 }
 
+#[test]
+fn adverts_are_reported_blocked_after_ten_seconds_of_holding_back() {
+    let mut r = router(1, 100, VrrpTransport::Unicast);
+    r.start(ms(0));
+    r.set_members(ms(0), &[member(0), member(1)]);
+    r.on_advert(ms(500), addr(0), &adv(120, 100));
+    // From now on no advert arrives, and node 0 answers every probe at once.
+    let mut t = ms(500);
+    let mut reported = None;
+    while t < Duration::from_secs(20) && reported.is_none() {
+        let next = r.next_wakeup().unwrap();
+        t = next.max(t);
+        for e in r.on_timer(t) {
+            match e {
+                Effect::Probe => {
+                    r.on_arp(t + ms(1), &answer(0));
+                }
+                Effect::Note(Note::VrrpBlocked { .. }) => reported = Some(t),
+                Effect::AddVip => panic!("claimed beside a live holder at {t:?}"),
+                _ => {}
+            }
+        }
+    }
+    // The first hold at Master_Down (0.853 s), the report on the first recheck 10 s after.
+    let at = reported.expect("never reported");
+    assert!(
+        at >= ms(853) + Duration::from_secs(10) && at <= ms(853) + Duration::from_secs(12),
+        "reported at {at:?}"
+    );
+}
+
 mod sim;
