@@ -177,9 +177,9 @@ for case in $CASES; do
 done
 # What detection costs at the defaults (docs/vrrp.md, "Fast failover without flapping"):
 # keelson's backups claim a silent master's VIP once its death is confirmed, the later of
-# Master_Down (3 adverts + skew) and 2 adverts + the probe's answer wait; keepalived's at
-# Master_Down. Counted from the dead master's last advert, so up to an interval earlier
+# Master_Down (3 adverts + skew) and the ARP round's least wait (1.3 adverts + 150 ms);
+# keepalived's at Master_Down. Counted from the dead master's last advert, so up to an interval earlier
 # after the kill; a request sent just before the VIP moved fails after its 1 s timeout, so
 # the last failure comes about a second after the VIP is back.
 adv=$(jq -r '.vrrp.instances[] | select(.name=="api") | .advertIntervalMs' "$WORK/build/out/cluster.json")
-echo "VRRP floor: keelson backups at 120, ${adv} ms adverts: $(awk -v a="$adv" 'BEGIN{md=3*a+(256-120)*a/256; c=2*a+(a>300?a:300); printf "%.0f", (md>c?md:c)}') ms (confirmed death); keepalived backups at 65 (40+20+5), 1 s adverts: $(awk 'BEGIN{printf "%.0f", 3000 + (256-65)*1000/256}') ms (Master_Down)"
+echo "VRRP floor: keelson backups at 120, ${adv} ms adverts: $(awk -v a="$adv" 'BEGIN{md=3*a+(256-120)*a/256; c=1.3*a+150; printf "%.0f", (md>c?md:c)}') ms (confirmed death); keepalived backups at 65 (40+20+5), 1 s adverts: $(awk 'BEGIN{printf "%.0f", 3000 + (256-65)*1000/256}') ms (Master_Down)"

@@ -744,8 +744,8 @@ pub fn failover(c: &mut dyn Testbed) -> Result<(String, String)> {
 /// How soon VRRP moves VIP instance `name` when its holder dies, by the cluster's own
 /// `cluster.json`: the backup with the base master priority claims once the holder's
 /// death is confirmed, the later of Master_Down_Interval (RFC 5798 §6.1, 3 adverts plus
-/// the skew) and 2 adverts plus the probe's answer wait (the interval, at least 300 ms),
-/// counted from the last advert (docs/vrrp.md, "Fast failover without flapping").
+/// the skew) and the end of the ARP round's least wait (1.3 adverts + 150 ms), counted
+/// from the last advert (docs/vrrp.md, "Fast failover without flapping").
 fn vip_move_bound(c: &dyn Testbed, name: &str) -> Result<Duration> {
     let cluster: serde_json::Value =
         serde_json::from_slice(&std::fs::read(c.out_dir().join("cluster.json"))?)?;
@@ -760,7 +760,7 @@ fn vip_move_bound(c: &dyn Testbed, name: &str) -> Result<Duration> {
         .as_u64()
         .context("cluster.json: priorities.master")?;
     let master_down = 3 * advert + (256 - prio) * advert / 256;
-    let confirmed = 2 * advert + advert.max(300);
+    let confirmed = advert * 13 / 10 + 150;
     Ok(Duration::from_millis(master_down.max(confirmed)))
 }
 

@@ -10,22 +10,26 @@
 //! neighbour solicitation (IPv6) for the VIP. A node that still has the VIP on its interface
 //! answers it whatever its agent does; a node that died, or whose link did, cannot.
 //!
-//! So once no advert has arrived for [`Timing::suspect_after`] (two of the master's
-//! intervals) a backup starts a round: it asks for the VIP at once and every
-//! [`Timing::probe_every`] until someone answers. Its claim at Master_Down then needs the
-//! round to have gone unanswered for [`Timing::answer_wait`] from its first probe. An answer
-//! from another MAC at any time since the round began means a live holder: no claim, and
-//! the next round after Master_Down, then after [`HOLD_RECHECK`] as long as the silence
-//! lasts. The round ends whenever an advert arrives.
+//! So once no advert has arrived for [`Timing::suspect_after`] (1.3 of the master's
+//! intervals: an advert a third of an interval late) a backup starts a round: it asks for
+//! the VIP at once and every [`Timing::probe_every`] (a quarter of an interval) until
+//! someone answers. Its claim at Master_Down then needs the round to have gone unanswered
+//! since its first probe, for [`Timing::answer_wait`] at least. An answer from another MAC
+//! at any time since the round began means a live holder: no claim, and the next round
+//! after Master_Down, then after [`HOLD_RECHECK`] as long as the silence lasts. The round
+//! ends whenever an advert arrives.
 //!
-//! The answer wait covers a probe's round trip on a bad network (50 ms ± 50 ms of delay each
-//! way, 10 % loss: several probes each have ~80 % of an answer) and the scheduling of a
-//! loaded host, whose kernel answers even while its processes wait.
+//! The claim stays where the RFC puts it: at Master_Down, which at 100 ms adverts leaves the
+//! round 223 ms (priority 120) to 171 ms (254) of asking — about nine probes, each with an
+//! ~80 % chance of an answer inside a round trip of at most 200 ms on a bad network (50 ms
+//! ± 50 ms of delay each way, 10 % loss). Only at intervals under 60 ms does the answer
+//! wait push the claim past Master_Down. A loaded host's kernel answers even while its
+//! processes wait.
 
 use std::time::Duration;
 
-/// How long a round waits, at least, for an answer after its first probe.
-pub const ANSWER_WAIT_MIN: Duration = Duration::from_millis(300);
+/// How long a round asks, at least, before it confirms a death.
+pub const ANSWER_WAIT: Duration = Duration::from_millis(150);
 
 /// After a live holder answered more than once in one silence, how long before the next
 /// round (and the next decision). A master whose adverts the network drops (protocol 112
@@ -37,13 +41,14 @@ pub const HOLD_RECHECK: Duration = Duration::from_secs(1);
 /// The confirmation's times, from the master's advert interval (Master_Adver_Interval).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Timing {
-    /// No advert for this long starts a round: two intervals, so one lost advert (or one
-    /// late by up to an interval) starts none.
+    /// No advert for this long starts a round: 1.3 intervals, so an advert a third of an
+    /// interval late starts one, and the round has most of Master_Down to ask.
     pub suspect_after: Duration,
-    /// Probes of one round, this far apart until one is answered.
+    /// Probes of one round, this far apart until one is answered: a quarter of an interval,
+    /// 20-250 ms.
     pub probe_every: Duration,
-    /// A round that has had no answer this long after its first probe confirms the death:
-    /// the interval, and at least [`ANSWER_WAIT_MIN`].
+    /// A round that has had no answer for this long since its first probe may confirm the
+    /// death ([`ANSWER_WAIT`]; the claim also waits for Master_Down).
     pub answer_wait: Duration,
 }
 
@@ -51,16 +56,17 @@ impl Timing {
     /// The times for a master advertising every `interval`.
     pub fn for_interval(interval: Duration) -> Self {
         Timing {
-            suspect_after: interval * 2,
-            probe_every: (interval / 2)
+            suspect_after: interval * 13 / 10,
+            probe_every: (interval / 4)
                 .clamp(Duration::from_millis(20), Duration::from_millis(250)),
-            answer_wait: interval.max(ANSWER_WAIT_MIN),
+            answer_wait: ANSWER_WAIT,
         }
     }
 
     /// How long after the last advert the death of a silent master is confirmed at the
     /// earliest (with Master_Down `master_down`): the later of Master_Down and the end of
-    /// the first round's answer wait. The detection part of the failover bound.
+    /// the first round's answer wait — Master_Down at intervals of 60 ms and more. The
+    /// detection part of the failover bound.
     pub fn confirmed_after(&self, master_down: Duration) -> Duration {
         master_down.max(self.suspect_after + self.answer_wait)
     }
@@ -170,52 +176,56 @@ mod tests {
     #[test]
     fn timing_scales_with_the_interval_within_bounds() {
         let t = Timing::for_interval(ms(100));
-        assert_eq!(t.suspect_after, ms(200));
-        assert_eq!(t.probe_every, ms(50));
-        assert_eq!(t.answer_wait, ms(300));
-        // 100 ms adverts, priority 120: Master_Down 353.125 ms; the round decides later.
-        let md = Duration::from_micros(353_125);
-        assert_eq!(t.confirmed_after(md), ms(500));
-        // At 1 s adverts (a keepalived peer's) Master_Down decides, as the RFC says.
+        assert_eq!(t.suspect_after, ms(130));
+        assert_eq!(t.probe_every, ms(25));
+        assert_eq!(t.answer_wait, ms(150));
+        // 100 ms adverts: Master_Down decides, as the RFC says, at every priority.
+        for p in [1u64, 120, 254] {
+            let md = Duration::from_micros(300_000 + (256 - p) * 100_000 / 256);
+            assert_eq!(t.confirmed_after(md), md, "priority {p}");
+        }
+        // At 1 s adverts (a keepalived peer's) too.
         let t = Timing::for_interval(ms(1000));
         assert_eq!(t.probe_every, ms(250));
-        assert_eq!(t.answer_wait, ms(1000));
         let md = Duration::from_micros(3_531_250);
         assert_eq!(t.confirmed_after(md), md);
-        assert_eq!(Timing::for_interval(ms(10)).probe_every, ms(20));
+        // At 30 ms the round's wait ends after Master_Down (90 ms and the skew).
+        let t = Timing::for_interval(ms(30));
+        assert_eq!(t.probe_every, ms(20));
+        assert_eq!(t.confirmed_after(ms(106)), ms(189));
     }
 
     #[test]
     fn an_unanswered_round_confirms_after_its_wait() {
         let t = Timing::for_interval(ms(100));
         let mut c = Confirmation::default();
-        // Last advert at 1 s: the first probe is due at 1.2 s.
-        assert_eq!(c.probe_due(ms(1000), &t), Some(ms(1200)));
+        // Last advert at 1 s: the first probe is due at 1.13 s.
+        assert_eq!(c.probe_due(ms(1000), &t), Some(ms(1130)));
         assert!(!c.in_round());
-        c.probe_sent(ms(1200), &t);
-        assert_eq!(c.probe_due(ms(1000), &t), Some(ms(1250)));
-        assert_eq!(c.verdict(ms(1353), &t), Verdict::Pending(ms(1500)));
-        c.probe_sent(ms(1250), &t);
+        c.probe_sent(ms(1130), &t);
+        assert_eq!(c.probe_due(ms(1000), &t), Some(ms(1155)));
+        assert_eq!(c.verdict(ms(1200), &t), Verdict::Pending(ms(1280)));
+        c.probe_sent(ms(1155), &t);
         // An answer from before the round says nothing.
         c.on_answer(ms(1100));
-        assert_eq!(c.verdict(ms(1500), &t), Verdict::Dead);
+        assert_eq!(c.verdict(ms(1353), &t), Verdict::Dead);
     }
 
     #[test]
     fn an_answer_holds_and_the_next_round_waits() {
         let t = Timing::for_interval(ms(100));
         let mut c = Confirmation::default();
-        c.probe_sent(ms(1200), &t);
-        c.on_answer(ms(1203));
+        c.probe_sent(ms(1130), &t);
         c.on_answer(ms(1260));
-        assert_eq!(c.verdict(ms(1353), &t), Verdict::Alive(ms(1203)));
+        c.on_answer(ms(1133));
+        assert_eq!(c.verdict(ms(1353), &t), Verdict::Alive(ms(1133)));
         assert_eq!(c.probe_due(ms(1000), &t), None, "answered: no more probes");
         c.rest(ms(2353));
         assert_eq!(c.probe_due(ms(1000), &t), Some(ms(2353)));
-        assert_eq!(c.verdict(ms(2000), &t), Verdict::Pending(ms(2300)));
+        assert_eq!(c.verdict(ms(2000), &t), Verdict::Pending(ms(2150)));
         // An advert ends it all.
         c.reset();
-        assert_eq!(c.probe_due(ms(3000), &t), Some(ms(3200)));
+        assert_eq!(c.probe_due(ms(3000), &t), Some(ms(3130)));
     }
 
     proptest::proptest! {

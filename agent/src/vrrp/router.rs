@@ -826,14 +826,16 @@ impl Router {
         out
     }
 
-    /// While master: whether `src`, a router we outrank that advertises as master too, has
-    /// gone on doing so for three of its intervals since our first answer to it. A router
-    /// that hears us yields to our answer within a round trip (RFC 5798 §6.4.3), so one
-    /// that goes on cannot hear us (adverts lost one way), and it never will yield: the
-    /// VIP would have two holders for as long as that lasts. Three intervals: it hears
-    /// each of our answers (an advert and an announcement, every time its advert arrives)
-    /// within a round trip, so on a bad network (100 ms of jitter each way, 10 % loss) a
-    /// router that hears us stops before then. Updates the contest.
+    /// While master: whether `src`, a router we outrank that advertises as master too, still
+    /// does so with its third advert since our first answer to it (1.5 of its intervals
+    /// on, whatever the jitter). A router that hears us yields to our answer within a round
+    /// trip (RFC 5798 §6.4.3), and we answer each of its adverts, so one that goes on cannot
+    /// hear us (adverts lost one way), and it never will yield: the VIP would have two
+    /// holders for as long as that lasts. So they hold it together for two intervals and a
+    /// delay, less than Master_Down (three intervals and the skew), the time a backup asks
+    /// before it claims. On a bad network (0-100 ms of delay each way, 10 % loss) a router
+    /// that hears us misses both answers about one contest in ten: then both give the VIP
+    /// up, and the next Master_Down elects one. Updates the contest.
     fn contested_by_a_deaf_router(&mut self, at: Duration, src: IpAddr, advert: &Advert) -> bool {
         if self.machine.state() != State::Master
             || advert.priority == 0
@@ -851,7 +853,7 @@ impl Router {
         match self.contest.as_mut() {
             Some(c) if c.from == src && at.saturating_sub(c.last) <= interval * 4 => {
                 c.last = at;
-                at.saturating_sub(c.since) >= interval * 3
+                at.saturating_sub(c.since) >= interval * 3 / 2
             }
             _ => {
                 self.contest = Some(Contest {

@@ -292,11 +292,11 @@ struct PlatformVips {
 pub const LOCAL_APISERVER_WEIGHT: i32 = 20;
 
 /// The advert interval `keelson build` writes for every VRRP instance: 100 ms. Between
-/// keelson peers a backup then finds a silent master 200 ms after its last advert and
-/// confirms its death by ARP in 300 ms more, so a client sees the API again about half a
-/// second after its holder died (docs/vrrp.md, "Fast failover without flapping"); at 1 s
-/// adverts it took 3.5 s. What keeps it from moving a live VIP is the confirmation, not a
-/// slow timer. It costs 10 adverts a second from each master to each peer (a minimal
+/// keelson peers a backup then asks for a silent master's VIP by ARP 130 ms after its last
+/// advert and claims at Master_Down (353 ms) if nobody answered, so a client sees the API
+/// again 0.3-0.4 s after its holder died (docs/vrrp.md, "Fast failover without flapping");
+/// at 1 s adverts it took 3.5 s. What keeps it from moving a live VIP is the confirmation,
+/// not a slow timer. It costs 10 adverts a second from each master to each peer (a minimal
 /// 60-byte frame: 4.8 kbit/s a peer). A keepalived router in the same VRID sets its own interval
 /// (`advert_int`): set this to it (VRRPv2 drops adverts of another interval).
 pub const ADVERT_INTERVAL_MS: u32 = 100;

@@ -147,10 +147,12 @@ fn follower() -> Router {
 fn a_silent_master_is_claimed_once_nobody_answers_for_its_vip() {
     let mut r = follower();
     let effects = run_timers(&mut r, ms(1000), ms(2000));
-    // Two intervals without an advert: a probe at once, then every 50 ms until the claim.
-    assert_eq!(probes(&effects)[..3], [ms(1200), ms(1250), ms(1300)]);
-    // Master_Down (353 ms) is not enough: the round's answer wait (300 ms) ends at 1.5 s.
-    assert_eq!(claimed_at(&effects), Some(ms(1500)));
+    // 1.3 intervals without an advert: a probe at once, then every 25 ms until the claim.
+    let sent = probes(&effects);
+    assert_eq!(sent[..3], [ms(1130), ms(1155), ms(1180)]);
+    assert_eq!(sent.len(), 9, "{sent:?}");
+    // At Master_Down (353 ms), as the RFC says: nobody answered in the 223 ms asked.
+    assert_eq!(claimed_at(&effects), Some(Duration::from_micros(1_353_125)));
     assert!(effects.iter().any(|(_, e)| matches!(
         e,
         Effect::Note(Note::ConfirmedDead { master: Some(m), .. }) if *m == addr(0)
@@ -165,11 +167,11 @@ fn a_silent_master_is_claimed_once_nobody_answers_for_its_vip() {
 #[test]
 fn a_silent_master_whose_vip_answers_keeps_it() {
     let mut r = follower();
-    let effects = run_timers(&mut r, ms(1000), ms(1220));
-    assert_eq!(probes(&effects), [ms(1200)]);
+    let effects = run_timers(&mut r, ms(1000), ms(1140));
+    assert_eq!(probes(&effects), [ms(1130)]);
     // Its kernel answers (the agent is stalled, or its adverts are lost).
-    assert!(r.on_arp(ms(1201), &answer(0)).is_empty());
-    let effects = run_timers(&mut r, ms(1220), ms(1400));
+    assert!(r.on_arp(ms(1131), &answer(0)).is_empty());
+    let effects = run_timers(&mut r, ms(1140), ms(1400));
     assert_eq!(claimed_at(&effects), None);
     assert!(probes(&effects).is_empty(), "answered: no more probes");
     assert!(effects.iter().any(|(_, e)| matches!(
@@ -177,19 +179,19 @@ fn a_silent_master_whose_vip_answers_keeps_it() {
         Effect::Note(Note::ClaimHeld { master: Some(m), .. }) if *m == addr(0)
     )));
     // Held at Master_Down (1.353 s): decided again a Master_Down on, after a round.
-    let effects = run_timers(&mut r, ms(1400), ms(1410));
-    assert_eq!(probes(&effects), [ms(1406) + Duration::from_micros(250)]);
-    r.on_arp(ms(1407), &answer(0));
+    let effects = run_timers(&mut r, ms(1400), ms(1560));
+    assert_eq!(probes(&effects), [ms(1556) + Duration::from_micros(250)]);
+    r.on_arp(ms(1557), &answer(0));
     // Held again at 1.706 s: from now on once a second.
-    let effects = run_timers(&mut r, ms(1410), ms(2400));
+    let effects = run_timers(&mut r, ms(1560), ms(2500));
     assert_eq!(claimed_at(&effects), None);
     assert!(probes(&effects).is_empty(), "{effects:?}");
-    assert_eq!(r.snapshot(ms(2400)).counters.claims_held, 1, "one silence");
-    let effects = run_timers(&mut r, ms(2400), ms(2410));
-    assert_eq!(probes(&effects), [ms(2406) + Duration::from_micros(250)]);
+    assert_eq!(r.snapshot(ms(2500)).counters.claims_held, 1, "one silence");
+    let effects = run_timers(&mut r, ms(2500), ms(2560));
+    assert_eq!(probes(&effects), [ms(2556) + Duration::from_micros(250)]);
     // Its adverts come back: nothing moved.
-    r.on_advert(ms(2410), addr(0), &adv(120, 100));
-    let effects = run_timers(&mut r, ms(2410), ms(2550));
+    r.on_advert(ms(2560), addr(0), &adv(120, 100));
+    let effects = run_timers(&mut r, ms(2560), ms(2680));
     assert!(effects.is_empty(), "{effects:?}");
     assert_eq!(r.machine().state(), State::Backup);
     assert_eq!(r.machine().transitions(), 1);
@@ -201,11 +203,11 @@ fn an_answer_from_before_the_round_or_from_ourselves_proves_nothing() {
     r.on_arp(ms(1100), &answer(0));
     let mut own = answer(1);
     own.sender_mac = mac(1);
-    let effects = run_timers(&mut r, ms(1000), ms(1260));
-    assert_eq!(probes(&effects), [ms(1200), ms(1250)]);
-    r.on_arp(ms(1255), &own);
-    let effects = run_timers(&mut r, ms(1260), ms(2000));
-    assert_eq!(claimed_at(&effects), Some(ms(1500)));
+    let effects = run_timers(&mut r, ms(1000), ms(1160));
+    assert_eq!(probes(&effects), [ms(1130), ms(1155)]);
+    r.on_arp(ms(1158), &own);
+    let effects = run_timers(&mut r, ms(1160), ms(2000));
+    assert_eq!(claimed_at(&effects), Some(Duration::from_micros(1_353_125)));
 }
 
 #[test]
@@ -251,22 +253,17 @@ fn a_master_gives_way_to_a_router_that_cannot_hear_it() {
         "{first:?}"
     );
     assert!(first.contains(&Effect::Announce));
-    for t in [1100, 1200] {
-        let again = r.on_advert(ms(t), addr(1), &adv(120, 100));
-        assert!(
-            again.contains(&Effect::Announce),
-            "still answered at {t} ms"
-        );
-    }
-    let last = r.on_advert(ms(1300), addr(1), &adv(120, 100));
+    let again = r.on_advert(ms(1100), addr(1), &adv(120, 100));
+    assert!(again.contains(&Effect::Announce), "still answered");
+    let last = r.on_advert(ms(1200), addr(1), &adv(120, 100));
     assert!(
         last.contains(&Effect::RemoveVip { handed_over: false }),
-        "three intervals after our answer it still claims: it cannot hear us ({last:?})"
+        "its third advert after our answer: it cannot hear us ({last:?})"
     );
     assert_eq!(r.machine().state(), State::Backup);
-    assert_eq!(r.snapshot(ms(1300)).counters.deaf_yields, 1);
+    assert_eq!(r.snapshot(ms(1200)).counters.deaf_yields, 1);
     // As a backup it follows node 1 though it could preempt it on the address...
-    for t in (1400..5000).step_by(100) {
+    for t in (1300..5000).step_by(100) {
         r.on_advert(ms(t), addr(1), &adv(120, 100));
         assert!(claimed_at(&run_timers(&mut r, ms(t), ms(t + 99))).is_none());
     }
@@ -306,14 +303,15 @@ fn at_fast_adverts_a_rank_is_worth_half_a_second() {
         .iter_mut()
         .map(|r| claimed_at(&run_timers(r, ms(1000), ms(3000))))
         .collect();
-    // Node 3 (highest address) first at 1.5 s; node 2 a rank step (500 ms) and its
-    // tie-break (15 x 2.5 ms) later; node 1 two steps and its tie-break later.
-    assert_eq!(claims[2], Some(ms(1500)));
+    // Node 3 (highest address) first at Master_Down; node 2 a rank step (500 ms) and its
+    // tie-break (19 x 2.5 ms) later; node 1 two steps and its tie-break later.
+    let md = Duration::from_micros(1_353_125);
+    assert_eq!(claims[2], Some(md));
     assert_eq!(
         claims[1],
-        Some(ms(1500) + ms(500) + Duration::from_micros(47_500))
+        Some(md + ms(500) + Duration::from_micros(47_500))
     );
-    assert_eq!(claims[0], Some(ms(1500) + ms(1000) + ms(50)));
+    assert_eq!(claims[0], Some(md + ms(1000) + ms(50)));
 }
 
 #[test]
@@ -327,7 +325,7 @@ fn a_unicast_backup_waits_for_its_gate_before_asking() {
     // The grace runs out (1.4 s) with nobody answering: claims alone after a round.
     let effects = run_timers(&mut r, ms(1300), ms(3000));
     assert_eq!(r.snapshot(ms(3000)).counters.lone_claims, 1);
-    assert_eq!(claimed_at(&effects), Some(ms(1700)));
+    assert_eq!(claimed_at(&effects), Some(ms(1550)));
 }
 
 #[test]
@@ -344,7 +342,10 @@ fn the_port_check_runs_while_master_only() {
         })
         .collect();
     assert_eq!(rounds.len(), 1);
-    assert_eq!(rounds[0].0, ms(500) + PORT_CHECK_FIRST);
+    assert_eq!(
+        rounds[0].0,
+        Duration::from_micros(353_125) + PORT_CHECK_FIRST
+    );
     assert_eq!(
         rounds[0].1,
         vec![
