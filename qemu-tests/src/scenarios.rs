@@ -612,8 +612,9 @@ pub fn pivot(c: &mut dyn Testbed) -> Result<String> {
     ))
 }
 
-/// Kills the holder of `vip` while a client loop requests `url` every 100 ms; returns the
-/// holder, the new holder and the outage seen by the client.
+/// Kills the holder of `vip` while a client requests `url` every 100 ms (each with a 1 s
+/// timeout, whether or not the one before answered); returns the holder, the new holder and
+/// the outage seen by the client.
 fn kill_holder(
     c: &mut dyn Testbed,
     vip: &str,
@@ -622,7 +623,7 @@ fn kill_holder(
     settle: Duration,
 ) -> Result<(String, String, probe::Outage)> {
     let holder = c.wait_holder(vip, Duration::from_secs(30), &|h| h.starts_with(same_role))?;
-    let client = ClientLoop::start(
+    let client = ClientLoop::start_overlapping(
         &c.outside().netns.name,
         url,
         Duration::from_millis(100),
