@@ -656,8 +656,9 @@ pub fn pivot(c: &mut dyn Testbed) -> Result<String> {
     ))
 }
 
-/// Kills the holder of `vip` while a client loop requests `url` every 100 ms; returns the
-/// holder, the new holder and the outage seen by the client.
+/// Kills the holder of `vip` while a client requests `url` every 100 ms (each with a 1 s
+/// timeout, whether or not the one before answered); returns the holder, the new holder and
+/// the outage seen by the client.
 fn kill_holder(
     c: &mut dyn Testbed,
     vip: &str,
@@ -666,7 +667,7 @@ fn kill_holder(
     settle: Duration,
 ) -> Result<(String, String, probe::Outage)> {
     let holder = c.wait_holder(vip, Duration::from_secs(30), &|h| h.starts_with(same_role))?;
-    let client = ClientLoop::start(
+    let client = ClientLoop::start_overlapping(
         &c.outside().netns.name,
         url,
         Duration::from_millis(100),
@@ -882,8 +883,10 @@ pub fn ingress_routers(c: &mut dyn Testbed) -> Result<String> {
 }
 
 /// How soon VRRP moves VIP instance `name` when its holder dies, by the cluster's own
-/// `cluster.json`: Master_Down_Interval (RFC 5798 §6.1, 3 adverts plus the skew) of the
-/// backup that waits longest, the one with the base master priority.
+/// `cluster.json`: the backup with the base master priority claims once the holder's
+/// death is confirmed, the later of Master_Down_Interval (RFC 5798 §6.1, 3 adverts plus
+/// the skew) and the end of the ARP round's least wait (1.3 adverts + 150 ms), counted
+/// from the last advert (docs/vrrp.md, "Fast failover without flapping").
 fn vip_move_bound(c: &dyn Testbed, name: &str) -> Result<Duration> {
     let cluster: serde_json::Value =
         serde_json::from_slice(&std::fs::read(c.out_dir().join("cluster.json"))?)?;
@@ -898,9 +901,9 @@ fn vip_move_bound(c: &dyn Testbed, name: &str) -> Result<Duration> {
         .as_u64()
         .or_else(|| inst["priorities"]["worker"].as_u64())
         .context("cluster.json: priorities.master")?;
-    Ok(Duration::from_millis(
-        3 * advert + (256 - prio) * advert / 256,
-    ))
+    let master_down = 3 * advert + (256 - prio) * advert / 256;
+    let confirmed = advert * 13 / 10 + 150;
+    Ok(Duration::from_millis(master_down.max(confirmed)))
 }
 
 /// 6. Rejoin: the killed master boots again, the others' DNS learns it again (members), and

@@ -312,8 +312,31 @@ impl Segment {
         );
     }
 
+    /// Drops frames from node `from` to node `to` at the bridge, one way only: those that
+    /// match `what` (an nftables match such as `ip protocol 112`; empty: every frame, ARP
+    /// included). [`Segment::heal_one_way`] undoes it.
+    pub fn cut_one_way(&self, from: usize, to: usize, what: &str) {
+        nft(
+            &self.bridge,
+            &format!(
+                "table bridge oneway {{\n  chain forward {{\n    type filter hook forward priority -2; policy accept;\n    iifname \"{}\" oifname \"{}\" {what} drop\n  }}\n}}\n",
+                Self::port(from),
+                Self::port(to)
+            ),
+        );
+    }
+
+    /// Ends a [`Segment::cut_one_way`].
+    pub fn heal_one_way(&self) {
+        self.delete_bridge_table("oneway");
+    }
+
     /// Ends a [`Segment::partition`].
     pub fn heal(&self) {
+        self.delete_bridge_table("split");
+    }
+
+    fn delete_bridge_table(&self, table: &str) {
         sh(&[
             "ip",
             "netns",
@@ -323,7 +346,7 @@ impl Segment {
             "delete",
             "table",
             "bridge",
-            "split",
+            table,
         ]);
     }
 }

@@ -418,6 +418,16 @@ const FAMILIES: &[Family] = &[
         "Unicast: times the claim grace ran out with no peer heard and the VIP was claimed alone.",
         |st| per_vrrp(st, |v| Some(count(v.lone_claims))),
     ),
+    counter(
+        "keelson_vrrp_claims_held",
+        "Times a silent master's VIP holder still answered ARP / neighbour solicitation, so this backup did not claim.",
+        |st| per_vrrp(st, |v| Some(count(v.claims_held))),
+    ),
+    counter(
+        "keelson_vrrp_deaf_yields",
+        "Times this master gave the VIP up to a router that could not hear its adverts.",
+        |st| per_vrrp(st, |v| Some(count(v.deaf_yields))),
+    ),
     counter("keelson_vrrp_drops", "Packets dropped, by reason.", |st| {
         st.vrrp
             .iter()
@@ -1018,6 +1028,8 @@ mod tests {
                 arp_conflicts: 0,
                 conflict_yields: 0,
                 lone_claims: 0,
+                claims_held: 0,
+                deaf_yields: 0,
                 claim_gate: Default::default(),
                 destinations: vec![],
                 drops: [("ttl".to_string(), 1)].into(),

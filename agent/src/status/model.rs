@@ -207,6 +207,14 @@ pub struct VrrpInstance {
     /// Unicast: times the claim grace ran out with no peer heard (claimed alone).
     #[serde(default)]
     pub lone_claims: u64,
+    /// Times a silent master's VIP holder answered ARP / neighbour solicitation when
+    /// Master_Down ran out, so this backup did not claim (docs/vrrp.md, "Fast failover
+    /// without flapping").
+    #[serde(default)]
+    pub claims_held: u64,
+    /// Times this master gave the VIP up to a router that could not hear it.
+    #[serde(default)]
+    pub deaf_yields: u64,
     /// Unicast: whether this node may claim the VIP yet, and why (`notGated` for multicast).
     #[serde(default)]
     pub claim_gate: GateState,

@@ -11,7 +11,9 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use super::instance::{self, Spec, StatusMap};
+use super::instance;
+use super::spec::Spec;
+use super::status::StatusMap;
 use crate::context::AgentContext;
 use crate::health::{self, CheckState};
 

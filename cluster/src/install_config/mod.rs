@@ -313,13 +313,23 @@ impl Leaf for LoadBalancerKind {
     }
 }
 
-/// The platform keys keelson reads.
 /// Weight of the API instance's `local-apiserver` check: a master whose own kube-apiserver
 /// is dead (refused, failing, or silent for 10 s) falls 20 below the masters whose
 /// apiservers answer, so one of them takes the VIP; below the bootstrap's lead over a master
 /// (70 − 40 = 30), so the bootstrap keeps the VIP while it serves Ignition.
 pub const LOCAL_APISERVER_WEIGHT: i32 = 20;
 
+/// The advert interval `keelson build` writes for every VRRP instance: 100 ms. Between
+/// keelson peers a backup then asks for a silent master's VIP by ARP 130 ms after its last
+/// advert and claims at Master_Down (353 ms) if nobody answered, so a client sees the API
+/// again 0.3-0.4 s after its holder died (docs/vrrp.md, "Fast failover without flapping");
+/// at 1 s adverts it took 3.5 s. What keeps it from moving a live VIP is the confirmation,
+/// not a slow timer. It costs 10 adverts a second from each master to each peer (a minimal
+/// 60-byte frame: 4.8 kbit/s a peer). A keepalived router in the same VRID sets its own interval
+/// (`advert_int`): set this to it (VRRPv2 drops adverts of another interval).
+pub const ADVERT_INTERVAL_MS: u32 = 100;
+
+/// The platform keys keelson reads.
 const USED_PLATFORM: &[&str] = &[
     "apiVIPs",
     "apiVIP",
@@ -616,7 +626,7 @@ impl InstallConfig {
 
     /// The agent's `cluster.json` with OpenShift's defaults (docs/vrrp.md): VRIDs from
     /// Fletcher-8 of `<name>-api`/`-ingress`, API priorities bootstrap 70 / masters 40 with
-    /// the proxy, Ignition and local-apiserver checks, ingress on the workers at 20, 1 s adverts, VRRPv3
+    /// the proxy, Ignition and local-apiserver checks, ingress on the workers at 20, 100 ms adverts ([`ADVERT_INTERVAL_MS`]), VRRPv3
     /// unicast with unicast members (OpenShift's default since 4.11; docs/decisions.md),
     /// garp refresh 60 s.
     // Over 100 lines on purpose: one struct literal, OpenShift's defaults field by field, read top to bottom against docs/cluster-json.md.
@@ -633,7 +643,7 @@ impl InstallConfig {
                 vip: *vip,
                 vrid: api_vrid,
                 version: VrrpVersion::V3,
-                advert_interval_ms: 1000,
+                advert_interval_ms: ADVERT_INTERVAL_MS,
                 transport: VrrpTransport::Unicast,
                 unicast_peers: vec![],
                 claim_grace_ms: None,
@@ -692,7 +702,7 @@ impl InstallConfig {
                 vip: *vip,
                 vrid: ingress_vrid,
                 version: VrrpVersion::V3,
-                advert_interval_ms: 1000,
+                advert_interval_ms: ADVERT_INTERVAL_MS,
                 transport: VrrpTransport::Unicast,
                 unicast_peers: vec![],
                 claim_grace_ms: None,
