@@ -162,6 +162,8 @@ pub struct RunNode {
     pub proc: Proc,
     /// Its stderr.
     pub log: PathBuf,
+    /// The binary it runs (its `status` reads the node's socket).
+    pub agent: String,
 }
 
 impl RunNode {
@@ -242,6 +244,20 @@ impl RunCluster {
         &self,
         ns: &str,
         i: usize,
+        node: (&str, &str, &str),
+        services: &str,
+        files: (&Path, &Path),
+    ) -> RunNode {
+        self.start_as(&self.agent, ns, i, node, services, files)
+    }
+
+    /// [`RunCluster::start_with`] running the binary `agent` instead of the cluster's (a
+    /// node of a rolling upgrade).
+    pub fn start_as(
+        &self,
+        agent: &str,
+        ns: &str,
+        i: usize,
         (name, role, address): (&str, &str, &str),
         services: &str,
         (cluster, tls): (&Path, &Path),
@@ -254,7 +270,7 @@ impl RunCluster {
         let log = self.dir.path().join(format!("node-{i}.log"));
         let proc = Proc::spawn(
             Command::new("ip")
-                .args(["netns", "exec", ns, &self.agent, "run"])
+                .args(["netns", "exec", ns, agent, "run"])
                 .arg("--cluster")
                 .arg(cluster)
                 .arg("--node")
@@ -270,7 +286,11 @@ impl RunCluster {
                 .stdout(Stdio::null())
                 .stderr(std::fs::File::create(&log).unwrap()),
         );
-        RunNode { proc, log }
+        RunNode {
+            proc,
+            log,
+            agent: agent.to_owned(),
+        }
     }
 
     /// `keelson-agent status --json` of node `i`; panics when it does not answer
@@ -341,6 +361,8 @@ pub struct RunNet {
     services: String,
     /// Node files other than the shared ones: `cluster.json` and TLS directory, by index.
     own_files: Vec<Option<(PathBuf, PathBuf)>>,
+    /// Node binaries other than the cluster's, by index.
+    own_agent: Vec<Option<String>>,
 }
 
 impl RunNet {
@@ -364,6 +386,7 @@ impl RunNet {
                 .collect(),
             services: services.to_owned(),
             own_files: nodes.iter().map(|_| None).collect(),
+            own_agent: nodes.iter().map(|_| None).collect(),
         }
     }
 
@@ -371,6 +394,12 @@ impl RunNet {
     /// instead of the shared ones.
     pub fn set_files(&mut self, i: usize, cluster: PathBuf, tls: PathBuf) {
         self.own_files[i] = Some((cluster, tls));
+    }
+
+    /// From its next start on, node `i` runs the binary `agent` instead of the cluster's
+    /// (a rolling upgrade: version N and N+1 side by side).
+    pub fn set_agent(&mut self, i: usize, agent: &str) {
+        self.own_agent[i] = Some(agent.to_owned());
     }
 
     /// Node `i`'s name.
@@ -386,7 +415,9 @@ impl RunNet {
             Some((c, t)) => (c.as_path(), t.as_path()),
             None => (self.files.cluster.as_path(), self.files.tls.as_path()),
         };
-        let node = self.files.start_with(
+        let agent = self.own_agent[i].as_deref().unwrap_or(&self.files.agent);
+        let node = self.files.start_as(
+            agent,
             &self.seg.nodes[i],
             i,
             (name, role, &address),
@@ -461,7 +492,8 @@ impl RunNet {
             .as_ref()
             .unwrap_or_else(|| panic!("{} is not running: no status to read", self.name(i)));
         node.assert_alive();
-        self.files.status(i)
+        // The node's own binary reads its socket, as on the node itself.
+        status_at(&node.agent, &self.files.socket(i))
     }
 
     /// The member names node `i` lists.

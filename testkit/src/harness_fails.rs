@@ -96,6 +96,7 @@ fn a_dead_node_under_wait_ready() {
                 .stderr(std::fs::File::create(&log).unwrap()),
         ),
         log,
+        agent: "sh".into(),
     };
     crate::wait_for("the node ready", WAIT, || node.is_ready());
 }
