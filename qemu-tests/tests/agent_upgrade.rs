@@ -87,12 +87,15 @@ struct Sample {
     what: String,
 }
 
+/// The VIP's holder sets, each with when it began.
+type HolderSets = Arc<Mutex<Vec<(Instant, Vec<usize>)>>>;
+
 /// A request through `VIP:6443` every 100 ms from the client's namespace (a new TLS
 /// connection each, 3 s at most), and who held the VIP every 50 ms, until finished.
 struct Watch {
     stop: Arc<AtomicBool>,
     samples: Arc<Mutex<Vec<Sample>>>,
-    holders: Arc<Mutex<Vec<(Instant, Vec<usize>)>>>,
+    holders: HolderSets,
     threads: Vec<std::thread::JoinHandle<()>>,
 }
 
