@@ -441,7 +441,8 @@ fn gratuitous_arp_and_unsolicited_na_reach_the_segment_and_repeat() {
     }
 }
 
-/// The API instance's status on a `keelson-agent run` node (null when it does not answer).
+/// The API instance's status on a `keelson-agent run` node (null when it has none; fails
+/// when the node does not answer).
 fn api_status(files: &RunCluster, i: usize) -> serde_json::Value {
     files.status(i)["vrrp"]
         .as_array()
@@ -558,12 +559,16 @@ fn clean_stop_moves_the_vip_once(tag: &str, transport: &str, services: &str, rou
             "three masters listing each other",
             Duration::from_secs(60),
             || {
-                let lists: Vec<Vec<String>> = (0..3)
-                    .map(|i| keelson_testkit::agent::member_names(&files.status(i)))
-                    .collect();
                 let ready = nodes
                     .iter()
                     .all(|n| n.as_ref().is_some_and(RunNode::is_ready));
+                if !ready {
+                    // A node serves its status once ready.
+                    return Err("not every node ready".into());
+                }
+                let lists: Vec<Vec<String>> = (0..3)
+                    .map(|i| keelson_testkit::agent::member_names(&files.status(i)))
+                    .collect();
                 if ready && lists.iter().all(|l| l.len() == 3) {
                     Ok(())
                 } else {
