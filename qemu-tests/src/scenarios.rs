@@ -534,16 +534,30 @@ pub fn api_node(c: &dyn Testbed) -> Option<String> {
 
 /// 3. API through the VIP: `https://<apiVIP>:6443` answers and requests are spread over the
 ///    three masters (their proxies learn the masters from members and check them first).
+///    Once the VIP has answered, no request through it may fail: the proxy sends requests
+///    only to backends its checks passed.
 pub fn api_spread(c: &dyn Testbed) -> Result<String> {
     let start = Instant::now();
     let masters: BTreeSet<String> = names(c, "master").into_iter().collect();
     let mut seen: BTreeMap<String, usize> = BTreeMap::new();
     let mut requests = 0;
+    // Requests before the first answer (the VIP's holder may still be starting its proxy),
+    // and the times of those that failed after it.
+    let mut before_first = 0;
+    let mut failed: Vec<String> = Vec::new();
     while start.elapsed() < Duration::from_secs(120) {
-        if let Some(node) = api_node(c) {
-            *seen.entry(node).or_default() += 1;
+        let sent = start.elapsed();
+        match api_node(c) {
+            Some(node) => *seen.entry(node).or_default() += 1,
+            None if seen.is_empty() => before_first += 1,
+            None => failed.push(format!("{:.1} s", sent.as_secs_f64())),
         }
         requests += 1;
+        ensure!(
+            failed.is_empty(),
+            "a request through {API_VIP}:6443 failed after the VIP had answered (sent {} after the start; answered so far: {seen:?})",
+            failed.join(", ")
+        );
         if masters
             .iter()
             .all(|m| seen.get(m).copied().unwrap_or(0) >= 2)
@@ -558,7 +572,7 @@ pub fn api_spread(c: &dyn Testbed) -> Result<String> {
                 "/readyz through the VIP: {ready:?}"
             );
             return Ok(format!(
-                "{requests} requests through {API_VIP}:6443 answered by {seen:?}"
+                "{requests} requests through {API_VIP}:6443 answered by {seen:?}, 0 failed after the first answer ({before_first} before it)"
             ));
         }
     }

@@ -372,13 +372,11 @@ pub fn nft(ns: &str, rules: &str) {
     );
 }
 
-/// Whether namespace `ns` has `address` on `eth0`.
+/// Whether namespace `ns` has `address` on `eth0`. Panics when `ip` fails (a namespace or
+/// link gone, `ip` missing): "no holder" must come from a list `ip` printed, never from
+/// an `ip` that printed nothing.
 pub fn ns_holds(ns: &str, address: &str) -> bool {
-    let out = Command::new("ip")
-        .args(["-n", ns, "-o", "addr", "show", "dev", "eth0"])
-        .output()
-        .unwrap();
-    String::from_utf8_lossy(&out.stdout)
+    sh(&["ip", "-n", ns, "-o", "addr", "show", "dev", "eth0"])
         .split_whitespace()
         .any(|w| w.split('/').next() == Some(address))
 }
