@@ -3,6 +3,7 @@
 mod heat;
 mod image;
 mod payloads;
+mod pointer;
 mod serve;
 
 use clap::{Parser, Subcommand};
@@ -29,6 +30,8 @@ enum Command {
     Image(image::ImageArgs),
     /// Serve a build directory's Ignition configs (:22623 TLS, :22624 plain).
     Serve(serve::ServeArgs),
+    /// Write the small config that boots a node from a hosted copy of its full config.
+    Pointer(pointer::PointerArgs),
 }
 
 fn main() {
@@ -46,6 +49,7 @@ fn main() {
         Command::Validate(args) => payloads::validate(args),
         Command::Vrids(args) => payloads::vrids(args),
         Command::Image(args) => image::run(args),
+        Command::Pointer(args) => pointer::run(args),
         Command::Serve(args) => tokio::runtime::Runtime::new()
             .map_err(anyhow::Error::from)
             .and_then(|rt| rt.block_on(serve::run(args))),

@@ -360,7 +360,11 @@ pub fn write_outputs(
 ) -> anyhow::Result<Vec<String>> {
     let assets = assets_for(pki, agent, agent_url);
     let bootstrap = render::render_full(cluster, Role::Bootstrap, spec, &assets)?;
-    render::check_user_data("bootstrap.ign", &bootstrap)?;
+    // Too large for user_data is no reason not to write it: it is hosted, and the bootstrap
+    // boots from a pointer to it (`keelson pointer`; docs/openstack.md).
+    if let Err(e) = render::check_user_data("bootstrap.ign", &bootstrap) {
+        eprintln!("keelson: note: {e}; host it: examples/openstack/create-cluster.sh does");
+    }
     let master = render::render_pointer(cluster, Role::Master, spec, &pki.ca_cert_pem)?;
     render::check_user_data("master.ign", &master)?;
     let worker = render::render_pointer(cluster, Role::Worker, spec, &pki.ca_cert_pem)?;

@@ -176,7 +176,8 @@ ini_set "$f" oslo_concurrency lock_path /var/lock/neutron
 f=/etc/neutron/plugins/ml2/ml2_conf.ini
 ini_set "$f" ml2 type_drivers flat,vxlan
 ini_set "$f" ml2 tenant_network_types vxlan
-ini_set "$f" ml2 mechanism_drivers linuxbridge
+# l2population: the VXLAN devices of tenant networks get no multicast group (below).
+ini_set "$f" ml2 mechanism_drivers linuxbridge,l2population
 # dns: a port takes its instance's host name, and the DHCP agent hands it out (option 12),
 # which is where the RHCOS stand-in's NetworkManager takes its host name from.
 ini_set "$f" ml2 extension_drivers port_security,dns
@@ -184,10 +185,13 @@ ini_set "$f" ml2_type_flat flat_networks "$OS_PHYSNET"
 ini_set "$f" ml2_type_vxlan vni_ranges 1:1000
 f=/etc/neutron/plugins/ml2/linuxbridge_agent.ini
 ini_set "$f" linux_bridge physical_interface_mappings "$OS_PHYSNET:$OS_PROVIDER_IF"
-# Tenant (VXLAN) networks on loopback: one host, no tunnel to anybody (Heat's stacks).
+# Tenant (VXLAN) networks on loopback: one host, no tunnel to anybody. With l2population
+# the VXLAN device has no multicast group; with one, loopback hands every flooded frame back
+# to the bridge through the VXLAN port, which then learns the guests' and routers' MACs
+# there and sends their frames into the tunnel, to nobody.
 ini_set "$f" vxlan enable_vxlan true
 ini_set "$f" vxlan local_ip "$OS_HOST"
-ini_set "$f" vxlan l2_population false
+ini_set "$f" vxlan l2_population true
 # Security groups and anti-spoofing by iptables, as on any linuxbridge cloud.
 ini_set "$f" securitygroup enable_security_group true
 ini_set "$f" securitygroup firewall_driver iptables
