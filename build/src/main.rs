@@ -2,6 +2,7 @@
 
 mod heat;
 mod image;
+mod openstack;
 mod payloads;
 mod pointer;
 mod serve;

@@ -468,12 +468,13 @@ pub fn build(args: BuildArgs) -> anyhow::Result<()> {
         args.agent_url.clone(),
         &assets,
     )?;
-    // The cluster as one Heat template, next to the configs it takes as user_data.
-    std::fs::write(
-        staging.path().join(crate::heat::FILE),
-        crate::heat::template(&ic, &cluster)?,
-    )?;
-    names.push(crate::heat::FILE.into());
+    // The cluster on OpenStack (openstack.json) and as one Heat template, next to the configs
+    // they take as user_data.
+    names.extend(crate::openstack::write_files(
+        staging.path(),
+        &ic,
+        &cluster,
+    )?);
     if !args.no_image {
         say("building the appliance image (kernel, initramfs, disk, qcow2)");
         names.extend(write_image(

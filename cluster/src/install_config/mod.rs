@@ -430,10 +430,9 @@ fn floating_ips(
         let expected = if fip.is_ipv6() {
             Some("an IPv4 address (Neutron's floating IPs are IPv4)".to_owned())
         } else {
-            machine_networks
-                .iter()
-                .find(|n| n.contains(&fip))
-                .map(|n| format!("an address on the external network, outside the machine network {n}"))
+            machine_networks.iter().find(|n| n.contains(&fip)).map(|n| {
+                format!("an address on the external network, outside the machine network {n}")
+            })
         };
         if let Some(expected) = expected {
             return Err(InstallConfigError::Field {

@@ -201,7 +201,10 @@ mod tests {
         let doc: serde_json::Value = serde_json::from_slice(&pointer).unwrap();
         assert_eq!(doc["ignition"]["version"], "3.2.0");
         let merge = &doc["ignition"]["config"]["merge"][0];
-        assert_eq!(merge["source"], "http://172.24.4.2:9292/v2/images/0c6f/file");
+        assert_eq!(
+            merge["source"],
+            "http://172.24.4.2:9292/v2/images/0c6f/file"
+        );
         assert_eq!(
             merge["verification"]["hash"],
             format!("sha512-{}", hex::encode(Sha512::digest(&big)))
@@ -219,7 +222,10 @@ mod tests {
         // What the agent and Ignition read back.
         let back = read(&pointer).unwrap();
         let reference = &back.config.ignition.config.unwrap().merge.unwrap()[0];
-        assert_eq!(reference.http_headers.as_ref().unwrap()[0].name, "X-Auth-Token");
+        assert_eq!(
+            reference.http_headers.as_ref().unwrap()[0].name,
+            "X-Auth-Token"
+        );
     }
 
     #[test]
@@ -257,7 +263,9 @@ mod tests {
                 .unwrap_err()
                 .to_string();
             assert!(
-                err.starts_with(&format!("the hosted config is spec {spec}, which has no httpHeaders")),
+                err.starts_with(&format!(
+                    "the hosted config is spec {spec}, which has no httpHeaders"
+                )),
                 "{err}"
             );
         }
@@ -268,19 +276,43 @@ mod tests {
         let hosted = full(SpecVersion::V3_2, 100);
         let mut s = source(&[]);
         s.url = "ftp://host/x".into();
-        assert!(pointer_to(&hosted, &s).unwrap_err().to_string().starts_with("--source \"ftp://host/x\""));
+        assert!(
+            pointer_to(&hosted, &s)
+                .unwrap_err()
+                .to_string()
+                .starts_with("--source \"ftp://host/x\"")
+        );
         let mut s = source(&[]);
         s.url = "https://images.example/x".into();
         s.cas.clear();
-        assert!(pointer_to(&hosted, &s).unwrap_err().to_string().contains("--ca FILE"));
-        assert!(matches!(parse_header("X-Auth-Token"), Err(HostedError::Header(_))));
-        assert!(matches!(parse_header("Bad Name=v"), Err(HostedError::Header(_))));
-        assert!(matches!(parse_header("X=a\r\nInjected: 1"), Err(HostedError::Header(_))));
+        assert!(
+            pointer_to(&hosted, &s)
+                .unwrap_err()
+                .to_string()
+                .contains("--ca FILE")
+        );
+        assert!(matches!(
+            parse_header("X-Auth-Token"),
+            Err(HostedError::Header(_))
+        ));
+        assert!(matches!(
+            parse_header("Bad Name=v"),
+            Err(HostedError::Header(_))
+        ));
+        assert!(matches!(
+            parse_header("X=a\r\nInjected: 1"),
+            Err(HostedError::Header(_))
+        ));
         assert_eq!(
             parse_header("X-Auth-Token=a=b").unwrap(),
             ("X-Auth-Token".to_owned(), "a=b".to_owned())
         );
-        assert!(pointer_to(b"{}", &source(&[])).unwrap_err().to_string().contains("ignition.version"));
+        assert!(
+            pointer_to(b"{}", &source(&[]))
+                .unwrap_err()
+                .to_string()
+                .contains("ignition.version")
+        );
         assert!(pointer_to(b"not json", &source(&[])).is_err());
     }
 }
