@@ -19,6 +19,7 @@ pub mod metadata;
 pub mod metrics;
 pub mod net;
 pub mod node;
+pub mod operator;
 pub mod proxy;
 pub mod retry;
 pub mod run;

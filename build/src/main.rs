@@ -6,6 +6,7 @@ mod openstack;
 mod payloads;
 mod pointer;
 mod serve;
+mod status;
 
 use clap::{Parser, Subcommand};
 
@@ -33,6 +34,8 @@ enum Command {
     Serve(serve::ServeArgs),
     /// Write the small config that boots a node from a hosted copy of its full config.
     Pointer(pointer::PointerArgs),
+    /// The running cluster in one table: each VIP's holder, every member's state.
+    Status(status::StatusArgs),
 }
 
 fn main() {
@@ -51,6 +54,7 @@ fn main() {
         Command::Vrids(args) => payloads::vrids(args),
         Command::Image(args) => image::run(args),
         Command::Pointer(args) => pointer::run(args),
+        Command::Status(args) => status::run(args),
         Command::Serve(args) => tokio::runtime::Runtime::new()
             .map_err(anyhow::Error::from)
             .and_then(|rt| rt.block_on(serve::run(args))),
