@@ -294,20 +294,16 @@ for node in $NODES; do
   port "$CLUSTER-$node" --security-group "$GROUP" $pairs > "$T/port-$node"
 done
 
-# The hosted bootstrap: bootstrap.ign as an image in Glance (as OpenShift's installer hosts
-# its own), fetched with this run's token from the image service's public endpoint.
+# The hosted bootstrap: bootstrap.ign as an image in Glance, booted from a pointer to it
+# (host-bootstrap.sh, beside this script).
 USER_DATA_BOOTSTRAP=$OUT/bootstrap.ign
 if [ "$HOSTED" = yes ]; then
-  IGNITION_IMAGE=$(image "$CLUSTER-bootstrap-ignition" "$OUT/bootstrap.ign" raw)
-  openstack catalog show image -f json > "$T/catalog.json"
-  ENDPOINT=$(jq -r '[.endpoints[] | select(.interface == "public")][0].url // empty' "$T/catalog.json")
-  [ -n "$ENDPOINT" ] || { echo "create-cluster: the catalog has no public image endpoint" >&2; exit 1; }
-  set -- --for "$OUT/bootstrap.ign" --source "${ENDPOINT%/}/v2/images/$IGNITION_IMAGE/file" \
-    --header "X-Auth-Token=$(jq -r .id "$T/token.json")" --out "$OUT/bootstrap.pointer.ign"
-  [ -z "${OS_CACERT:-}" ] || set -- "$@" --ca "$OS_CACERT"
-  "$KEELSON" pointer "$@"
+  OUT=$OUT KEELSON=$KEELSON CLUSTER=$CLUSTER sh "$(dirname "$0")/host-bootstrap.sh" > "$T/hosted" ||
+    { cat "$T/hosted"; echo "create-cluster: hosting bootstrap.ign failed" >&2; exit 1; }
+  cat "$T/hosted"
+  grep -q "^host-bootstrap: created" "$T/hosted" && made "the hosted bootstrap config"
   USER_DATA_BOOTSTRAP=$OUT/bootstrap.pointer.ign
-  say "bootstrap.ign ($size bytes, $base64 in base64) hosted as image $IGNITION_IMAGE; the bootstrap boots from $USER_DATA_BOOTSTRAP"
+  say "bootstrap.ign ($size bytes, $base64 in base64) is hosted in Glance; the bootstrap boots from $USER_DATA_BOOTSTRAP"
 fi
 
 # boot NAME IMAGE FLAVOR USER_DATA

@@ -1,8 +1,8 @@
 #!/bin/sh
 # Deletes a keelson cluster that examples/openstack/create-cluster.sh made (docs/openstack.md):
 # everything tagged keelson-cluster=<name> in this project, in dependency order — servers,
-# the router's interface and gateway, the router, ports, the security group, the subnet and
-# the network, the images — and nothing else: another cluster in the project, an untagged
+# ports (which detaches the floating IPs), the router's interface, the router,
+# the security group, the subnet and the network, the images — and nothing else: another cluster in the project, an untagged
 # resource of the same name and the floating IPs (yours, from install-config; deleting their
 # ports detaches them) are left alone. It can be run again: what is gone is not looked for
 # twice, and a run that finds nothing says so.
@@ -55,20 +55,24 @@ if [ -n "$SERVERS" ]; then
   done
   gone servers "$(jq -r '.[].Name' "$T/servers.json")"
 fi
-# The routers: their interfaces on the cluster's subnets, their gateways, themselves.
-for router in $(ids routers); do
-  for subnet in $(ids subnets); do
-    openstack router remove subnet "$router" "$subnet" 2>/dev/null || true
-  done
-  openstack router unset --external-gateway "$router"
-  openstack router delete "$router"
-  gone router "$router"
-done
-# Ports (the nodes', the VIPs'; deleting a VIP's port detaches its floating IP), then the
-# security group, the subnets and networks (with the ports Neutron made there: DHCP's).
+# Ports (the nodes', the VIPs'; deleting a VIP's port detaches its floating IP, which the
+# router's gateway and interface are kept for until then).
 PORTS=$(jq -r '.[] | select(."Device Owner" != "network:router_interface") | .ID' "$T/ports.json")
 # shellcheck disable=SC2086 # lists of IDs
 [ -z "$PORTS" ] || { openstack port delete $PORTS; gone ports "$PORTS"; }
+# The routers: their interfaces on the cluster's subnets, then themselves (with their
+# gateways).
+for router in $(ids routers); do
+  for subnet in $(ids subnets); do
+    # Not there (a run stopped after removing it) is no error; anything else shows at the
+    # router's delete.
+    openstack router remove subnet "$router" "$subnet" 2>/dev/null || true
+  done
+  openstack router delete "$router"
+  gone router "$router"
+done
+# Then the security group, the subnets and networks (with the ports Neutron made there:
+# DHCP's), the images.
 SECGROUPS=$(ids groups)
 # shellcheck disable=SC2086
 [ -z "$SECGROUPS" ] || { openstack security group delete $SECGROUPS; gone "security group" "$SECGROUPS"; }

@@ -158,6 +158,21 @@ fn keelson_build(keelson: &Path, args: &[&std::ffi::OsStr]) -> Result<()> {
 
 /// `keelson build` of the example cluster with the stand-ins; returns the output directory.
 pub fn build(work: &Path, config: Config, masters: ImageKind) -> Result<PathBuf> {
+    build_from(
+        &workspace().join("examples/install-config.yaml"),
+        work,
+        config,
+        masters,
+    )
+}
+
+/// [`build`] from another install-config (the OpenStack run's, with its floating IPs).
+pub fn build_from(
+    install_config: &Path,
+    work: &Path,
+    config: Config,
+    masters: ImageKind,
+) -> Result<PathBuf> {
     let keelson = env_path("KEELSON_BIN", "target/debug/keelson");
     let agent = env_path(
         "KEELSON_AGENT_BIN",
@@ -181,7 +196,6 @@ pub fn build(work: &Path, config: Config, masters: ImageKind) -> Result<PathBuf>
     std::fs::create_dir_all(&assets)?;
     let asset = assets.join("kube-standin");
     std::fs::copy(&standin, &asset).context("copying the stand-in")?;
-    let install_config = workspace().join("examples/install-config.yaml");
     let handback = handback_from_env()?;
     let patch = work.join("cluster-patch.json");
     std::fs::write(&patch, cluster_patch(config, masters, handback)?)?;

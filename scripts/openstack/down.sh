@@ -23,6 +23,8 @@ if ! grep -q '^neutron-linuxbridge-agent running' <<<"$status"; then
   done
   ip link del "$OS_PROVIDER_IF" 2>/dev/null && log "veth $OS_PROVIDER_IF removed" || true
   ip netns del "$OS_OUTSIDE_NS" 2>/dev/null || true
+  # The harness's machine-network namespace, if a run was killed before removing it.
+  ip netns del kos-machine 2>/dev/null || true
   # Neutron's rules only (its chains are all named neutron-*; its ebtables chains
   # neutronARP-*/neutronMAC-*), in the tables it uses.
   for t in filter raw mangle nat; do
