@@ -20,6 +20,7 @@ pub mod metrics;
 pub mod net;
 pub mod node;
 pub mod node_address;
+pub mod operator;
 pub mod proxy;
 pub mod retry;
 pub mod run;

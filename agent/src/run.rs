@@ -223,6 +223,8 @@ pub async fn run_node(
         let status = move || ctx.status(started);
         tokio::spawn(crate::metrics::serve(port, access, status, stop.clone()));
     }
+    // The operator status port, beside them for the same reasons (control plane only).
+    tokio::spawn(crate::operator::serve(ctx.clone(), started, stop.clone()));
     if !processes.is_empty() {
         tracing::info!("operator processes: {}", processes.join(", "));
     }

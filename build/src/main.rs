@@ -3,9 +3,12 @@
 mod compose;
 mod heat;
 mod image;
+mod openstack;
 mod payloads;
+mod pointer;
 mod serve;
 mod vrids;
+mod status;
 
 use clap::{Parser, Subcommand};
 
@@ -31,6 +34,10 @@ enum Command {
     Image(image::ImageArgs),
     /// Serve a build directory's Ignition configs (:22623 TLS, :22624 plain).
     Serve(serve::ServeArgs),
+    /// Write the small config that boots a node from a hosted copy of its full config.
+    Pointer(pointer::PointerArgs),
+    /// The running cluster in one table: each VIP's holder, every member's state.
+    Status(status::StatusArgs),
 }
 
 fn main() {
@@ -48,6 +55,8 @@ fn main() {
         Command::Validate(args) => payloads::validate(args),
         Command::Vrids(args) => vrids::run(args),
         Command::Image(args) => image::run(args),
+        Command::Pointer(args) => pointer::run(args),
+        Command::Status(args) => status::run(args),
         Command::Serve(args) => tokio::runtime::Runtime::new()
             .map_err(anyhow::Error::from)
             .and_then(|rt| rt.block_on(serve::run(args))),

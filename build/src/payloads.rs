@@ -450,10 +450,11 @@ pub fn write_outputs(
 ) -> anyhow::Result<Vec<String>> {
     let assets = assets_for(pki, agent, agent_url, composition);
     let bootstrap = render::render_full(cluster, Role::Bootstrap, spec, &assets)?;
-    // Beside openshift-install the bootstrap's config is OpenShift's full one (hundreds of
-    // KiB): it is hosted, and the bootstrap boots from a pointer to it.
-    if composition.openshift.is_none() {
-        render::check_user_data("bootstrap.ign", &bootstrap)?;
+    // Too large for user_data is no reason not to write it: it is hosted, and the bootstrap
+    // boots from a pointer to it (`keelson pointer`; docs/openstack.md). Beside
+    // openshift-install it always is: OpenShift's own bootstrap config is hundreds of KiB.
+    if let Err(e) = render::check_user_data("bootstrap.ign", &bootstrap) {
+        eprintln!("keelson: note: {e}; host it: examples/openstack/create-cluster.sh does");
     }
     let master = pointer(cluster, Role::Master, spec, &pki.ca_cert_pem, composition)?;
     render::check_user_data("master.ign", &master)?;
@@ -611,12 +612,13 @@ pub fn build(args: BuildArgs) -> anyhow::Result<()> {
         &assets,
         &composition,
     )?;
-    // The cluster as one Heat template, next to the configs it takes as user_data.
-    std::fs::write(
-        staging.path().join(crate::heat::FILE),
-        crate::heat::template(&ic, &cluster)?,
-    )?;
-    names.push(crate::heat::FILE.into());
+    // The cluster on OpenStack (openstack.json) and as one Heat template, next to the configs
+    // they take as user_data.
+    names.extend(crate::openstack::write_files(
+        staging.path(),
+        &ic,
+        &cluster,
+    )?);
     if !args.no_image {
         say("building the appliance image (kernel, initramfs, disk, qcow2)");
         names.extend(write_image(

@@ -167,8 +167,10 @@ fn two_builds_with_the_same_tls_give_the_same_sha256sums() {
         assert!(sums_a.contains("  keelson.qcow2\n"));
     }
     // The Heat template (docs/openstack.md): every node with its port carrying both VIPs
-    // and its Ignition config as user_data, and VRRP in the security group.
-    assert!(sums_a.contains("  openstack.yaml\n"));
+    // and its Ignition config as user_data (the bootstrap's unless given a hosted pointer),
+    // and least privilege in the security group: VRRP and the router's stats from the
+    // machine network, ingress from its source parameter.
+    assert!(sums_a.contains("  openstack.yaml\n") && sums_a.contains("  openstack.json\n"));
     let heat: serde_json::Value =
         serde_norway::from_str(&std::fs::read_to_string(a.join("openstack.yaml")).unwrap())
             .unwrap();
@@ -180,37 +182,48 @@ fn two_builds_with_the_same_tls_give_the_same_sha256sums() {
         ("worker_1", "worker.ign"),
     ] {
         assert_eq!(res[node]["type"], "OS::Nova::Server", "{node}");
-        assert_eq!(res[node]["properties"]["user_data"]["get_file"], ign);
+        let user_data = &res[node]["properties"]["user_data"];
+        let file = if node == "bootstrap" {
+            &user_data["if"][2]["get_file"]
+        } else {
+            &user_data["get_file"]
+        };
+        assert_eq!(file, ign, "{node}");
         assert_eq!(
             res[format!("{node}_port")]["properties"]["allowed_address_pairs"],
             serde_json::json!([{"ip_address": "10.0.0.5"}, {"ip_address": "10.0.0.7"}])
         );
     }
     assert!(res["master_3"].is_null() && res["worker_2"].is_null());
+    let rules: Vec<&serde_json::Value> = res
+        .as_object()
+        .unwrap()
+        .values()
+        .filter(|r| r["type"] == "OS::Neutron::SecurityGroupRule")
+        .map(|r| &r["properties"])
+        .collect();
+    let from = |r: &serde_json::Value| r["remote_ip_prefix"].clone();
     assert!(
-        res["security_group"]["properties"]["rules"]
-            .as_array()
-            .unwrap()
+        rules
             .iter()
-            .any(|r| r["protocol"] == "112")
+            .any(|r| r["protocol"] == "112" && from(r) == "10.0.0.0/16")
     );
-    // Ingress through its VIP; the router's stats and readiness from the machine network only.
-    let rules = res["security_group"]["properties"]["rules"]
-        .as_array()
-        .unwrap();
     for port in [80, 443] {
         assert!(
-            rules
-                .iter()
-                .any(|r| r["port_range_min"] == port && r["remote_ip_prefix"].is_null()),
+            rules.iter().any(|r| r["port_range_min"] == port
+                && from(r) == serde_json::json!({"get_param": "ingress_source"})),
             "no rule for tcp {port}: {rules:?}"
         );
     }
     assert!(
         rules
             .iter()
-            .any(|r| r["port_range_min"] == 1936 && r["remote_ip_prefix"] == "10.0.0.0/16"),
+            .any(|r| r["port_range_min"] == 1936 && from(r) == "10.0.0.0/16"),
         "no machine-network rule for tcp 1936: {rules:?}"
+    );
+    assert!(
+        !rules.iter().any(|r| r["remote_ip_prefix"].is_null()),
+        "no rule is open to anywhere by itself: {rules:?}"
     );
     assert!(
         !sums_a.contains("ca.key"),
@@ -1148,5 +1161,112 @@ fn vrids_scan_lists_the_virtual_routers_on_a_segment() {
         String::from_utf8_lossy(&e.stderr).contains("vrrp.instances[1].vrid"),
         "{}",
         String::from_utf8_lossy(&e.stderr)
+    );
+}
+
+/// A bootstrap config too large for user_data (Nova's 65,535 bytes of base64) is written
+/// all the same, with a note, and boots from a pointer to a hosted copy: `keelson pointer`
+/// writes it, and the Heat template takes it as a parameter instead of the file.
+#[test]
+fn a_bootstrap_over_the_limit_is_written_and_boots_from_a_pointer() {
+    let work = tempfile::tempdir().unwrap();
+    let agent = fake_agent(work.path());
+    // 700 SSH keys of ~100 bytes: the bootstrap carries them twice (cluster.json, passwd).
+    let keys: String = (0..700)
+        .map(|i| format!("ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAI{i:043} operator{i}@example\n"))
+        .collect();
+    let text = std::fs::read_to_string(EXAMPLE).unwrap();
+    let start = text.find("sshKey:").unwrap();
+    let config = work.path().join("install-config.yaml");
+    let indented: String = keys.lines().map(|k| format!("  {k}\n")).collect();
+    std::fs::write(&config, format!("{}sshKey: |\n{indented}", &text[..start])).unwrap();
+    let out_dir = work.path().join("out");
+    let out = keelson(&[
+        "build",
+        "--config",
+        config.to_str().unwrap(),
+        "--out",
+        out_dir.to_str().unwrap(),
+        "--agent",
+        &agent,
+        "--no-image",
+    ]);
+    ok(&out);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let bootstrap = std::fs::read(out_dir.join("bootstrap.ign")).unwrap();
+    let base64 = bootstrap.len().div_ceil(3) * 4;
+    assert!(base64 > 65_535, "{} bytes", bootstrap.len());
+    assert!(
+        stderr.contains(&format!(
+            "bootstrap.ign is {} bytes, {base64} in base64, over Nova's user_data limit of 65535 bytes of base64",
+            bootstrap.len()
+        )),
+        "{stderr}"
+    );
+    let heat: serde_json::Value =
+        serde_norway::from_str(&std::fs::read_to_string(out_dir.join("openstack.yaml")).unwrap())
+            .unwrap();
+    assert_eq!(
+        heat["resources"]["bootstrap"]["properties"]["user_data"],
+        serde_json::json!({"get_param": "bootstrap_user_data"})
+    );
+    let pointer = out_dir.join("bootstrap.pointer.ign");
+    ok(&keelson(&[
+        "pointer",
+        "--for",
+        out_dir.join("bootstrap.ign").to_str().unwrap(),
+        "--source",
+        "http://172.24.4.2:9292/v2/images/0c6f/file",
+        "--header",
+        "X-Auth-Token=gAAAAB-token",
+        "--out",
+        pointer.to_str().unwrap(),
+    ]));
+    let text = std::fs::read(&pointer).unwrap();
+    assert!(text.len().div_ceil(3) * 4 <= 65_535);
+    let doc: serde_json::Value = serde_json::from_slice(&text).unwrap();
+    let merge = &doc["ignition"]["config"]["merge"][0];
+    assert_eq!(merge["httpHeaders"][0]["value"], "gAAAAB-token");
+    use sha2::Digest;
+    assert_eq!(
+        merge["verification"]["hash"],
+        format!("sha512-{}", hex::encode(sha2::Sha512::digest(&bootstrap)))
+    );
+    // The cluster CA from out/tls rides along, as in every pointer keelson writes.
+    let ca = std::fs::read_to_string(out_dir.join("tls/ca.crt")).unwrap();
+    let cas = &doc["ignition"]["security"]["tls"]["certificateAuthorities"];
+    assert_eq!(cas.as_array().unwrap().len(), 1);
+    assert!(
+        cas[0]["source"].as_str().unwrap().len() > ca.len() / 2,
+        "the CA is there"
+    );
+    // A header in spec 2.2 is refused, naming why.
+    let out22 = work.path().join("out22");
+    ok(&keelson(&[
+        "build",
+        "--config",
+        EXAMPLE,
+        "--out",
+        out22.to_str().unwrap(),
+        "--agent",
+        &agent,
+        "--no-image",
+        "--spec",
+        "2.2.0",
+    ]));
+    let refused = keelson(&[
+        "pointer",
+        "--for",
+        out22.join("bootstrap.ign").to_str().unwrap(),
+        "--source",
+        "http://172.24.4.2:9292/v2/images/0c6f/file",
+        "--header",
+        "X-Auth-Token=t",
+    ]);
+    assert!(!refused.status.success());
+    assert!(
+        String::from_utf8_lossy(&refused.stderr).contains("spec 2.2.0, which has no httpHeaders"),
+        "{}",
+        String::from_utf8_lossy(&refused.stderr)
     );
 }

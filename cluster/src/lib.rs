@@ -16,6 +16,7 @@ pub mod cluster;
 pub mod install_config;
 pub mod membership;
 pub mod negotiate;
+pub mod operator;
 #[cfg(feature = "build")]
 pub mod pki;
 pub mod render;

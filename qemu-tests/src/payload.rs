@@ -203,6 +203,23 @@ fn platform_none(example: &str) -> Result<String> {
 /// Beside OpenShift: openshift-install's output (made by [`crate::openshift`]) composed with
 /// `--openshift-install-dir`, the operator's own configs with `--merge`.
 pub fn build(work: &Path, config: Config, masters: ImageKind, payload: Payload) -> Result<PathBuf> {
+    build_from(
+        &workspace().join("examples/install-config.yaml"),
+        work,
+        config,
+        masters,
+        payload,
+    )
+}
+
+/// [`build`] from another install-config (the OpenStack run's, with its floating IPs).
+pub fn build_from(
+    install_config: &Path,
+    work: &Path,
+    config: Config,
+    masters: ImageKind,
+    payload: Payload,
+) -> Result<PathBuf> {
     let keelson = env_path("KEELSON_BIN", "target/debug/keelson");
     let agent = env_path(
         "KEELSON_AGENT_BIN",
@@ -226,7 +243,7 @@ pub fn build(work: &Path, config: Config, masters: ImageKind, payload: Payload) 
     std::fs::create_dir_all(&assets)?;
     let asset = assets.join("kube-standin");
     std::fs::copy(&standin, &asset).context("copying the stand-in")?;
-    let mut install_config = workspace().join("examples/install-config.yaml");
+    let mut install_config = install_config.to_path_buf();
     let handback = handback_from_env()?;
     let patch = work.join("cluster-patch.json");
     std::fs::write(&patch, cluster_patch(config, masters, payload, handback)?)?;

@@ -69,10 +69,11 @@ databases() {
 
 keystone() {
   local m
-  m=$(done_marker keystone)
+  # keystone-2: the image service's public endpoint on the external network.
+  m=$(done_marker keystone-2)
   [ -e "$m" ] && { log "keystone: registered before ($m)"; return 0; }
   os_admin_env
-  /usr/bin/python3 scripts/openstack/register.py "$PW" "$OS_REGION" >&2
+  /usr/bin/python3 scripts/openstack/register.py "$PW" "$OS_REGION" "$OS_PUBLIC_API" >&2
   touch "$m"
 }
 
@@ -149,6 +150,20 @@ cloud() {
   # neutron-api's first request after a start must not be a port GET: it answers 500 on a
   # lazily loaded database mapping; listing networks first loads it.
   openstack network list >/dev/null
+  external_network
+}
+
+# The external network (an admin's job on any cloud): flat on the provider veth, shared as
+# router:external, its gateway the outside namespace; no DHCP (nothing boots on it).
+external_network() {
+  openstack network show "$OS_EXTERNAL_NET" >/dev/null 2>&1 ||
+    openstack network create --external --provider-network-type flat \
+      --provider-physical-network "$OS_PHYSNET" "$OS_EXTERNAL_NET" >/dev/null
+  openstack subnet show "$OS_EXTERNAL_NET" >/dev/null 2>&1 ||
+    openstack subnet create --network "$OS_EXTERNAL_NET" --subnet-range "$OS_EXTERNAL_CIDR" \
+      --gateway "$OS_EXTERNAL_GATEWAY" --allocation-pool "$OS_EXTERNAL_POOL" --no-dhcp \
+      "$OS_EXTERNAL_NET" >/dev/null
+  log "external network $OS_EXTERNAL_NET ($OS_EXTERNAL_CIDR, gateway $OS_EXTERNAL_GATEWAY)"
 }
 
 case "${1:-}" in

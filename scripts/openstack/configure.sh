@@ -159,8 +159,8 @@ db "$f" database neutron
 authtoken "$f" neutron
 authtoken "$f" nova nova
 ini_set "$f" DEFAULT core_plugin ml2
-# The router API only (no L3 agent runs: the cluster's network is a flat provider network
-# without routers); ML2's dns extension needs the router API to load. No metering or QoS.
+# Routers (the clusters' own, to the external network, with their floating IPs); no
+# metering or QoS.
 ini_set "$f" DEFAULT service_plugins router
 ini_set "$f" DEFAULT interface_driver linuxbridge
 # A DNS domain of the cloud's own: with Neutron's default (openstacklocal) the DHCP agent
@@ -176,7 +176,8 @@ ini_set "$f" oslo_concurrency lock_path /var/lock/neutron
 f=/etc/neutron/plugins/ml2/ml2_conf.ini
 ini_set "$f" ml2 type_drivers flat,vxlan
 ini_set "$f" ml2 tenant_network_types vxlan
-ini_set "$f" ml2 mechanism_drivers linuxbridge
+# l2population: the VXLAN devices of tenant networks get no multicast group (below).
+ini_set "$f" ml2 mechanism_drivers linuxbridge,l2population
 # dns: a port takes its instance's host name, and the DHCP agent hands it out (option 12),
 # which is where the RHCOS stand-in's NetworkManager takes its host name from.
 ini_set "$f" ml2 extension_drivers port_security,dns
@@ -184,10 +185,13 @@ ini_set "$f" ml2_type_flat flat_networks "$OS_PHYSNET"
 ini_set "$f" ml2_type_vxlan vni_ranges 1:1000
 f=/etc/neutron/plugins/ml2/linuxbridge_agent.ini
 ini_set "$f" linux_bridge physical_interface_mappings "$OS_PHYSNET:$OS_PROVIDER_IF"
-# Tenant (VXLAN) networks on loopback: one host, no tunnel to anybody (Heat's stacks).
+# Tenant (VXLAN) networks on loopback: one host, no tunnel to anybody. With l2population
+# the VXLAN device has no multicast group; with one, loopback hands every flooded frame back
+# to the bridge through the VXLAN port, which then learns the guests' and routers' MACs
+# there and sends their frames into the tunnel, to nobody.
 ini_set "$f" vxlan enable_vxlan true
 ini_set "$f" vxlan local_ip "$OS_HOST"
-ini_set "$f" vxlan l2_population false
+ini_set "$f" vxlan l2_population true
 # Security groups and anti-spoofing by iptables, as on any linuxbridge cloud.
 ini_set "$f" securitygroup enable_security_group true
 ini_set "$f" securitygroup firewall_driver iptables
@@ -197,6 +201,10 @@ ini_set "$f" DEFAULT interface_driver linuxbridge
 # (169.254.169.254 by DHCP option 121), as Neutron's own docs set it up.
 ini_set "$f" DEFAULT enable_isolated_metadata true
 ini_set "$f" DEFAULT force_metadata true
+# The L3 agent: legacy (not distributed, not HA) routers in namespaces on this host.
+f=/etc/neutron/l3_agent.ini
+ini_set "$f" DEFAULT interface_driver linuxbridge
+ini_set "$f" DEFAULT agent_mode legacy
 f=/etc/neutron/metadata_agent.ini
 ini_set "$f" DEFAULT nova_metadata_host "$OS_HOST"
 ini_set "$f" DEFAULT metadata_proxy_shared_secret "$PW"
@@ -222,5 +230,29 @@ ini_set "$f" DEFAULT stack_domain_admin heat_domain_admin
 ini_set "$f" DEFAULT stack_domain_admin_password "$PW"
 ini_set "$f" DEFAULT num_engine_workers 1
 uwsgi heat-api 8004 /etc/heat/heat-api-uwsgi.ini
+
+# The public API front ------------------------------------------------------------------
+# Guests reach the cloud's public endpoints on the external network, as on any cloud; here
+# only the image service's, which a bootstrap fetches its hosted config from. HAProxy
+# relays $OS_PUBLIC_API:9292 to Glance on loopback (a real cloud's load balancer in front
+# of its APIs); `transparent` binds the address before the linuxbridge agent has moved it
+# from the provider veth to the external network's bridge.
+mkdir -p /etc/keelson-openstack
+cat > /etc/keelson-openstack/api-front.cfg <<CFG
+global
+  daemon
+  pidfile /run/keelson-openstack/api-front.pid
+  log stderr local0 warning
+defaults
+  mode tcp
+  timeout connect 5s
+  timeout client 10m
+  timeout server 10m
+frontend image
+  bind $OS_PUBLIC_API:9292 transparent
+  default_backend glance
+backend glance
+  server glance $OS_HOST:9292
+CFG
 
 log "configured (every listener on $OS_HOST; one worker per service)"

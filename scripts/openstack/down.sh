@@ -16,8 +16,15 @@ if ! grep -q '^neutron-linuxbridge-agent running' <<<"$status"; then
   for vx in $(ip -o link show type vxlan | awk -F': ' '{print $2}' | cut -d@ -f1 | grep '^vxlan-' || true); do
     ip link del "$vx"
   done
+  # The routers' and DHCP servers' namespaces the agents left (their devices went with the
+  # bridges above).
+  for ns in $(ip netns list | awk '{print $1}' | grep -E '^(qrouter|qdhcp)-' || true); do
+    ip netns del "$ns"
+  done
   ip link del "$OS_PROVIDER_IF" 2>/dev/null && log "veth $OS_PROVIDER_IF removed" || true
   ip netns del "$OS_OUTSIDE_NS" 2>/dev/null || true
+  # The harness's machine-network namespace, if a run was killed before removing it.
+  ip netns del kos-machine 2>/dev/null || true
   # Neutron's rules only (its chains are all named neutron-*; its ebtables chains
   # neutronARP-*/neutronMAC-*), in the tables it uses.
   for t in filter raw mangle nat; do

@@ -42,6 +42,10 @@ OPENSTACK_REQUIRED=(
   "/etc/init.d/neutron-linuxbridge-agent neutron-linuxbridge-agent"
   "/etc/init.d/neutron-dhcp-agent neutron-dhcp-agent"
   "/etc/init.d/neutron-metadata-agent neutron-metadata-agent"
+  # The tenant network's router to the external network, and its floating IPs.
+  "/etc/init.d/neutron-l3-agent neutron-l3-agent"
+  # The public API front guests reach Glance through (configure.sh).
+  "haproxy haproxy"
   "iptables iptables"
   "ebtables ebtables"
   # Orchestration.

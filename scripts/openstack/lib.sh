@@ -19,6 +19,16 @@ OS_REGION=regionOne
 OS_PHYSNET=keelson
 OS_PROVIDER_IF=kos-prov
 OS_OUTSIDE_IF=kos-out
+# The external network an admin makes on that physical network (bootstrap.sh cloud): the
+# clusters' routers and floating IPs live on it. Its gateway is the outside namespace, which
+# routes nowhere, so nothing a guest sends leaves this machine's bridges and namespaces; the
+# host holds one address on it, where the cloud's public API endpoints answer guests (the
+# image service: a bootstrap fetches its hosted config there).
+OS_EXTERNAL_NET=public
+OS_EXTERNAL_CIDR=172.24.4.0/24
+OS_EXTERNAL_GATEWAY=172.24.4.1
+OS_PUBLIC_API=172.24.4.2
+OS_EXTERNAL_POOL=start=172.24.4.10,end=172.24.4.200
 
 log() { echo "openstack: $*" >&2; }
 die() { echo "openstack: $*" >&2; exit 1; }

@@ -1,9 +1,10 @@
 #!/usr/bin/python3
 """Registers the all-in-one OpenStack's services in Keystone, idempotently: the `service`
 project, one user per service with the admin role there, each service with one endpoint
-per interface on 127.0.0.1, and Heat's stack domain. One process (openstacksdk) instead of
-forty `openstack` commands. Credentials come from the OS_* environment (admin), the
-services' password from the first argument.
+per interface on 127.0.0.1 (the image service's public one on the external network, where
+guests reach it), and Heat's stack domain. One process (openstacksdk) instead of forty
+`openstack` commands. Credentials come from the OS_* environment (admin); the arguments are
+the services' password, the region and the host's address on the external network.
 """
 
 import sys
@@ -24,6 +25,7 @@ SERVICES = [
 def main():
     password = sys.argv[1]
     region = sys.argv[2]
+    public_api = sys.argv[3]
     conn = openstack.connect()
     idn = conn.identity
     default = idn.find_domain("default")
@@ -36,11 +38,16 @@ def main():
         idn.update_user(user, password=password)
         idn.assign_project_role_to_user(service, user, admin_role)
         svc = idn.find_service(name) or idn.create_service(name=name, type=kind)
-        have = {e.interface for e in idn.endpoints(service_id=svc.id)}
+        have = {e.interface: e for e in idn.endpoints(service_id=svc.id)}
         for interface in ("public", "internal", "admin"):
+            want = url
+            if kind == "image" and interface == "public":
+                want = url.replace(HOST, public_api)
             if interface not in have:
-                idn.create_endpoint(service_id=svc.id, interface=interface, url=url,
+                idn.create_endpoint(service_id=svc.id, interface=interface, url=want,
                                     region_id=region)
+            elif have[interface].url != want:
+                idn.update_endpoint(have[interface], url=want)
     # Heat: a domain for the users it makes for stacks, and its admin.
     heat_domain = idn.find_domain("heat") or idn.create_domain(
         name="heat", description="Stack projects and users")

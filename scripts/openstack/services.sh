@@ -48,6 +48,8 @@ SERVICES=(
   "neutron-linuxbridge-agent /run/neutron/neutron-linuxbridge-agent.pid /var/log/neutron/neutron-linuxbridge-agent.log"
   "neutron-dhcp-agent /run/neutron/neutron-dhcp-agent.pid /var/log/neutron/neutron-dhcp-agent.log"
   "neutron-metadata-agent /run/neutron/neutron-metadata-agent.pid /var/log/neutron/neutron-metadata-agent.log"
+  "neutron-l3-agent /run/neutron/neutron-l3-agent.pid /var/log/neutron/neutron-l3-agent.log"
+  "api-front $RUN/api-front.pid /var/log/keelson-openstack-api-front.log"
   "heat-api /run/heat/heat-api.pid /var/log/heat/heat-api.log"
   "heat-engine /run/heat/heat-engine.pid /var/log/heat/heat-engine.log"
 )
@@ -74,6 +76,7 @@ launch() {
       RABBITMQ_PID_FILE=$RUN/rabbitmq/pid start-stop-daemon --start --quiet --background \
         --chuid rabbitmq --exec /usr/sbin/rabbitmq-server ;;
     virtlogd) mkdir -p /var/log/libvirt && virtlogd -d ;;
+    api-front) haproxy -f /etc/keelson-openstack/api-front.cfg 2>>/var/log/keelson-openstack-api-front.log ;;
     libvirtd) libvirtd -d ;;
     *) /etc/init.d/"$1" start >/dev/null ;;
   esac
@@ -96,6 +99,7 @@ ready() {
     nova-api-metadata) curl -s -o /dev/null "http://$OS_HOST:8775/" ;;
     neutron-api) curl -sf "http://$OS_HOST:9696/" ;;
     heat-api) curl -sf "http://$OS_HOST:8004/" ;;
+    api-front) curl -sf "http://$OS_PUBLIC_API:9292/versions" ;;
     # RPC services and agents: alive a few seconds after start (their reports are checked
     # by bootstrap.sh through the APIs).
     *) sleep 2; [ -n "$(pid_of "$2")" ] ;;
@@ -156,8 +160,8 @@ is_infra() {
 stop_service() {
   local name=$1 pid=$2 f dom
   # What Neutron's agents started for the cluster's networks (dnsmasq, the metadata
-  # haproxy in each DHCP namespace) goes with the agent that started it.
-  if [ "$name" = neutron-dhcp-agent ]; then
+  # haproxy in each DHCP and router namespace) goes with the agents that started it.
+  if [ "$name" = neutron-dhcp-agent ] || [ "$name" = neutron-l3-agent ]; then
     for f in /var/lib/neutron/dhcp/*/pid /var/lib/neutron/external/pids/*.pid; do
       # Only while the file names one of them (a file from before a reboot may not).
       [ -s "$f" ] && grep -qxE 'dnsmasq|haproxy' "/proc/$(cat "$f")/comm" 2>/dev/null &&

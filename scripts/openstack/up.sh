@@ -28,6 +28,13 @@ provider() {
   ip link set "$OS_PROVIDER_IF" up
   ip -n "$OS_OUTSIDE_NS" link set lo up
   ip -n "$OS_OUTSIDE_NS" link set "$OS_OUTSIDE_IF" up
+  # The external network's gateway (the outside, routing nowhere) and the host's public API
+  # address; the linuxbridge agent moves the latter onto the network's bridge with the veth.
+  local prefix=${OS_EXTERNAL_CIDR#*/}
+  ip -n "$OS_OUTSIDE_NS" addr replace "$OS_EXTERNAL_GATEWAY/$prefix" dev "$OS_OUTSIDE_IF"
+  if ! ip -o addr show | grep -q " inet $OS_PUBLIC_API/"; then
+    ip addr add "$OS_PUBLIC_API/$prefix" dev "$OS_PROVIDER_IF"
+  fi
 }
 phase provider
 
@@ -39,9 +46,9 @@ phase scripts/openstack/services.sh start
 
 agents() {
   os_admin_env
-  local want="Linux bridge agent|DHCP agent|Metadata agent" alive
+  local want="Linux bridge agent|DHCP agent|Metadata agent|L3 agent" alive
   wait_for 120 "Neutron's agents" bash -c \
-    "[ \$(openstack network agent list -f value -c 'Agent Type' -c Alive | grep -E '^($want) True' | wc -l) -ge 3 ]" ||
+    "[ \$(openstack network agent list -f value -c 'Agent Type' -c Alive | grep -E '^($want) True' | wc -l) -ge 4 ]" ||
     die "Neutron's agents did not all report alive: $(openstack network agent list -f value -c 'Agent Type' -c Alive | tr '\n' ';'); see /var/log/neutron/"
   wait_for 120 "heat-engine" bash -c "openstack orchestration service list -f value -c Status | grep -q up" ||
     die "heat-engine did not report up; see /var/log/heat/heat-engine.log"

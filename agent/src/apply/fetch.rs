@@ -8,10 +8,18 @@ use crate::net::http_client::{HttpClient, HttpError, Request, Trust};
 /// The Accept header Ignition 3.x sends, so the server negotiates the spec version.
 pub const ACCEPT: &str = "application/vnd.coreos.ignition+json;version=3.2.0, */*;q=0.1";
 
-/// GETs `url` once. `cas` are PEM certificates trusted for HTTPS; a body longer than `limit`
-/// bytes is refused (for good: a longer answer will not get shorter); any status but 2xx is
-/// an error (5xx worth a retry, as Ignition retries them).
-pub async fn get(url: &str, cas: &[Vec<u8>], limit: usize) -> Result<Vec<u8>, HttpError> {
+/// Headers a resource asks to be sent (`httpHeaders`, spec 3.1 and later).
+pub type Headers = [(http::HeaderName, http::HeaderValue)];
+
+/// GETs `url` once with `headers`. `cas` are PEM certificates trusted for HTTPS; a body longer
+/// than `limit` bytes is refused (for good: a longer answer will not get shorter); any
+/// status but 2xx is an error (5xx worth a retry, as Ignition retries them).
+pub async fn get(
+    url: &str,
+    headers: &Headers,
+    cas: &[Vec<u8>],
+    limit: usize,
+) -> Result<Vec<u8>, HttpError> {
     let trust = Trust::roots_from_pem(cas).map_err(|e| HttpError::Trust {
         url: url.to_owned(),
         message: e.to_string(),
@@ -33,9 +41,9 @@ pub async fn get(url: &str, cas: &[Vec<u8>], limit: usize) -> Result<Vec<u8>, Ht
             Duration::from_secs(60),
         )
         .body_limit(limit);
-    let answer = client
-        .send(Request::get(url).header(http::header::ACCEPT, ACCEPT))
-        .await?;
+    let mut request = Request::get(url).header(http::header::ACCEPT, ACCEPT);
+    request.headers.extend(headers.iter().cloned());
+    let answer = client.send(request).await?;
     if !answer.status.is_success() {
         return Err(HttpError::Status {
             url: url.to_owned(),
@@ -50,10 +58,11 @@ pub async fn get(url: &str, cas: &[Vec<u8>], limit: usize) -> Result<Vec<u8>, Ht
 /// retry says on the console what failed and when the next try is.
 pub async fn get_with_retry(
     url: &str,
+    headers: &Headers,
     cas: &[Vec<u8>],
     limit: usize,
     timeout: Option<Duration>,
 ) -> Result<Vec<u8>, HttpError> {
     let backoff = crate::retry::Backoff::new(Duration::from_millis(500), Duration::from_secs(10));
-    crate::retry::retry("fetch", backoff, timeout, || get(url, cas, limit)).await
+    crate::retry::retry("fetch", backoff, timeout, || get(url, headers, cas, limit)).await
 }

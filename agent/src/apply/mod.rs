@@ -211,7 +211,10 @@ async fn fetch_config(
         })?
     } else {
         tracing::info!("fetching config {source}");
-        let body = fetch::get_with_retry(source, cas, MAX_CONFIG_BYTES, opts.fetch_timeout).await?;
+        let headers = http_headers(reference, field)?;
+        let body =
+            fetch::get_with_retry(source, &headers, cas, MAX_CONFIG_BYTES, opts.fetch_timeout)
+                .await?;
         applied.fetched.push(source.to_owned());
         body
     };
@@ -221,6 +224,27 @@ async fn fetch_config(
         applied.refused.push(layout_refusal(section));
     }
     Ok(read)
+}
+
+/// A resource's `httpHeaders` (spec 3.1 and later: a hosted config's credentials, such as
+/// Glance's `X-Auth-Token`), checked as HTTP names and values.
+fn http_headers(
+    r: &Resource,
+    field: &str,
+) -> Result<Vec<(http::HeaderName, http::HeaderValue)>, ApplyError> {
+    let mut out = Vec::new();
+    for (i, h) in r.http_headers.iter().flatten().enumerate() {
+        let invalid = |message: &str| ApplyError::Invalid {
+            field: format!("{field}.httpHeaders[{i}]"),
+            message: message.into(),
+        };
+        let name = http::HeaderName::from_bytes(h.name.as_bytes())
+            .map_err(|_| invalid("expected an HTTP header name"))?;
+        let value = http::HeaderValue::from_str(h.value.as_deref().unwrap_or(""))
+            .map_err(|_| invalid("expected an HTTP header value"))?;
+        out.push((name, value));
+    }
+    Ok(out)
 }
 
 /// A resource's `verification.hash`.
@@ -459,18 +483,24 @@ async fn resource_bytes(
                 tracing::info!(path = %target.display(), %url, "already here with the verified hash; not fetched");
                 bytes
             }
-            None => fetch::get_with_retry(url, cas, MAX_FILE_BYTES, opts.fetch_timeout)
-                .await
-                .map_err(|e| match e {
-                    crate::net::http_client::HttpError::TooLarge { limit, .. } => {
-                        ApplyError::TooLarge {
-                            field: format!("{field}.source"),
-                            limit,
-                            how: "",
-                        }
+            None => fetch::get_with_retry(
+                url,
+                &http_headers(contents, field)?,
+                cas,
+                MAX_FILE_BYTES,
+                opts.fetch_timeout,
+            )
+            .await
+            .map_err(|e| match e {
+                crate::net::http_client::HttpError::TooLarge { limit, .. } => {
+                    ApplyError::TooLarge {
+                        field: format!("{field}.source"),
+                        limit,
+                        how: "",
                     }
-                    other => other.into(),
-                })?,
+                }
+                other => other.into(),
+            })?,
         },
     };
     let data = decompress(

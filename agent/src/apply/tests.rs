@@ -369,3 +369,88 @@ async fn an_oversized_config_is_refused_naming_the_limit() {
         "{err}"
     );
 }
+
+/// A plain HTTP server that, as Glance does for `/v2/images/<id>/file`, answers `body` only
+/// to a request carrying `X-Auth-Token: <token>`, and 401 to any other.
+async fn token_server(body: Vec<u8>, token: &'static str) -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!(
+        "http://{}/v2/images/0c6f/file",
+        listener.local_addr().unwrap()
+    );
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut tcp, _)) = listener.accept().await else {
+                return;
+            };
+            let body = body.clone();
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 8192];
+                let n = tcp.read(&mut buf).await.unwrap_or(0);
+                let head = String::from_utf8_lossy(&buf[..n]).into_owned();
+                let sent = head.lines().find_map(|l| {
+                    let (name, value) = l.split_once(':')?;
+                    name.eq_ignore_ascii_case("x-auth-token")
+                        .then(|| value.trim())
+                });
+                let (status, body) = if sent == Some(token) {
+                    ("200 OK", body)
+                } else {
+                    ("401 Unauthorized", Vec::new())
+                };
+                let head = format!(
+                    "HTTP/1.1 {status}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                    body.len()
+                );
+                let _ = tcp.write_all(head.as_bytes()).await;
+                let _ = tcp.write_all(&body).await;
+            });
+        }
+    });
+    url
+}
+
+/// The hosted bootstrap (docs/openstack.md): the pointer `keelson pointer` writes is followed
+/// with its `httpHeaders`, and the hosted copy verified against its sha512.
+#[tokio::test]
+async fn a_hosted_config_is_fetched_with_its_headers() {
+    use keelson_cluster::render::hosted::{HostedSource, pointer_to};
+    let full = serde_json::to_vec(&serde_json::json!({
+        "ignition": {"version": "3.2.0"},
+        "storage": {"files": [{"path": "/etc/keelson/role", "contents": {"source": "data:,bootstrap"}}]}
+    }))
+    .unwrap();
+    let url = token_server(full.clone(), "gAAAAB-token").await;
+    let source = |token: &str| HostedSource {
+        url: url.clone(),
+        headers: vec![("X-Auth-Token".into(), token.into())],
+        cas: vec![],
+    };
+    let root = tempfile::tempdir().unwrap();
+    let pointer = pointer_to(&full, &source("gAAAAB-token")).unwrap();
+    let applied = apply_user_data(&pointer, root.path()).await.unwrap();
+    assert_eq!(applied.fetched, std::slice::from_ref(&url));
+    assert_eq!(
+        std::fs::read(root.path().join("etc/keelson/role")).unwrap(),
+        b"bootstrap"
+    );
+    // Another token: Glance's 401, for good (a 4xx is not retried), nothing written.
+    let root = tempfile::tempdir().unwrap();
+    let err = apply_user_data(&pointer_to(&full, &source("expired")).unwrap(), root.path())
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("401"), "{err}");
+    assert!(!root.path().join("etc/keelson/role").exists());
+    // A header value no HTTP request can carry is named.
+    let bad = serde_json::json!({"ignition": {"version": "3.2.0", "config": {"merge": [
+        {"source": url, "httpHeaders": [{"name": "X-Auth-Token", "value": "a\nb"}]}]}}});
+    let err = apply_user_data(&serde_json::to_vec(&bad).unwrap(), root.path())
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("ignition.config.merge[0].httpHeaders[0]"),
+        "{err}"
+    );
+}

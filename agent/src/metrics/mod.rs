@@ -24,8 +24,8 @@ use crate::net::http_server::Handler;
 use crate::status::model::AgentStatus;
 pub use render::{Format, render};
 
-/// Answers one request (pure but for reading the status): `GET|HEAD /metrics` from an
-/// allowed client.
+/// Answers one request (pure but for reading the status): `GET|HEAD /metrics`, and the
+/// status document as JSON at `/status`, from an allowed client.
 pub fn respond(
     method: &Method,
     path: &str,
@@ -58,8 +58,23 @@ pub fn respond(
             .insert(header::ALLOW, header::HeaderValue::from_static("GET, HEAD"));
         return r;
     }
+    // The same document as JSON, for the node that gathers the cluster's status for the
+    // operator (keelson_cluster::operator; docs/architecture.md, "Security").
+    if path == keelson_cluster::operator::STATUS_PATH {
+        let mut body = serde_json::to_vec(&status()).unwrap_or_default();
+        body.push(b'\n');
+        let mut r = Response::new(Full::new(Bytes::from(body)));
+        r.headers_mut().insert(
+            header::CONTENT_TYPE,
+            header::HeaderValue::from_static("application/json"),
+        );
+        return r;
+    }
     if path != "/metrics" {
-        return text(StatusCode::NOT_FOUND, "not found: try /metrics\n".into());
+        return text(
+            StatusCode::NOT_FOUND,
+            "not found: try /metrics or /status\n".into(),
+        );
     }
     let format = Format::negotiate(accept);
     let mut r = Response::new(Full::new(Bytes::from(render(&status(), format))));

@@ -65,9 +65,15 @@ pub struct InstallConfig {
     pub ingress_vips: Vec<IpAddr>,
     /// `sshKey` (may hold several keys, one per line).
     pub ssh_keys: Vec<String>,
-    /// `platform.openstack.lbFloatingIP` / `apiFloatingIP`, if any (documentation only: the
-    /// floating IP is Neutron's business, attached to the API VIP's port).
+    /// `platform.openstack.apiFloatingIP` (4.2: `lbFloatingIP`): the floating IP the
+    /// OpenStack deployment attaches to the API VIP's port (docs/openstack.md); keelson's
+    /// payloads do not use it.
     pub api_floating_ip: Option<IpAddr>,
+    /// `platform.openstack.ingressFloatingIP`: the same for the ingress VIP's port.
+    pub ingress_floating_ip: Option<IpAddr>,
+    /// `platform.openstack.externalNetwork`: the network the cluster's router reaches the
+    /// world by, where the floating IPs live.
+    pub external_network: Option<String>,
     /// The platform's key (`openstack`, `baremetal`, `none`...).
     pub platform: String,
     /// `platform.<name>.loadBalancer.type`: `UserManaged` means an external load balancer
@@ -289,6 +295,10 @@ struct PlatformVips {
     lb_floating_ip: Option<Checked<Ip>>,
     #[serde(default, rename = "loadBalancer")]
     load_balancer: Option<LoadBalancerSection>,
+    #[serde(default, rename = "ingressFloatingIP")]
+    ingress_floating_ip: Option<Checked<Ip>>,
+    #[serde(default, rename = "externalNetwork")]
+    external_network: Option<Checked<NonEmpty>>,
 }
 
 /// `platform.<name>.loadBalancer` (OpenShift 4.13+ on bare metal, OpenStack, vSphere...).
@@ -338,6 +348,8 @@ const USED_PLATFORM: &[&str] = &[
     "apiFloatingIP",
     "lbFloatingIP",
     "loadBalancer",
+    "ingressFloatingIP",
+    "externalNetwork",
 ];
 
 /// `T` from `v` through serde; an error names the field path below `prefix`.
@@ -413,14 +425,83 @@ fn machine_networks(networking: Option<Networking>) -> Result<Vec<IpNet>, Instal
     Ok(out)
 }
 
-/// The platform's key, API VIPs, ingress VIPs, floating IP and who owns the VIPs.
-type PlatformFields = (
-    String,
-    Vec<IpAddr>,
-    Vec<IpAddr>,
-    Option<IpAddr>,
-    LoadBalancerType,
-);
+/// What [`platform`] reads.
+struct PlatformFields {
+    name: String,
+    api_vips: Vec<IpAddr>,
+    ingress_vips: Vec<IpAddr>,
+    api_floating_ip: Option<IpAddr>,
+    ingress_floating_ip: Option<IpAddr>,
+    external_network: Option<String>,
+    load_balancer: LoadBalancerType,
+}
+
+/// The floating IPs (`apiFloatingIP` or 4.2's `lbFloatingIP`, `ingressFloatingIP`), checked
+/// as OpenShift's installer checks them: IPv4 (Neutron's floating IPs are), on the external
+/// network and so outside the machine networks, distinct, and only with `externalNetwork`.
+fn floating_ips(
+    vips: &PlatformVips,
+    base: &str,
+    machine_networks: &[IpNet],
+) -> Result<(Option<IpAddr>, Option<IpAddr>), InstallConfigError> {
+    let ip = |f: &Option<Checked<Ip>>| f.as_ref().map(|Checked(Ip(a))| *a);
+    let (api, lb, ingress) = (
+        ip(&vips.api_floating_ip),
+        ip(&vips.lb_floating_ip),
+        ip(&vips.ingress_floating_ip),
+    );
+    if let (Some(a), Some(l)) = (api, lb)
+        && a != l
+    {
+        return Err(InstallConfigError::Field {
+            field: format!("{base}.lbFloatingIP"),
+            expected: format!("the same address as apiFloatingIP ({a}), or only one of the two"),
+            got: l.to_string(),
+        });
+    }
+    let api_field = if api.is_some() {
+        "apiFloatingIP"
+    } else {
+        "lbFloatingIP"
+    };
+    let api = api.or(lb);
+    for (field, fip) in [(api_field, api), ("ingressFloatingIP", ingress)] {
+        let Some(fip) = fip else { continue };
+        let expected = if fip.is_ipv6() {
+            Some("an IPv4 address (Neutron's floating IPs are IPv4)".to_owned())
+        } else {
+            machine_networks.iter().find(|n| n.contains(&fip)).map(|n| {
+                format!("an address on the external network, outside the machine network {n}")
+            })
+        };
+        if let Some(expected) = expected {
+            return Err(InstallConfigError::Field {
+                field: format!("{base}.{field}"),
+                expected,
+                got: fip.to_string(),
+            });
+        }
+        if vips.external_network.is_none() {
+            return Err(InstallConfigError::Field {
+                field: format!("{base}.externalNetwork"),
+                expected: format!(
+                    "the external network's name, where {field} {fip} lives (floating IPs need a router to it)"
+                ),
+                got: "nothing".into(),
+            });
+        }
+    }
+    if let (Some(a), Some(i)) = (api, ingress)
+        && a == i
+    {
+        return Err(InstallConfigError::Field {
+            field: format!("{base}.ingressFloatingIP"),
+            expected: format!("a floating IP other than {api_field}"),
+            got: i.to_string(),
+        });
+    }
+    Ok((api, ingress))
+}
 
 /// The key of the first platform with a mapping, its API and ingress VIPs checked against
 /// the machine networks, the floating IP; notes for the platform keys keelson does not read.
@@ -448,6 +529,7 @@ fn platform(
         .ok_or_else(|| field_err("platform", "a mapping such as openstack: {...}", platform))?;
     let base = format!("platform.{pname}");
     let vips: PlatformVips = typed(p.clone(), &base)?;
+    let (api_floating_ip, ingress_floating_ip) = floating_ips(&vips, &base, machine_networks)?;
     let pick = |list: Option<List<Ip>>,
                 one: Option<Checked<Ip>>,
                 given: &[IpAddr],
@@ -516,17 +598,21 @@ fn platform(
             got: same.to_string(),
         });
     }
-    let floating = vips
-        .api_floating_ip
-        .or(vips.lb_floating_ip)
-        .map(|Checked(Ip(a))| a);
     let load_balancer = vips
         .load_balancer
         .and_then(|l| l.kind)
         .map(|Checked(LoadBalancerKind(k))| k)
         .unwrap_or_default();
     notes.extend(unused_keys(p, USED_PLATFORM, &format!("{base}.")));
-    Ok((pname, api_vips, ingress_vips, floating, load_balancer))
+    Ok(PlatformFields {
+        name: pname,
+        api_vips,
+        ingress_vips,
+        api_floating_ip,
+        ingress_floating_ip,
+        external_network: vips.external_network.map(|Checked(NonEmpty(n))| n),
+        load_balancer,
+    })
 }
 
 /// VIPs given on keelson's command line (`--api-vip`, `--ingress-vip`): they take the place
@@ -597,20 +683,21 @@ impl InstallConfig {
                 .sum(),
         };
         let machine_networks = machine_networks(d.networking)?;
-        let (platform, api_vips, ingress_vips, api_floating_ip, load_balancer) =
-            platform(&doc, &machine_networks, given, &mut notes)?;
+        let p = platform(&doc, &machine_networks, given, &mut notes)?;
         Ok(InstallConfig {
             name,
             base_domain,
             masters,
             workers,
             machine_networks,
-            api_vips,
-            ingress_vips,
+            api_vips: p.api_vips,
+            ingress_vips: p.ingress_vips,
             ssh_keys: d.ssh_key.map(|Checked(SshKeys(k))| k).unwrap_or_default(),
-            api_floating_ip,
-            platform,
-            load_balancer,
+            api_floating_ip: p.api_floating_ip,
+            ingress_floating_ip: p.ingress_floating_ip,
+            external_network: p.external_network,
+            platform: p.name,
+            load_balancer: p.load_balancer,
             notes,
         })
     }

@@ -236,6 +236,38 @@ fn user_managed_load_balancer_leaves_the_vips_to_it() {
 }
 
 #[test]
+fn floating_ips_of_both_eras() {
+    let ic = InstallConfig::parse(EXAMPLE_42).unwrap();
+    assert_eq!(ic.api_floating_ip, Some("172.24.4.100".parse().unwrap()));
+    assert_eq!(ic.external_network.as_deref(), Some("public"));
+    assert_eq!(ic.ingress_floating_ip, None);
+    let current = with(
+        "    cloud: openstack\n",
+        "    cloud: openstack\n    externalNetwork: public\n    apiFloatingIP: 172.24.4.50\n    ingressFloatingIP: 172.24.4.51\n",
+    );
+    let ic = InstallConfig::parse(&current).unwrap();
+    assert_eq!(ic.api_floating_ip, Some("172.24.4.50".parse().unwrap()));
+    assert_eq!(ic.ingress_floating_ip, Some("172.24.4.51".parse().unwrap()));
+    assert!(
+        !ic.notes
+            .iter()
+            .any(|n| n.contains("FloatingIP") || n.contains("externalNetwork")),
+        "{:?}",
+        ic.notes
+    );
+    // None of them: no router, no floating IP (the cluster stays on its own network).
+    let ic = InstallConfig::parse(EXAMPLE).unwrap();
+    assert_eq!(
+        (
+            ic.api_floating_ip,
+            ic.ingress_floating_ip,
+            ic.external_network
+        ),
+        (None, None, None)
+    );
+}
+
+#[test]
 fn ingress_is_every_router_node_and_only_those() {
     let cluster = InstallConfig::parse(EXAMPLE).unwrap().cluster_config();
     let ingress = cluster.instance("ingress").unwrap();
@@ -248,4 +280,48 @@ fn ingress_is_every_router_node_and_only_those() {
         &ingress.required_checks[0].check,
         HealthCheckKind::Http { url, .. } if url == "http://127.0.0.1:1936/healthz/ready"
     ));
+}
+
+#[test]
+fn bad_floating_ips_name_the_field() {
+    let fips = |lines: &str| {
+        with(
+            "    cloud: openstack\n",
+            &format!("    cloud: openstack\n{lines}"),
+        )
+    };
+    assert_eq!(
+        err(&fips("    apiFloatingIP: 172.24.4.50\n")),
+        "platform.openstack.externalNetwork: expected the external network's name, where apiFloatingIP 172.24.4.50 lives (floating IPs need a router to it), got nothing"
+    );
+    assert_eq!(
+        err(&fips(
+            "    externalNetwork: public\n    ingressFloatingIP: 10.0.3.4\n"
+        )),
+        "platform.openstack.ingressFloatingIP: expected an address on the external network, outside the machine network 10.0.0.0/16, got 10.0.3.4"
+    );
+    assert_eq!(
+        err(&fips(
+            "    externalNetwork: public\n    apiFloatingIP: 2001:db8::5\n"
+        )),
+        "platform.openstack.apiFloatingIP: expected an IPv4 address (Neutron's floating IPs are IPv4), got 2001:db8::5"
+    );
+    assert_eq!(
+        err(&fips(
+            "    externalNetwork: public\n    apiFloatingIP: 172.24.4.50\n    ingressFloatingIP: 172.24.4.50\n"
+        )),
+        "platform.openstack.ingressFloatingIP: expected a floating IP other than apiFloatingIP, got 172.24.4.50"
+    );
+    assert_eq!(
+        err(&fips(
+            "    externalNetwork: public\n    apiFloatingIP: 172.24.4.50\n    lbFloatingIP: 172.24.4.60\n"
+        )),
+        "platform.openstack.lbFloatingIP: expected the same address as apiFloatingIP (172.24.4.50), or only one of the two, got 172.24.4.60"
+    );
+    assert!(
+        err(&fips(
+            "    externalNetwork: public\n    apiFloatingIP: nope\n"
+        ))
+        .starts_with("platform.openstack.apiFloatingIP: expected an IP address")
+    );
 }

@@ -11,6 +11,7 @@ pub mod convert;
 pub mod merge;
 pub mod openshift;
 pub mod operator;
+pub mod hosted;
 pub mod v22;
 
 use std::io::Write;
@@ -22,8 +23,17 @@ use crate::cluster::{ClusterConfig, Role};
 use crate::unit;
 use crate::version::SpecVersion;
 
-/// OpenStack's cap on user_data (base64 of it, in fact; we keep the raw size under it).
+/// Nova's cap on user_data: the length of its base64 form (the compute API's schema says
+/// `maxLength: 65535` of the base64 text the client sends).
 pub const USER_DATA_MAX: usize = 65_535;
+/// The largest config whose base64 form fits in [`USER_DATA_MAX`]: 16,383 groups of three
+/// bytes, 49,149 bytes.
+pub const USER_DATA_MAX_RAW: usize = USER_DATA_MAX / 4 * 3;
+
+/// The length of the base64 form (padded, as clients send it) of `len` bytes.
+pub fn base64_len(len: usize) -> usize {
+    len.div_ceil(3) * 4
+}
 
 /// Where files land on a node.
 pub mod paths {
@@ -86,13 +96,17 @@ pub enum RenderError {
     /// The cluster has no API VIP to point at.
     #[error("cluster.json apiVips: expected at least one VIP")]
     NoVip,
-    /// A user_data config is over OpenStack's cap.
-    #[error("{what} is {size} bytes, over OpenStack's user_data limit of {USER_DATA_MAX}: {why}")]
+    /// A user_data config is over Nova's cap.
+    #[error(
+        "{what} is {size} bytes, {base64} in base64, over Nova's user_data limit of {USER_DATA_MAX} bytes of base64 ({USER_DATA_MAX_RAW} bytes of config): {why}"
+    )]
     TooLarge {
         /// Which config.
         what: String,
         /// Its size.
         size: usize,
+        /// The size of its base64 form, which Nova measures.
+        base64: usize,
         /// What to do.
         why: String,
     },
@@ -363,13 +377,17 @@ pub fn render_pointer(
     write(&pointer_model(cluster, role, ca_pem)?, spec)
 }
 
-/// Refuses a config meant as user_data that OpenStack would not take.
+/// Refuses a config meant as user_data that Nova would not take: its base64 form over
+/// [`USER_DATA_MAX`].
 pub fn check_user_data(what: &str, bytes: &[u8]) -> Result<(), RenderError> {
-    if bytes.len() > USER_DATA_MAX {
+    let base64 = base64_len(bytes.len());
+    if base64 > USER_DATA_MAX {
         return Err(RenderError::TooLarge {
             what: what.into(),
             size: bytes.len(),
-            why: "large files belong on the Ignition server or an object store, fetched by URL"
+            base64,
+            why: "host it and boot from a small pointer to it (`keelson pointer`, docs/openstack.md), \
+                  or fetch its large files by URL"
                 .into(),
         });
     }

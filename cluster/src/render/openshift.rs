@@ -21,7 +21,8 @@ use crate::version::SpecVersion;
 /// keelson's Ignition server (TLS) when OpenShift's machine-config-server has :22623 and
 /// :22624: the next ports after keelson's metrics (:22625), outside every range OpenShift
 /// reserves on its nodes (9000-9999, 10250-10259, 30000-32767, 2379-2380, 6443,
-/// 22623-22624), so a cluster's firewall rules stay one block, 22623-22627.
+/// 22623-22624), so a cluster's firewall rules stay one block, 22623-22628 (the operator
+/// status port, [`crate::operator::PORT`], last).
 pub const KEELSON_TLS_PORT: u16 = 22626;
 /// keelson's plain-HTTP Ignition port beside it.
 pub const KEELSON_PLAIN_PORT: u16 = 22627;

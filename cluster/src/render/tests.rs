@@ -75,6 +75,22 @@ fn every_config() -> Vec<(String, SpecVersion, Vec<u8>)> {
                 ));
             }
         }
+        // The pointer to a hosted bootstrap config, with a header where the spec has them.
+        let full = render_full(&c, Role::Bootstrap, spec, &assets(None)).unwrap();
+        let source = hosted::HostedSource {
+            url: "https://images.example:9292/v2/images/1/file".into(),
+            headers: if spec.major_minor() >= (3, 1) {
+                vec![("X-Auth-Token".into(), "gAAAA".into())]
+            } else {
+                vec![]
+            },
+            cas: vec![assets(None).ca_pem],
+        };
+        out.push((
+            format!("{spec} hosted bootstrap pointer"),
+            spec,
+            hosted::pointer_to(&full, &source).unwrap(),
+        ));
     }
     out
 }
@@ -320,13 +336,22 @@ fn pointer_and_22_specifics() {
             .all(|f| f["filesystem"] == "root")
     );
 
-    let err = check_user_data("bootstrap.ign", &vec![b'x'; USER_DATA_MAX + 1])
-        .unwrap_err()
-        .to_string();
-    assert!(
-        err.contains("bootstrap.ign") && err.contains("65535"),
-        "{err}"
-    );
+    // Nova measures the base64 form: 49,149 bytes fit (65,532 of base64), 49,150 do not
+    // (65,536), nor does anything between that and 65,535 raw bytes.
+    check_user_data("bootstrap.ign", &vec![b'x'; USER_DATA_MAX_RAW]).unwrap();
+    assert_eq!(base64_len(USER_DATA_MAX_RAW), 65_532);
+    for size in [USER_DATA_MAX_RAW + 1, 60_000, USER_DATA_MAX] {
+        let err = check_user_data("bootstrap.ign", &vec![b'x'; size])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.starts_with(&format!(
+                "bootstrap.ign is {size} bytes, {} in base64, over Nova's user_data limit of 65535 bytes of base64 (49149 bytes of config)",
+                base64_len(size)
+            )),
+            "{err}"
+        );
+    }
 }
 
 #[test]

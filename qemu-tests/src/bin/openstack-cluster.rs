@@ -1,17 +1,18 @@
 //! `openstack-cluster`: boots the keelson cluster on the all-in-one OpenStack of this
-//! machine through Nova, Neutron and Glance, and checks it from outside
-//! (`make openstack-cluster`, docs/openstack.md). `scripts/openstack/run.sh` brings the
-//! cloud up before and down after.
+//! machine through Nova, Neutron and Glance with the README's scripts, and checks it from
+//! the machine network and from outside (`make openstack-cluster`, docs/openstack.md).
+//! `scripts/openstack/run.sh` brings the cloud up before and down after.
 //!
 //! `openstack-cluster [--subset]`: the whole cluster (bootstrap, three masters, two workers)
-//! with every scenario; `--subset` (what `make test` runs) the bootstrap and one master:
-//! boot, cloud, DNS, API, both port security scenarios and the pivot. Both end with Heat's
-//! validator on `keelson build`'s template.
+//! with every scenario; `--subset` (what `make test` runs) the bootstrap, booted from its
+//! config hosted in Glance, and one master: boot, cloud, the script again, DNS, API, the
+//! floating IPs, `keelson status`, bad input, both port security scenarios and the pivot.
+//! Both end with Heat's validator on `keelson build`'s template and the delete script.
 //!
 //! Environment: `KEELSON_BIN`, `KEELSON_AGENT_BIN`, `KEELSON_STANDIN_BIN` (as
 //! `qemu-cluster`), `OPENSTACK_CLUSTER_MASTERS` (`standin`, the default, or `appliance`),
 //! `OPENSTACK_CLUSTER_WORK` (default `target/openstack-cluster`), `OPENSTACK_CLUSTER_KEEP=1`
-//! (leave the servers and the network for a look afterwards).
+//! (leave the cluster for a look afterwards: the delete scenario is skipped).
 
 use std::path::Path;
 use std::time::Instant;
@@ -19,7 +20,7 @@ use std::time::Instant;
 use anyhow::{Context, Result, bail};
 use keelson_qemu_tests::cluster::{Config, ImageKind};
 use keelson_qemu_tests::openstack::{Deployment, OpenStackCluster, scenarios as os};
-use keelson_qemu_tests::payload::{build, env_path, standin};
+use keelson_qemu_tests::payload::{build_from, env_path, standin, workspace};
 use keelson_qemu_tests::report::Report;
 use keelson_qemu_tests::scenarios;
 use keelson_qemu_tests::testbed::Testbed;
@@ -82,6 +83,9 @@ fn deployment(subset: bool, master_image: ImageKind) -> Deployment {
             master_image,
             // One node of each kind of metadata source.
             config_drive: names(&["master-0"]),
+            // make test's proof of the hosted path: the bootstrap fits in user_data, and
+            // boots from Glance all the same.
+            hosted_bootstrap: true,
         }
     } else {
         Deployment {
@@ -89,6 +93,7 @@ fn deployment(subset: bool, master_image: ImageKind) -> Deployment {
             workers: names(&["worker-0", "worker-1"]),
             master_image,
             config_drive: names(&["bootstrap", "master-1", "worker-0"]),
+            hosted_bootstrap: false,
         }
     }
 }
@@ -99,19 +104,28 @@ fn order(subset: bool) -> Vec<&'static str> {
         vec![
             "1 boot",
             "1b cloud",
+            "R rerun",
             "2 dns",
             "3 api",
+            "F floating",
+            "S status",
+            "B bad-input",
             "P1 vip-pair",
             "P2 vrrp-112",
             "4 pivot",
             "H heat",
+            "D delete",
         ]
     } else {
         vec![
             "1 boot",
             "1b cloud",
+            "R rerun",
             "2 dns",
             "3 api",
+            "F floating",
+            "S status",
+            "B bad-input",
             "4 pivot",
             "4a cloud",
             "4b dns",
@@ -121,6 +135,7 @@ fn order(subset: bool) -> Vec<&'static str> {
             "P1 vip-pair",
             "P2 vrrp-112",
             "H heat",
+            "D delete",
         ]
     }
 }
@@ -144,6 +159,7 @@ fn scenarios(c: &mut OpenStackCluster, report: &mut Report, subset: bool) -> Opt
         |c| os::cloud(c, &control_refs),
         d,
     )?;
+    report.run(c, "R rerun", &[], os::rerun, d)?;
     report.run(
         c,
         "2 dns",
@@ -152,40 +168,45 @@ fn scenarios(c: &mut OpenStackCluster, report: &mut Report, subset: bool) -> Opt
         d,
     )?;
     report.run(c, "3 api", &control_refs, |c| scenarios::api_spread(c), d)?;
+    report.run(c, "F floating", &control_refs, |c| os::floating(c), d)?;
+    report.run(c, "S status", &all, os::status, d)?;
+    report.run(c, "B bad-input", &[], os::bad_input, d)?;
     if subset {
         report.run(c, "P1 vip-pair", &all, os::vip_not_allowed, d)?;
         report.run(c, "P2 vrrp-112", &all, os::vrrp_blocked, d)?;
         report.run(c, "4 pivot", &all, |c| scenarios::pivot(c), d)?;
-        report.run(c, "H heat", &[], |c| os::heat_template(c), d)?;
-        return Some(());
+    } else {
+        report.run(c, "4 pivot", &all, |c| scenarios::pivot(c), d)?;
+        let workers: Vec<&str> = all
+            .iter()
+            .copied()
+            .filter(|n| !control_refs.contains(n))
+            .collect();
+        report.run(c, "4a cloud", &workers, |c| os::cloud(c, &workers), d)?;
+        let everyone: Vec<String> = all[1..].iter().map(|s| s.to_string()).collect();
+        report.run(c, "4b dns", &all[1..], |c| scenarios::dns(c, &everyone), d)?;
+        report.run(c, "4c api", &all[1..4], |c| scenarios::api_on_rhcos(c), d)?;
+        let (dead, _) = report.run(
+            c,
+            "5 failover",
+            &all[1..],
+            |c| scenarios::failover(c),
+            |(_, d)| d.clone(),
+        )?;
+        report.run(
+            c,
+            "6 rejoin",
+            &all[1..4],
+            |c| scenarios::rejoin(c, &dead),
+            d,
+        )?;
+        report.run(c, "P1 vip-pair", &all[1..], os::vip_not_allowed, d)?;
+        report.run(c, "P2 vrrp-112", &all[1..], os::vrrp_blocked, d)?;
     }
-    report.run(c, "4 pivot", &all, |c| scenarios::pivot(c), d)?;
-    let workers: Vec<&str> = all
-        .iter()
-        .copied()
-        .filter(|n| !control_refs.contains(n))
-        .collect();
-    report.run(c, "4a cloud", &workers, |c| os::cloud(c, &workers), d)?;
-    let everyone: Vec<String> = all[1..].iter().map(|s| s.to_string()).collect();
-    report.run(c, "4b dns", &all[1..], |c| scenarios::dns(c, &everyone), d)?;
-    report.run(c, "4c api", &all[1..4], |c| scenarios::api_on_rhcos(c), d)?;
-    let (dead, _) = report.run(
-        c,
-        "5 failover",
-        &all[1..],
-        |c| scenarios::failover(c),
-        |(_, d)| d.clone(),
-    )?;
-    report.run(
-        c,
-        "6 rejoin",
-        &all[1..4],
-        |c| scenarios::rejoin(c, &dead),
-        d,
-    )?;
-    report.run(c, "P1 vip-pair", &all[1..], os::vip_not_allowed, d)?;
-    report.run(c, "P2 vrrp-112", &all[1..], os::vrrp_blocked, d)?;
     report.run(c, "H heat", &[], |c| os::heat_template(c), d)?;
+    if std::env::var("OPENSTACK_CLUSTER_KEEP").as_deref() != Ok("1") {
+        report.run(c, "D delete", &[], os::delete, d)?;
+    }
     Some(())
 }
 
@@ -258,7 +279,17 @@ fn run(subset: bool, work: &Path, summary: &Path) -> Result<()> {
         },
         work.display()
     );
-    let out = build(
+    // install-config as an operator writes it for OpenStack: the external network and the
+    // floating IPs (which OpenStackCluster::new makes, as the operator would beforehand).
+    let install_config = work.join("install-config.yaml");
+    std::fs::write(
+        &install_config,
+        keelson_qemu_tests::openstack::install_config(&std::fs::read_to_string(
+            workspace().join("examples/install-config.yaml"),
+        )?),
+    )?;
+    let out = build_from(
+        &install_config,
         work,
         Config::Unicast,
         master_image,
@@ -296,13 +327,19 @@ fn run(subset: bool, work: &Path, summary: &Path) -> Result<()> {
     append(summary, &format!("{table}\n{verdict}"));
     if std::env::var("OPENSTACK_CLUSTER_KEEP").as_deref() == Ok("1") {
         eprintln!(
-            "openstack-cluster: OPENSTACK_CLUSTER_KEEP=1: servers and network left as they are"
+            "openstack-cluster: OPENSTACK_CLUSTER_KEEP=1: the cluster is left as it is (examples/openstack/delete-cluster.sh removes it)"
         );
     } else {
+        // After a passed run (its delete scenario included) only the floating IPs remain;
+        // after a failed one, whatever it left.
         let t = Instant::now();
-        cluster.clean()?;
+        if passed {
+            cluster.delete_floating_ips()?;
+        } else {
+            cluster.clean()?;
+        }
         eprintln!(
-            "openstack-cluster: servers, ports, security group, network and images deleted in {:.0} s",
+            "openstack-cluster: what the run left deleted in {:.0} s",
             t.elapsed().as_secs_f64()
         );
     }

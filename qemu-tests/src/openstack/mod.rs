@@ -1,8 +1,13 @@
 //! The cluster on a real OpenStack (`make openstack-cluster`, docs/openstack.md): the
-//! all-in-one cloud `scripts/openstack/up.sh` runs on this machine, the README's commands
-//! (`examples/openstack/create-cluster.sh`, run as it is) create the image, network,
-//! security group, ports and servers, and the scenarios check the cluster from the
-//! namespace holding the outside end of the provider network's veth pair.
+//! all-in-one cloud `scripts/openstack/up.sh` runs on this machine, and the README's scripts
+//! (`examples/openstack/create-cluster.sh` and `delete-cluster.sh`, run as they are) make and
+//! remove the images, the tenant network and its router to the external network, the
+//! security group, the VIP ports with their floating IPs, the nodes' ports and the servers.
+//! The scenarios check the cluster from two places: a namespace on the machine network (a
+//! bastion's view: ARP, DNS, the Ignition and metrics ports), whose veth the harness plugs
+//! into the tenant network's bridge, and the external network (the world's view: the
+//! floating IPs), from the host and from the namespace holding the external network's
+//! gateway.
 //!
 //! Every change of a node's life goes through the `openstack` client, as a user's would:
 //! `server delete` (the pivot), `server stop` (failover), `server start` (rejoin). The
@@ -29,22 +34,70 @@ pub mod scenarios;
 
 /// Where `scripts/openstack/up.sh` keeps the admin's credentials.
 pub const ADMIN_OPENRC: &str = "/var/lib/keelson-openstack/admin-openrc";
-/// The namespace holding the outside end of the provider veth (`scripts/openstack/lib.sh`).
-pub const OUTSIDE_NETNS: &str = "kos-outside";
-/// Its interface there.
-pub const OUTSIDE_IF: &str = "kos-out";
-/// The outside's address on the machine network: outside the subnet's allocation pool.
-pub const OUTSIDE_ADDRESS: &str = "10.0.0.250";
-/// The cluster's tag, security group and network name (the script's `CLUSTER`).
+/// The namespace on the machine network (a bastion's view), made by the harness.
+pub const MACHINE_NETNS: &str = "kos-machine";
+/// Its interface there; the other end of the veth is in the tenant network's bridge.
+pub const MACHINE_IF: &str = "kos-m";
+/// The veth's end in the bridge.
+pub const MACHINE_HOST_IF: &str = "kos-mach";
+/// Its address: on the machine network, below the allocation pool (openstack.json's starts
+/// at .10), not a VIP (.5, .7) nor the router (.1).
+pub const MACHINE_ADDRESS: &str = "10.0.0.9";
+/// The namespace holding the external network's gateway (`scripts/openstack/lib.sh`): the
+/// world's view of the floating IPs.
+pub const EXTERNAL_NETNS: &str = "kos-outside";
+/// The external network an admin made (`scripts/openstack/bootstrap.sh`).
+pub const EXTERNAL_NETWORK: &str = "public";
+/// The host's address on it (`OS_PUBLIC_API`): where `keelson status` runs from, the only
+/// source the run lets reach the status port.
+pub const HOST_PUBLIC: &str = "172.24.4.2";
+/// The floating IPs the run creates as an operator would before writing install-config:
+/// the API's, the ingress's, and one attached elsewhere (the "in use" case).
+pub const API_FIP: &str = "172.24.4.50";
+/// See [`API_FIP`].
+pub const INGRESS_FIP: &str = "172.24.4.51";
+/// See [`API_FIP`].
+pub const SPARE_FIP: &str = "172.24.4.52";
+/// The cluster's name, tag and resource prefix (install-config's metadata.name).
 pub const CLUSTER: &str = "ocp4";
-/// The provider network's physical network (`scripts/openstack/lib.sh`).
-pub const PHYSNET: &str = "keelson";
-/// The Heat stack the run creates from `keelson build`'s template.
+/// Another cluster in the same project (a network and a security group of its own), which
+/// the delete must leave alone and whose name a create must refuse.
+pub const OTHER_CLUSTER: &str = "ocp4-other";
+/// The Heat stack the run previews from `keelson build`'s template.
 pub const HEAT_STACK: &str = "keelson-heat";
 /// The flavors `scripts/openstack/bootstrap.sh` makes.
 pub const APPLIANCE_FLAVOR: &str = "keelson.appliance";
 /// The RHCOS stand-in's flavor.
 pub const RHCOS_FLAVOR: &str = "keelson.rhcos";
+
+/// The tag of cluster `name` (what `keelson build` writes in openstack.json).
+pub fn tag(name: &str) -> String {
+    format!("keelson-cluster={name}")
+}
+
+/// The install-config the run builds from: the example's, with the floating IPs and the
+/// external network as an operator writes them.
+pub fn install_config(example: &str) -> String {
+    example.replacen(
+        "    cloud: openstack\n",
+        &format!(
+            "    cloud: openstack\n    externalNetwork: {EXTERNAL_NETWORK}\n    apiFloatingIP: {API_FIP}\n    ingressFloatingIP: {INGRESS_FIP}\n"
+        ),
+        1,
+    )
+}
+
+/// Runs every job at once (each `openstack` command costs seconds of start-up); their
+/// results in order.
+pub fn parallel<T: Send>(jobs: Vec<Box<dyn FnOnce() -> Result<T> + Send + '_>>) -> Result<Vec<T>> {
+    std::thread::scope(|s| {
+        let handles: Vec<_> = jobs.into_iter().map(|j| s.spawn(j)).collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().map_err(|_| anyhow::anyhow!("a job panicked"))?)
+            .collect()
+    })
+}
 
 /// Runs the `openstack` client as the cloud's admin.
 #[derive(Debug, Clone)]
@@ -132,6 +185,9 @@ pub struct Deployment {
     pub master_image: ImageKind,
     /// Nodes booted with `--config-drive true`; the others read the metadata service.
     pub config_drive: Vec<String>,
+    /// The bootstrap boots from a pointer to its config hosted in Glance
+    /// (`HOST_BOOTSTRAP=always`), whatever its size.
+    pub hosted_bootstrap: bool,
 }
 
 impl Deployment {
@@ -176,19 +232,51 @@ pub struct OpenStackCluster {
     pub rhcos_disk: Option<PathBuf>,
     /// Who boots what.
     pub deployment: Deployment,
-    /// Where the script's output goes.
+    /// Where the scripts' output goes.
     pub work: PathBuf,
     plan: Vec<NodePlan>,
+    /// The machine network's namespace (the scenarios' outside participant).
     outside: Netns,
+    /// The external network's namespace.
+    pub external: Netns,
     servers: BTreeMap<String, Server>,
-    /// How long the script took, and the image uploads in it.
+    /// The floating IPs' IDs by address.
+    pub floating_ips: BTreeMap<String, String>,
+    /// How long the scripts took, and the image uploads in them.
     pub timings: BTreeMap<&'static str, Duration>,
 }
 
+/// What a run of one of the README's scripts did.
+#[derive(Debug)]
+pub struct ScriptRun {
+    /// Whether it exited 0.
+    pub success: bool,
+    /// Its standard output and error (with `sh -x`'s trace).
+    pub log: String,
+    /// How long it took.
+    pub took: Duration,
+}
+
+impl ScriptRun {
+    /// Its own lines (not the trace), for a report.
+    pub fn said(&self) -> Vec<&str> {
+        self.log
+            .lines()
+            .filter(|l| {
+                l.starts_with("create-cluster:")
+                    || l.starts_with("delete-cluster:")
+                    || l.starts_with("DNS")
+                    || l.starts_with("  ")
+            })
+            .collect()
+    }
+}
+
 impl OpenStackCluster {
-    /// Prepares the cloud for a run: removes what an earlier, interrupted run left, makes
-    /// the flat provider network the script finds (an admin's job on a real cloud) and puts
-    /// the outside participant on it.
+    /// Prepares the cloud for a run: removes what an earlier, interrupted run left (with the
+    /// delete script), then makes what an operator has before running the create script —
+    /// the floating IPs install-config names (and a spare one) — and another cluster in the
+    /// same project, which the run must leave alone.
     pub fn new(
         work: &Path,
         out: &Path,
@@ -196,140 +284,170 @@ impl OpenStackCluster {
         deployment: Deployment,
     ) -> Result<Self> {
         let client = Client::admin()?;
-        let outside = Netns::existing(OUTSIDE_NETNS);
-        outside
-            .ip(&[
-                "addr",
-                "replace",
-                &format!("{OUTSIDE_ADDRESS}/16"),
-                "dev",
-                OUTSIDE_IF,
-            ])
-            .with_context(|| {
-                format!("{OUTSIDE_NETNS}/{OUTSIDE_IF} (scripts/openstack/up.sh makes it)")
-            })?;
-        let cluster = OpenStackCluster {
+        let mut cluster = OpenStackCluster {
             client,
             out: out.to_path_buf(),
             rhcos_disk,
             plan: deployment.plan(),
             deployment,
             work: work.to_path_buf(),
-            outside,
+            outside: Netns::create(MACHINE_NETNS)?,
+            external: Netns::existing(EXTERNAL_NETNS),
             servers: BTreeMap::new(),
+            floating_ips: BTreeMap::new(),
             timings: BTreeMap::new(),
         };
         cluster.clean()?;
-        cluster.client.run(&[
-            "network",
-            "create",
-            "--provider-network-type",
-            "flat",
-            "--provider-physical-network",
-            PHYSNET,
-            "--tag",
-            CLUSTER,
-            CLUSTER,
+        let c = &cluster.client;
+        let other = tag(OTHER_CLUSTER);
+        let fip = |address: &'static str| -> Box<dyn FnOnce() -> Result<(String, String)> + Send + '_> {
+            Box::new(move || {
+                let v = c.json(&[
+                    "floating", "ip", "create", "--floating-ip-address", address, EXTERNAL_NETWORK,
+                ])?;
+                Ok((address.to_owned(), v["id"].as_str().unwrap_or_default().to_owned()))
+            })
+        };
+        let made = parallel(vec![
+            fip(API_FIP),
+            fip(INGRESS_FIP),
+            fip(SPARE_FIP),
+            Box::new(|| {
+                c.run(&[
+                    "network", "create", "--tag", &other, "--tag", "keelson-zone=other.example",
+                    OTHER_CLUSTER,
+                ])?;
+                Ok((String::new(), String::new()))
+            }),
+            Box::new(|| {
+                c.run(&["security", "group", "create", "--tag", &other, OTHER_CLUSTER])?;
+                Ok((String::new(), String::new()))
+            }),
         ])?;
+        cluster.floating_ips = made.into_iter().filter(|(a, _)| !a.is_empty()).collect();
         Ok(cluster)
     }
 
-    /// Deletes every stack, server, port, security group, subnet, network and image of a
-    /// run (what is already gone is no error). One `openstack` command per kind of resource
-    /// (each costs seconds of client start-up here), one per resource again only when that
-    /// fails, so that one already gone does not stop the others.
+    /// Runs `examples/openstack/<script>` as it is (`sh -x`), with this run's environment and
+    /// `extra` over it; its output is also kept in the work directory as `<log>.log`.
+    pub fn script(&self, script: &str, log: &str, extra: &[(&str, String)]) -> Result<ScriptRun> {
+        let path = crate::payload::workspace().join("examples/openstack").join(script);
+        let log_path = self.work.join(format!("{log}.log"));
+        let start = Instant::now();
+        let out = self
+            .client
+            .command("sh")
+            .arg("-x")
+            .arg(&path)
+            .envs(self.script_env())
+            .envs(extra.iter().map(|(k, v)| (*k, v.as_str())))
+            .output()
+            .with_context(|| format!("running {}", path.display()))?;
+        let log = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        std::fs::write(&log_path, &log)?;
+        Ok(ScriptRun {
+            success: out.status.success(),
+            log,
+            took: start.elapsed(),
+        })
+    }
+
+    /// Removes what a run leaves: both clusters (with the delete script), the stack preview's
+    /// leftovers, the floating IPs, the machine network's veth.
     pub fn clean(&self) -> Result<()> {
         let c = &self.client;
-        let delete = |args: &[&str], ids: &[String]| -> Result<()> {
-            if ids.is_empty() {
-                return Ok(());
-            }
-            let mut all = args.to_vec();
-            all.extend(ids.iter().map(String::as_str));
-            if c.run(&all).is_ok() {
-                return Ok(());
-            }
-            for id in ids {
-                let mut one = args.to_vec();
-                one.push(id);
-                match c.run(&one) {
-                    Err(e) if !e.to_string().contains("found") => return Err(e),
-                    _ => {}
+        let _ = self.outside.ip(&["link", "del", MACHINE_IF]);
+        let jobs: Vec<Box<dyn FnOnce() -> Result<()> + Send + '_>> = vec![
+            Box::new(|| self.delete_cluster(CLUSTER).map(|_| ())),
+            Box::new(|| self.delete_cluster(OTHER_CLUSTER).map(|_| ())),
+            Box::new(|| {
+                let ids: Vec<String> = as_list(c.json(&["floating", "ip", "list"])?)
+                    .into_iter()
+                    .filter(|v| {
+                        [API_FIP, INGRESS_FIP, SPARE_FIP]
+                            .contains(&v["Floating IP Address"].as_str().unwrap_or(""))
+                    })
+                    .filter_map(|v| v["ID"].as_str().map(str::to_owned))
+                    .collect();
+                if !ids.is_empty() {
+                    let mut args = vec!["floating", "ip", "delete"];
+                    args.extend(ids.iter().map(String::as_str));
+                    c.run(&args)?;
                 }
-            }
-            Ok(())
-        };
-        let ids = |list: &[&str], names: &[&str]| -> Result<Vec<String>> {
-            Ok(as_list(c.json(list)?)
-                .into_iter()
-                .filter(|v| {
-                    names.is_empty()
-                        || names
-                            .iter()
-                            .any(|n| v["Name"] == *n || v["Stack Name"] == *n)
-                })
-                .filter_map(|v| v["ID"].as_str().map(str::to_owned))
-                .collect())
-        };
-        for id in ids(&["stack", "list"], &[HEAT_STACK])? {
-            delete(&["stack", "delete", "--yes", "--wait"], &[id])?;
-        }
-        // Deleted together (`server delete --wait` waits for each in turn), then waited for
-        // as `--wait` does: until the list no longer has them (its bound: 300 s).
-        let servers = ids(&["server", "list", "-c", "ID", "-c", "Name"], &[])?;
-        delete(&["server", "delete"], &servers)?;
-        let t = Instant::now();
-        loop {
-            let left: Vec<String> = ids(&["server", "list", "-c", "ID", "-c", "Name"], &[])?
-                .into_iter()
-                .filter(|id| servers.contains(id))
-                .collect();
-            if left.is_empty() {
-                break;
-            }
-            ensure!(
-                t.elapsed() < Duration::from_secs(300),
-                "servers {left:?} not deleted after 300 s"
-            );
-            std::thread::sleep(Duration::from_secs(1));
-        }
-        delete(
-            &["port", "delete"],
-            &ids(&["port", "list", "--tags", CLUSTER, "-c", "ID"], &[])?,
-        )?;
-        delete(
-            &["security", "group", "delete"],
-            &ids(
-                &["security", "group", "list", "-c", "ID", "-c", "Name"],
-                &[CLUSTER],
-            )?,
-        )?;
-        delete(
-            &["network", "delete"],
-            &ids(&["network", "list", "--name", CLUSTER, "-c", "ID"], &[])?,
-        )?;
-        delete(
-            &["image", "delete"],
-            &ids(
-                &["image", "list", "-c", "ID", "-c", "Name"],
-                &["keelson", "rhcos"],
-            )?,
-        )?;
+                Ok(())
+            }),
+            Box::new(|| {
+                for v in as_list(c.json(&["stack", "list"])?) {
+                    if v["Stack Name"] == HEAT_STACK
+                        && let Some(id) = v["ID"].as_str()
+                    {
+                        c.run(&["stack", "delete", "--yes", "--wait", id])?;
+                    }
+                }
+                Ok(())
+            }),
+        ];
+        parallel(jobs)?;
         Ok(())
     }
 
+    /// Deletes the floating IPs the run made (an operator's, not the cluster's: the delete
+    /// script leaves them).
+    pub fn delete_floating_ips(&self) -> Result<()> {
+        let mut args = vec!["floating", "ip", "delete"];
+        args.extend(self.floating_ips.values().map(String::as_str));
+        if args.len() > 3 {
+            self.client.run(&args)?;
+        }
+        Ok(())
+    }
+
+    /// `examples/openstack/delete-cluster.sh` for cluster `name`.
+    pub fn delete_cluster(&self, name: &str) -> Result<ScriptRun> {
+        let run = self.script(
+            "delete-cluster.sh",
+            &format!("delete-cluster-{name}"),
+            &[("CLUSTER", name.to_owned())],
+        )?;
+        if !run.success {
+            bail!(
+                "delete-cluster.sh CLUSTER={name} failed; its last lines:\n{}",
+                tail(&run.log, 20)
+            );
+        }
+        Ok(run)
+    }
+
+    /// Marks every server gone (after the delete script).
+    pub fn forget_servers(&mut self) {
+        for s in self.servers.values_mut() {
+            s.running = false;
+        }
+    }
+
     /// The script's environment for this run.
-    fn script_env(&self) -> Vec<(&'static str, String)> {
+    pub fn script_env(&self) -> Vec<(&'static str, String)> {
         let d = &self.deployment;
+        let keelson = crate::payload::env_path("KEELSON_BIN", "target/debug/keelson");
         let mut env = vec![
             ("OUT", self.out.display().to_string()),
-            ("CLUSTER", CLUSTER.to_owned()),
+            ("KEELSON", keelson.display().to_string()),
             ("MASTERS", d.masters.join(" ")),
             ("WORKERS", d.workers.join(" ")),
             ("FLAVOR", APPLIANCE_FLAVOR.to_owned()),
             ("WORKER_FLAVOR", APPLIANCE_FLAVOR.to_owned()),
-            ("WORKER_IMAGE", "keelson".to_owned()),
+            ("WORKER_IMAGE", "appliance".to_owned()),
             ("CONFIG_DRIVE", d.config_drive.join(" ")),
+            // `keelson status` runs on the host: its address alone reaches the status port.
+            ("STATUS_SOURCE", format!("{HOST_PUBLIC}/32")),
+            (
+                "HOST_BOOTSTRAP",
+                if d.hosted_bootstrap { "always" } else { "auto" }.to_owned(),
+            ),
         ];
         match (&self.rhcos_disk, d.master_image) {
             (Some(disk), ImageKind::Standin) => {
@@ -337,11 +455,59 @@ impl OpenStackCluster {
                 env.push(("MASTER_FLAVOR", RHCOS_FLAVOR.to_owned()));
             }
             _ => {
-                env.push(("RHCOS_IMAGE", "keelson".to_owned()));
+                env.push(("RHCOS_IMAGE", "appliance".to_owned()));
                 env.push(("MASTER_FLAVOR", APPLIANCE_FLAVOR.to_owned()));
             }
         }
         env
+    }
+
+    /// Plugs the machine network's namespace into the tenant network's bridge (the
+    /// linuxbridge agent names it `brq` and the network ID's first 11 characters, and makes
+    /// it when the network's first port is bound), with the network's MTU.
+    fn attach_machine_view(&self) -> Result<()> {
+        let id = self
+            .client
+            .run(&["network", "show", CLUSTER, "-f", "value", "-c", "id"])?
+            .trim()
+            .to_owned();
+        let bridge = format!("brq{}", id.get(..11).unwrap_or(&id));
+        let start = Instant::now();
+        while !Path::new(&format!("/sys/class/net/{bridge}")).exists() {
+            ensure!(
+                start.elapsed() < Duration::from_secs(120),
+                "no bridge {bridge} for network {CLUSTER} ({id}) after 120 s"
+            );
+            std::thread::sleep(Duration::from_millis(500));
+        }
+        let mtu = std::fs::read_to_string(format!("/sys/class/net/{bridge}/mtu"))?
+            .trim()
+            .to_owned();
+        let _ = Command::new("ip").args(["link", "del", MACHINE_HOST_IF]).output();
+        let ip = |args: &[&str]| -> Result<()> {
+            let out = Command::new("ip").args(args).output()?;
+            ensure!(
+                out.status.success(),
+                "ip {}: {}",
+                args.join(" "),
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+            Ok(())
+        };
+        ip(&[
+            "link", "add", MACHINE_HOST_IF, "mtu", &mtu, "type", "veth", "peer", "name",
+            MACHINE_IF, "mtu", &mtu, "netns", MACHINE_NETNS,
+        ])?;
+        ip(&["link", "set", MACHINE_HOST_IF, "master", &bridge, "up"])?;
+        self.outside.ip(&[
+            "addr",
+            "replace",
+            &format!("{MACHINE_ADDRESS}/16"),
+            "dev",
+            MACHINE_IF,
+        ])?;
+        self.outside.ip(&["link", "set", MACHINE_IF, "up"])?;
+        Ok(())
     }
 
     /// The server's record, fetched again.
@@ -407,7 +573,7 @@ impl OpenStackCluster {
         let mut ports = BTreeMap::new();
         for p in as_list(
             self.client
-                .json(&["port", "list", "--tags", CLUSTER, "--long"])?,
+                .json(&["port", "list", "--tags", &tag(CLUSTER), "--long"])?,
         ) {
             let name = p["Name"].as_str().unwrap_or_default();
             let Some(node) = name.strip_prefix(&format!("{CLUSTER}-")) else {
@@ -455,8 +621,14 @@ fn qemu_pid(domain: &str) -> Result<u32> {
     bail!("no QEMU process runs libvirt domain {domain}")
 }
 
+/// The last `n` lines of `text`.
+pub fn tail(text: &str, n: usize) -> String {
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
+}
+
 /// A JSON list, or nothing.
-fn as_list(v: Value) -> Vec<Value> {
+pub fn as_list(v: Value) -> Vec<Value> {
     match v {
         Value::Array(a) => a,
         _ => Vec::new(),
@@ -475,39 +647,26 @@ impl Testbed for OpenStackCluster {
     fn outside(&self) -> Outside<'_> {
         Outside {
             netns: &self.outside,
-            iface: OUTSIDE_IF,
-            address: OUTSIDE_ADDRESS
+            iface: MACHINE_IF,
+            address: MACHINE_ADDRESS
                 .parse()
-                .expect("OUTSIDE_ADDRESS is an address"),
+                .expect("MACHINE_ADDRESS is an address"),
         }
     }
 
-    /// Runs the README's script as it is, then learns each node's port (MAC and address,
-    /// which Neutron chose) and server.
+    /// Runs the README's script as it is, plugs the machine network's namespace in, then
+    /// learns each node's port (MAC and address, which Neutron chose) and server.
     fn start_all(&mut self) -> Result<()> {
-        let script = crate::payload::workspace().join("examples/openstack/create-cluster.sh");
-        let log = self.work.join("create-cluster.log");
-        let start = Instant::now();
-        let status = self
-            .client
-            .command("sh")
-            .arg("-x")
-            .arg(&script)
-            .envs(self.script_env())
-            .stdout(std::fs::File::create(&log)?)
-            .stderr(std::fs::File::create(&log)?.try_clone()?)
-            .status()
-            .context("running examples/openstack/create-cluster.sh")?;
-        self.timings.insert("create-cluster.sh", start.elapsed());
-        if !status.success() {
-            let text = std::fs::read_to_string(&log).unwrap_or_default();
-            let tail: Vec<&str> = text.lines().rev().take(20).collect();
+        let run = self.script("create-cluster.sh", "create-cluster", &[])?;
+        self.timings.insert("create-cluster.sh", run.took);
+        if !run.success {
             bail!(
-                "examples/openstack/create-cluster.sh failed ({status}); its last lines ({}):\n{}",
-                log.display(),
-                tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+                "examples/openstack/create-cluster.sh failed; its last lines ({}):\n{}",
+                self.work.join("create-cluster.log").display(),
+                tail(&run.log, 20)
             );
         }
+        self.attach_machine_view()?;
         let ports = self.ports()?;
         for node in &mut self.plan {
             let (_, mac, address) = ports

@@ -7,7 +7,10 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
 
-use super::{CLUSTER, OpenStackCluster};
+use super::{
+    API_FIP, CLUSTER, EXTERNAL_NETWORK, HOST_PUBLIC, INGRESS_FIP, OTHER_CLUSTER, OpenStackCluster,
+    SPARE_FIP, as_list, parallel, tag, tail,
+};
 use crate::cluster::{API_VIP, INGRESS_VIP, MetadataSource};
 use crate::probe;
 use crate::report::secs;
@@ -133,10 +136,29 @@ pub fn cloud(c: &OpenStackCluster, nodes: &[&str]) -> Result<String> {
             let url = said.split_whitespace().next().unwrap_or(said);
             format!(" from {}", url.trim_end_matches(':'))
         };
+        // The hosted bootstrap fetched its config from Glance's public endpoint, with the
+        // token of the pointer (a 401 would have stopped it there).
+        let hosted = if node.role == "bootstrap" && c.deployment.hosted_bootstrap {
+            let line = c
+                .console_text(&node.name)
+                .lines()
+                .find(|l| l.contains("fetching config http://") && l.contains("/v2/images/"))
+                .map(str::to_owned)
+                .with_context(|| {
+                    format!(
+                        "{}: no `fetching config http://.../v2/images/<id>/file` line: the hosted config was not fetched",
+                        node.name
+                    )
+                })?;
+            let url = line.split("fetching config ").nth(1).unwrap_or("").trim();
+            format!(", its config hosted in Glance ({url})")
+        } else {
+            String::new()
+        };
         let created = c.show_field(&node.name, "created")?;
         let ready = ready_at(c, &node.name)? - epoch(&created)?;
         lines.push(format!(
-            "{} ({}, {}{from}) ready {ready:.0} s after create",
+            "{} ({}, {}{from}{hosted}) ready {ready:.0} s after create",
             node.name,
             node.image.as_str(),
             if drive {
@@ -352,6 +374,7 @@ pub fn vrrp_blocked(c: &mut OpenStackCluster) -> Result<String> {
             "{b}: no log line saying adverts do not arrive and naming the fix"
         );
     }
+    // Back as the create script made it: from the machine network only.
     c.client.run(&[
         "security",
         "group",
@@ -359,6 +382,8 @@ pub fn vrrp_blocked(c: &mut OpenStackCluster) -> Result<String> {
         "create",
         "--protocol",
         "112",
+        "--remote-ip",
+        &machine_cidr(c)?,
         CLUSTER,
     ])?;
     let mut cleared = Vec::new();
@@ -410,14 +435,28 @@ pub fn heat_template(c: &OpenStackCluster) -> Result<String> {
     // where it sets none).
     let env: std::collections::BTreeMap<&str, String> = c.script_env().into_iter().collect();
     let pick = |key: &str, default: &str| env.get(key).cloned().unwrap_or(default.to_owned());
-    let rhcos = pick("RHCOS_IMAGE", "rhcos");
+    // The images as the script named them ("appliance": the cluster's appliance image).
+    let image = |name: String| match name.as_str() {
+        "appliance" => format!("{CLUSTER}-keelson"),
+        _ => name,
+    };
+    let rhcos = if env.contains_key("RHCOS_QCOW2") {
+        format!("{CLUSTER}-rhcos")
+    } else {
+        image(pick("RHCOS_IMAGE", "rhcos"))
+    };
+    let fip_id = |a: &str| c.floating_ips.get(a).cloned().unwrap_or_default();
     let values = [
-        ("keelson_image", "keelson".to_owned()),
+        ("keelson_image", format!("{CLUSTER}-keelson")),
         ("rhcos_image", rhcos.clone()),
-        ("worker_image", pick("WORKER_IMAGE", &rhcos)),
+        ("worker_image", image(pick("WORKER_IMAGE", &rhcos))),
         ("bootstrap_flavor", pick("FLAVOR", "m1.small")),
         ("master_flavor", pick("MASTER_FLAVOR", "m1.xlarge")),
         ("worker_flavor", pick("WORKER_FLAVOR", "m1.large")),
+        ("external_network", EXTERNAL_NETWORK.to_owned()),
+        ("api_floating_ip_id", fip_id(API_FIP)),
+        ("ingress_floating_ip_id", fip_id(INGRESS_FIP)),
+        ("status_source", pick("STATUS_SOURCE", "0.0.0.0/0")),
     ];
     let mut args = vec![
         "stack".to_owned(),
@@ -429,6 +468,13 @@ pub fn heat_template(c: &OpenStackCluster) -> Result<String> {
     for (k, v) in &values {
         args.push("--parameter".to_owned());
         args.push(format!("{k}={v}"));
+    }
+    // The hosted bootstrap's pointer, as the template takes it.
+    let pointer = c.out.join("bootstrap.pointer.ign");
+    let hosted = pointer.exists();
+    if hosted {
+        args.push("--parameter-file".to_owned());
+        args.push(format!("bootstrap_user_data={}", pointer.display()));
     }
     args.push(format!("{CLUSTER}-preview"));
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
@@ -454,11 +500,395 @@ pub fn heat_template(c: &OpenStackCluster) -> Result<String> {
         "the stack preview has {} servers ({servers:?}), the template {in_template}",
         servers.len()
     );
+    for wanted in ["router", "api_floating_ip", "ingress_floating_ip", "api_vip_port"] {
+        ensure!(
+            resources.iter().any(|r| r["resource_name"] == wanted),
+            "the stack preview has no {wanted} (the external network and floating IPs given)"
+        );
+    }
     Ok(format!(
-        "Heat's validator accepts openstack.yaml ({} parameters); `stack create --dry-run` with this run's images and flavors previews {} resources, {} servers ({})",
+        "Heat's validator accepts openstack.yaml ({} parameters); `stack create --dry-run` with this run's images, flavors, external network and floating IPs{} previews {} resources, {} servers ({})",
         params.len(),
+        if hosted { " and the hosted bootstrap's pointer" } else { "" },
         resources.len(),
         servers.len(),
         servers.join(", ")
+    ))
+}
+
+
+/// The machine network, as cluster.json says.
+fn machine_cidr(c: &OpenStackCluster) -> Result<String> {
+    let path = c.out.join("cluster.json");
+    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&path)?)?;
+    v["machineNetworks"][0]
+        .as_str()
+        .map(str::to_owned)
+        .with_context(|| format!("{}: machineNetworks", path.display()))
+}
+
+/// Every kind of resource the create script makes, as `openstack` lists it by tag.
+const TAGGED_KINDS: [&str; 7] = [
+    "servers",
+    "ports",
+    "networks",
+    "subnets",
+    "routers",
+    "security groups",
+    "images",
+];
+
+/// The IDs of what carries cluster `name`'s tag, by kind (of `kinds`); listed at once.
+fn tagged(
+    c: &OpenStackCluster,
+    name: &str,
+    kinds: &[&str],
+) -> Result<Vec<(&'static str, Vec<String>)>> {
+    let t = tag(name);
+    let mut all: Vec<(&'static str, Vec<&str>)> = vec![
+        ("servers", vec!["--os-compute-api-version", "2.26", "server", "list", "--tags"]),
+        ("ports", vec!["port", "list", "--tags"]),
+        ("networks", vec!["network", "list", "--tags"]),
+        ("subnets", vec!["subnet", "list", "--tags"]),
+        ("routers", vec!["router", "list", "--tags"]),
+        ("security groups", vec!["security", "group", "list", "--tags"]),
+        ("images", vec!["image", "list", "--tag"]),
+    ];
+    all.retain(|(k, _)| kinds.contains(k));
+    let jobs = all
+        .into_iter()
+        .map(|(kind, args)| {
+            let t = t.clone();
+            Box::new(move || -> Result<(&'static str, Vec<String>)> {
+                let mut args = args;
+                args.push(t.as_str());
+                let mut ids: Vec<String> = as_list(c.client.json(&args)?)
+                    .into_iter()
+                    .filter_map(|v| v["ID"].as_str().map(str::to_owned))
+                    .collect();
+                ids.sort();
+                Ok((kind, ids))
+            }) as Box<dyn FnOnce() -> Result<(&'static str, Vec<String>)> + Send + '_>
+        })
+        .collect();
+    parallel(jobs)
+}
+
+/// R. `create-cluster.sh` a second time, as it is: it looks every resource up, changes
+///    nothing and says so; every resource tagged with the cluster is the same after as
+///    before.
+pub fn rerun(c: &mut OpenStackCluster) -> Result<String> {
+    // What a second run would make again if it did not look first (network and security
+    // group names are checked by the script itself, and a duplicate would stop it).
+    let kinds = ["servers", "ports", "images"];
+    let before = tagged(c, CLUSTER, &kinds)?;
+    let run = c.script("create-cluster.sh", "create-cluster-rerun", &[])?;
+    ensure!(
+        run.success,
+        "the second run failed:\n{}",
+        tail(&run.log, 20)
+    );
+    let said = run.said();
+    let created: Vec<&&str> = said.iter().filter(|l| l.contains(" created ")).collect();
+    ensure!(
+        created.is_empty(),
+        "the second run made something: {created:?}"
+    );
+    let summary = said
+        .iter()
+        .find(|l| l.contains("nothing changed"))
+        .with_context(|| format!("the second run did not say nothing changed:\n{}", said.join("\n")))?;
+    let after = tagged(c, CLUSTER, &kinds)?;
+    ensure!(
+        before == after,
+        "the resources tagged {} changed: before {before:?}, after {after:?}",
+        tag(CLUSTER)
+    );
+    let count: usize = after.iter().map(|(_, ids)| ids.len()).sum();
+    c.timings.insert("create-cluster.sh again", run.took);
+    Ok(format!(
+        "{} ({count} servers, ports and images tagged {}, the same IDs before and after) in {}",
+        summary.trim_start_matches("create-cluster: "),
+        tag(CLUSTER),
+        secs(run.took)
+    ))
+}
+
+/// Whether a TCP connection to `addr:port` from namespace `ns` is answered (connected or
+/// refused: a node's kernel answered) or not (dropped on the way: a security group).
+fn reached(ns: &crate::netns::Netns, addr: &str, port: u16) -> Result<bool> {
+    let out = ns
+        .command("bash")
+        .args([
+            "-c",
+            &format!("timeout 3 bash -c 'exec 3<>/dev/tcp/{addr}/{port}' 2>&1; echo \"exit $?\""),
+        ])
+        .output()
+        .context("running bash in the namespace")?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    // 0: connected; 1 with "refused": a node answered RST; 124: the timeout, nothing came.
+    Ok(text.contains("exit 0") || text.contains("refused"))
+}
+
+/// F. The cluster from the world: the floating IPs from the external network's gateway
+///    namespace. The API's (6443, open to anywhere) reaches the API VIP's holder and answers
+///    through the proxy; the ports the machine network alone may reach (Ignition 22623, DNS
+///    53, /metrics 22625, the proxy's 9445, the router's stats 1936) and the status port (the
+///    host's address alone) are dropped on the way to that same holder, which would answer
+///    or refuse each if it came; where a node holds the ingress VIP (workers run), its
+///    floating IP's 80 and 443 (anywhere) reach it. The create script printed the DNS
+///    records to publish.
+pub fn floating(c: &OpenStackCluster) -> Result<String> {
+    let ns = &c.external;
+    let ready = probe::curl(
+        ns,
+        &format!("https://{API_FIP}:6443/readyz"),
+        Duration::from_secs(5),
+    )
+    .with_context(|| format!("https://{API_FIP}:6443/readyz did not answer from {}", ns.name))?;
+    let mut open = vec![format!("{API_FIP}:6443 answered {:?}", ready.trim())];
+    match c.holder_of(INGRESS_VIP)? {
+        Some(holder) => {
+            for port in [80, 443] {
+                ensure!(
+                    reached(ns, INGRESS_FIP, port)?,
+                    "{INGRESS_FIP}:{port} (ingress, open to anywhere) does not reach {holder}, which holds {INGRESS_VIP}"
+                );
+                open.push(format!("{INGRESS_FIP}:{port} reached {holder}"));
+            }
+        }
+        None => open.push(format!(
+            "{INGRESS_VIP} held by no node here (no workers): {INGRESS_FIP} not probed"
+        )),
+    }
+    // Each dropped port costs the probe's timeout: all at once.
+    let dropped = [
+        22623,
+        53,
+        22625,
+        9445,
+        1936,
+        keelson_cluster::operator::PORT,
+    ];
+    let probes = dropped
+        .iter()
+        .map(|&port| {
+            Box::new(move || reached(ns, API_FIP, port)) as Box<dyn FnOnce() -> Result<bool> + Send + '_>
+        })
+        .collect();
+    let mut closed = Vec::new();
+    for (port, got) in dropped.iter().zip(parallel(probes)?) {
+        ensure!(
+            !got,
+            "{API_FIP}:{port} is reached from the external network: the security group should pass it from the machine network (or the status source) only"
+        );
+        closed.push(format!("{port}"));
+    }
+    let log = std::fs::read_to_string(c.work.join("create-cluster.log")).unwrap_or_default();
+    for record in [format!("api.ocp4.osd2019.local.     A  {API_FIP}"), format!("*.apps.ocp4.osd2019.local.  A  {INGRESS_FIP}")] {
+        ensure!(log.contains(&record), "create-cluster.sh did not print the DNS record {record:?}");
+    }
+    Ok(format!(
+        "from {}: {}; dropped on the way to the API VIP's holder: {} (the machine network's; the status port the host's); the script printed api. and *.apps. records for the floating IPs",
+        ns.name,
+        open.join(", "),
+        closed.join(", ")
+    ))
+}
+
+/// S. `keelson status --cluster out/` on the host, through the API's floating IP (the
+///    default): answered by the API VIP's holder, every running node listed with its role
+///    and agent version, each VIP's holder the one ARP shows; the table printed. From the
+///    external gateway's namespace (not the status source) it gets no answer.
+pub fn status(c: &mut OpenStackCluster) -> Result<String> {
+    let keelson = crate::payload::env_path("KEELSON_BIN", "target/debug/keelson");
+    let run = |json: bool| -> Result<(bool, String, String, Duration)> {
+        let mut cmd = Command::new(&keelson);
+        cmd.args(["status", "--cluster"]).arg(&c.out);
+        if json {
+            cmd.arg("--json");
+        }
+        let t = Instant::now();
+        let out = cmd.output().context("running keelson status")?;
+        Ok((
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+            t.elapsed(),
+        ))
+    };
+    let (ok, json, err, took) = run(true)?;
+    ensure!(ok, "keelson status --json failed: {err}");
+    let report: keelson_cluster::operator::ClusterReport =
+        serde_json::from_str(&json).context("keelson status --json")?;
+    let holder = c.sole_holder(crate::cluster::API_VIP, Duration::from_secs(30))?;
+    ensure!(
+        report.answered_by == holder,
+        "answered by {}, but {holder} holds the API VIP the floating IP leads to",
+        report.answered_by
+    );
+    let running: Vec<String> = c
+        .plan()
+        .iter()
+        .filter(|n| c.is_running(&n.name))
+        .map(|n| n.name.clone())
+        .collect();
+    let listed: Vec<String> = report.nodes.iter().map(|n| n.name.clone()).collect();
+    for name in &running {
+        ensure!(listed.contains(name), "{name} is not in the report: {listed:?}");
+    }
+    for n in &report.nodes {
+        let st = n
+            .status
+            .as_ref()
+            .with_context(|| format!("{}: no status ({:?})", n.name, n.error))?;
+        let role = c.node(&n.name).map(|p| p.role).unwrap_or("?");
+        ensure!(st["node"]["role"] == role, "{}: role {} in the report, {role} in the plan", n.name, st["node"]["role"]);
+        ensure!(st["build"]["version"].is_string(), "{}: no agent version", n.name);
+        // The API VIP's holder by the report is the one ARP shows.
+        let holds = st["vrrp"]
+            .as_array()
+            .is_some_and(|v| v.iter().any(|i| i["name"] == "api" && i["state"] == "master"));
+        ensure!(
+            holds == (n.name == holder),
+            "{}: the report says it {} the API VIP; ARP shows {holder}",
+            n.name,
+            if holds { "holds" } else { "does not hold" }
+        );
+    }
+    let (ok, table, err, _) = run(false)?;
+    ensure!(ok, "keelson status failed: {err}");
+    eprintln!("openstack-cluster: keelson status --cluster out/ (through {API_FIP}):\n{table}");
+    // Not the status source: nothing answers (the security group), whatever certificate.
+    let refused = c
+        .external
+        .command_path(&keelson)
+        .args(["status", "--timeout", "5", "--cluster"])
+        .arg(&c.out)
+        .output()?;
+    ensure!(
+        !refused.status.success(),
+        "keelson status answered from {} too, which is not the status source",
+        c.external.name
+    );
+    c.timings.insert("keelson status", took);
+    Ok(format!(
+        "from the host ({HOST_PUBLIC}) through {API_FIP}: answered by {} (the API VIP's holder) in {}, {} members with role, version and readiness; the table's VIP line: {}; from {} (not the status source) no answer",
+        report.answered_by,
+        secs(took),
+        report.nodes.len(),
+        table.lines().find(|l| l.starts_with("api ")).unwrap_or("?").split_whitespace().collect::<Vec<_>>().join(" "),
+        c.external.name
+    ))
+}
+
+/// B. Bad input stops the create script with what to do, before anything changes: a
+///    cluster name another cluster's resources carry, an external network that does not
+///    exist, a floating IP attached elsewhere (the spare one, on the bootstrap's port). The
+///    three run at once; afterwards the other cluster still has its one network and nothing
+///    else, and the spare floating IP is attached where it was.
+pub fn bad_input(c: &mut OpenStackCluster) -> Result<String> {
+    let bootstrap_port = c.port_id("bootstrap")?;
+    c.client
+        .run(&["floating", "ip", "set", "--port", &bootstrap_port, SPARE_FIP])?;
+    let cases: Vec<(&str, Vec<(&str, String)>, &str)> = vec![
+        (
+            "collision",
+            vec![("CLUSTER", OTHER_CLUSTER.to_owned())],
+            "belongs to another cluster named ocp4-other",
+        ),
+        (
+            "external",
+            vec![("EXTERNAL_NETWORK", "no-such-network".to_owned())],
+            "external network no-such-network: not found",
+        ),
+        (
+            "fip",
+            vec![("API_FLOATING_IP", SPARE_FIP.to_owned())],
+            "floating IP 172.24.4.52 is in use",
+        ),
+    ];
+    let cr = &*c;
+    let jobs = cases
+        .iter()
+        .map(|(name, env, _)| {
+            Box::new(move || cr.script("create-cluster.sh", &format!("create-cluster-bad-{name}"), env))
+                as Box<dyn FnOnce() -> Result<super::ScriptRun> + Send + '_>
+        })
+        .collect();
+    let runs = parallel(jobs)?;
+    let mut said = Vec::new();
+    for ((name, _, expected), run) in cases.iter().zip(&runs) {
+        ensure!(!run.success, "{name}: create-cluster.sh did not stop");
+        let lines = run.said();
+        let line = lines
+            .iter()
+            .find(|l| l.contains(expected))
+            .with_context(|| format!("{name}: no line with {expected:?}:\n{}", lines.join("\n")))?;
+        ensure!(
+            run.log.contains("nothing was changed") && !run.log.contains(" created "),
+            "{name}: something was made:\n{}",
+            lines.join("\n")
+        );
+        said.push(format!("{name}: {}", line.trim_start_matches("create-cluster: ")));
+    }
+    let other = tagged(c, OTHER_CLUSTER, &TAGGED_KINDS)?;
+    let count = |kind: &str| other.iter().find(|(k, _)| *k == kind).map_or(0, |(_, v)| v.len());
+    ensure!(
+        count("networks") == 1 && count("subnets") == 0 && count("ports") == 0 && count("servers") == 0,
+        "the other cluster's resources changed: {other:?}"
+    );
+    Ok(format!("each stopped before any change ({}): {}", secs(runs.iter().map(|r| r.took).max().unwrap_or_default()), said.join("; ")))
+}
+
+/// D. `delete-cluster.sh`: afterwards nothing carries the cluster's tag (servers, ports,
+///    networks, subnets, routers, security groups, images), the other cluster in the project
+///    is untouched, and a second run finds nothing to delete; then the other cluster goes
+///    the same way.
+pub fn delete(c: &mut OpenStackCluster) -> Result<String> {
+    let run = c.delete_cluster(CLUSTER)?;
+    c.forget_servers();
+    c.timings.insert("delete-cluster.sh", run.took);
+    let (left, other) = {
+        let cr = &*c;
+        let both = parallel(vec![
+            Box::new(move || tagged(cr, CLUSTER, &TAGGED_KINDS))
+                as Box<dyn FnOnce() -> Result<Vec<(&'static str, Vec<String>)>> + Send + '_>,
+            Box::new(move || tagged(cr, OTHER_CLUSTER, &TAGGED_KINDS)),
+        ])?;
+        let mut it = both.into_iter();
+        (it.next().unwrap_or_default(), it.next().unwrap_or_default())
+    };
+    let remaining: Vec<String> = left
+        .iter()
+        .filter(|(_, ids)| !ids.is_empty())
+        .map(|(k, ids)| format!("{k}: {ids:?}"))
+        .collect();
+    ensure!(
+        remaining.is_empty(),
+        "left with the tag {}: {}",
+        tag(CLUSTER),
+        remaining.join("; ")
+    );
+    let others: usize = other.iter().map(|(_, ids)| ids.len()).sum();
+    ensure!(others == 2, "the other cluster lost something: {other:?}");
+    let again = c.delete_cluster(CLUSTER)?;
+    ensure!(
+        again.log.contains("nothing to delete"),
+        "the second delete did not say nothing was left:\n{}",
+        again.said().join("\n")
+    );
+    let other_run = c.delete_cluster(OTHER_CLUSTER)?;
+    let deleted = run
+        .said()
+        .iter()
+        .find(|l| l.contains("deleted ("))
+        .map(|l| l.trim_start_matches("delete-cluster: ").to_owned())
+        .unwrap_or_default();
+    Ok(format!(
+        "{deleted} in {}; nothing left with the tag; {OTHER_CLUSTER}'s network and group untouched; again: nothing to delete ({}); {OTHER_CLUSTER} then deleted ({})",
+        secs(run.took),
+        secs(again.took),
+        secs(other_run.took)
     ))
 }
