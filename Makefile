@@ -30,7 +30,7 @@ agent:
 	RUSTFLAGS="-C target-feature=+crt-static" cargo build --profile $(AGENT_PROFILE) --target $(TARGET) \
 	  -p keelson-agent -p keelson-qemu-tests --bin keelson-agent --bin kube-standin
 
-build: agent
+build: setup agent
 	cargo build --release -p keelson
 
 image: setup build
