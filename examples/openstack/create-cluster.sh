@@ -179,7 +179,8 @@ image() {
 }
 # The appliance the bootstrap boots (docs/image.md for the properties).
 KEELSON_IMAGE=$(image "$CLUSTER-keelson" "$OUT/keelson.qcow2" qcow2 \
-  --property hw_qemu_guest_agent=no --property hw_rng_model=virtio)
+  --property hw_qemu_guest_agent=no --property hw_rng_model=virtio \
+  --property hw_disk_bus=virtio --property hw_vif_model=virtio --property os_type=linux)
 if [ -n "$RHCOS_QCOW2" ]; then
   RHCOS_IMAGE=$(image "$CLUSTER-rhcos" "$RHCOS_QCOW2" qcow2 --property hw_qemu_guest_agent=yes)
 fi
