@@ -7,8 +7,8 @@ mod openstack;
 mod payloads;
 mod pointer;
 mod serve;
-mod vrids;
 mod status;
+mod vrids;
 
 use clap::{Parser, Subcommand};
 

@@ -8,10 +8,10 @@
 //! what `keelson render` prints.
 
 pub mod convert;
+pub mod hosted;
 pub mod merge;
 pub mod openshift;
 pub mod operator;
-pub mod hosted;
 pub mod v22;
 
 use std::io::Write;

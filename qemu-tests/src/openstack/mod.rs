@@ -300,27 +300,48 @@ impl OpenStackCluster {
         cluster.clean()?;
         let c = &cluster.client;
         let other = tag(OTHER_CLUSTER);
-        let fip = |address: &'static str| -> Box<dyn FnOnce() -> Result<(String, String)> + Send + '_> {
-            Box::new(move || {
-                let v = c.json(&[
-                    "floating", "ip", "create", "--floating-ip-address", address, EXTERNAL_NETWORK,
-                ])?;
-                Ok((address.to_owned(), v["id"].as_str().unwrap_or_default().to_owned()))
-            })
-        };
+        let fip =
+            |address: &'static str| -> Box<dyn FnOnce() -> Result<(String, String)> + Send + '_> {
+                Box::new(move || {
+                    let v = c.json(&[
+                        "floating",
+                        "ip",
+                        "create",
+                        "--floating-ip-address",
+                        address,
+                        EXTERNAL_NETWORK,
+                    ])?;
+                    Ok((
+                        address.to_owned(),
+                        v["id"].as_str().unwrap_or_default().to_owned(),
+                    ))
+                })
+            };
         let made = parallel(vec![
             fip(API_FIP),
             fip(INGRESS_FIP),
             fip(SPARE_FIP),
             Box::new(|| {
                 c.run(&[
-                    "network", "create", "--tag", &other, "--tag", "keelson-zone=other.example",
+                    "network",
+                    "create",
+                    "--tag",
+                    &other,
+                    "--tag",
+                    "keelson-zone=other.example",
                     OTHER_CLUSTER,
                 ])?;
                 Ok((String::new(), String::new()))
             }),
             Box::new(|| {
-                c.run(&["security", "group", "create", "--tag", &other, OTHER_CLUSTER])?;
+                c.run(&[
+                    "security",
+                    "group",
+                    "create",
+                    "--tag",
+                    &other,
+                    OTHER_CLUSTER,
+                ])?;
                 Ok((String::new(), String::new()))
             }),
         ])?;
@@ -331,7 +352,9 @@ impl OpenStackCluster {
     /// Runs `examples/openstack/<script>` as it is (`sh -x`), with this run's environment and
     /// `extra` over it; its output is also kept in the work directory as `<log>.log`.
     pub fn script(&self, script: &str, log: &str, extra: &[(&str, String)]) -> Result<ScriptRun> {
-        let path = crate::payload::workspace().join("examples/openstack").join(script);
+        let path = crate::payload::workspace()
+            .join("examples/openstack")
+            .join(script);
         let log_path = self.work.join(format!("{log}.log"));
         let start = Instant::now();
         let out = self
@@ -483,7 +506,9 @@ impl OpenStackCluster {
         let mtu = std::fs::read_to_string(format!("/sys/class/net/{bridge}/mtu"))?
             .trim()
             .to_owned();
-        let _ = Command::new("ip").args(["link", "del", MACHINE_HOST_IF]).output();
+        let _ = Command::new("ip")
+            .args(["link", "del", MACHINE_HOST_IF])
+            .output();
         let ip = |args: &[&str]| -> Result<()> {
             let out = Command::new("ip").args(args).output()?;
             ensure!(
@@ -495,8 +520,20 @@ impl OpenStackCluster {
             Ok(())
         };
         ip(&[
-            "link", "add", MACHINE_HOST_IF, "mtu", &mtu, "type", "veth", "peer", "name",
-            MACHINE_IF, "mtu", &mtu, "netns", MACHINE_NETNS,
+            "link",
+            "add",
+            MACHINE_HOST_IF,
+            "mtu",
+            &mtu,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            MACHINE_IF,
+            "mtu",
+            &mtu,
+            "netns",
+            MACHINE_NETNS,
         ])?;
         ip(&["link", "set", MACHINE_HOST_IF, "master", &bridge, "up"])?;
         self.outside.ip(&[

@@ -500,7 +500,12 @@ pub fn heat_template(c: &OpenStackCluster) -> Result<String> {
         "the stack preview has {} servers ({servers:?}), the template {in_template}",
         servers.len()
     );
-    for wanted in ["router", "api_floating_ip", "ingress_floating_ip", "api_vip_port"] {
+    for wanted in [
+        "router",
+        "api_floating_ip",
+        "ingress_floating_ip",
+        "api_vip_port",
+    ] {
         ensure!(
             resources.iter().any(|r| r["resource_name"] == wanted),
             "the stack preview has no {wanted} (the external network and floating IPs given)"
@@ -509,13 +514,16 @@ pub fn heat_template(c: &OpenStackCluster) -> Result<String> {
     Ok(format!(
         "Heat's validator accepts openstack.yaml ({} parameters); `stack create --dry-run` with this run's images, flavors, external network and floating IPs{} previews {} resources, {} servers ({})",
         params.len(),
-        if hosted { " and the hosted bootstrap's pointer" } else { "" },
+        if hosted {
+            " and the hosted bootstrap's pointer"
+        } else {
+            ""
+        },
         resources.len(),
         servers.len(),
         servers.join(", ")
     ))
 }
-
 
 /// The machine network, as cluster.json says.
 fn machine_cidr(c: &OpenStackCluster) -> Result<String> {
@@ -546,12 +554,24 @@ fn tagged(
 ) -> Result<Vec<(&'static str, Vec<String>)>> {
     let t = tag(name);
     let mut all: Vec<(&'static str, Vec<&str>)> = vec![
-        ("servers", vec!["--os-compute-api-version", "2.26", "server", "list", "--tags"]),
+        (
+            "servers",
+            vec![
+                "--os-compute-api-version",
+                "2.26",
+                "server",
+                "list",
+                "--tags",
+            ],
+        ),
         ("ports", vec!["port", "list", "--tags"]),
         ("networks", vec!["network", "list", "--tags"]),
         ("subnets", vec!["subnet", "list", "--tags"]),
         ("routers", vec!["router", "list", "--tags"]),
-        ("security groups", vec!["security", "group", "list", "--tags"]),
+        (
+            "security groups",
+            vec!["security", "group", "list", "--tags"],
+        ),
         ("images", vec!["image", "list", "--tag"]),
     ];
     all.retain(|(k, _)| kinds.contains(k));
@@ -597,7 +617,12 @@ pub fn rerun(c: &mut OpenStackCluster) -> Result<String> {
     let summary = said
         .iter()
         .find(|l| l.contains("nothing changed"))
-        .with_context(|| format!("the second run did not say nothing changed:\n{}", said.join("\n")))?;
+        .with_context(|| {
+            format!(
+                "the second run did not say nothing changed:\n{}",
+                said.join("\n")
+            )
+        })?;
     let after = tagged(c, CLUSTER, &kinds)?;
     ensure!(
         before == after,
@@ -645,7 +670,12 @@ pub fn floating(c: &OpenStackCluster) -> Result<String> {
         &format!("https://{API_FIP}:6443/readyz"),
         Duration::from_secs(5),
     )
-    .with_context(|| format!("https://{API_FIP}:6443/readyz did not answer from {}", ns.name))?;
+    .with_context(|| {
+        format!(
+            "https://{API_FIP}:6443/readyz did not answer from {}",
+            ns.name
+        )
+    })?;
     let mut open = vec![format!("{API_FIP}:6443 answered {:?}", ready.trim())];
     match c.holder_of(INGRESS_VIP)? {
         Some(holder) => {
@@ -673,7 +703,8 @@ pub fn floating(c: &OpenStackCluster) -> Result<String> {
     let probes = dropped
         .iter()
         .map(|&port| {
-            Box::new(move || reached(ns, API_FIP, port)) as Box<dyn FnOnce() -> Result<bool> + Send + '_>
+            Box::new(move || reached(ns, API_FIP, port))
+                as Box<dyn FnOnce() -> Result<bool> + Send + '_>
         })
         .collect();
     let mut closed = Vec::new();
@@ -685,8 +716,14 @@ pub fn floating(c: &OpenStackCluster) -> Result<String> {
         closed.push(format!("{port}"));
     }
     let log = std::fs::read_to_string(c.work.join("create-cluster.log")).unwrap_or_default();
-    for record in [format!("api.ocp4.osd2019.local.     A  {API_FIP}"), format!("*.apps.ocp4.osd2019.local.  A  {INGRESS_FIP}")] {
-        ensure!(log.contains(&record), "create-cluster.sh did not print the DNS record {record:?}");
+    for record in [
+        format!("api.ocp4.osd2019.local.     A  {API_FIP}"),
+        format!("*.apps.ocp4.osd2019.local.  A  {INGRESS_FIP}"),
+    ] {
+        ensure!(
+            log.contains(&record),
+            "create-cluster.sh did not print the DNS record {record:?}"
+        );
     }
     Ok(format!(
         "from {}: {}; dropped on the way to the API VIP's holder: {} (the machine network's; the status port the host's); the script printed api. and *.apps. records for the floating IPs",
@@ -735,7 +772,10 @@ pub fn status(c: &mut OpenStackCluster) -> Result<String> {
         .collect();
     let listed: Vec<String> = report.nodes.iter().map(|n| n.name.clone()).collect();
     for name in &running {
-        ensure!(listed.contains(name), "{name} is not in the report: {listed:?}");
+        ensure!(
+            listed.contains(name),
+            "{name} is not in the report: {listed:?}"
+        );
     }
     for n in &report.nodes {
         let st = n
@@ -743,12 +783,22 @@ pub fn status(c: &mut OpenStackCluster) -> Result<String> {
             .as_ref()
             .with_context(|| format!("{}: no status ({:?})", n.name, n.error))?;
         let role = c.node(&n.name).map(|p| p.role).unwrap_or("?");
-        ensure!(st["node"]["role"] == role, "{}: role {} in the report, {role} in the plan", n.name, st["node"]["role"]);
-        ensure!(st["build"]["version"].is_string(), "{}: no agent version", n.name);
+        ensure!(
+            st["node"]["role"] == role,
+            "{}: role {} in the report, {role} in the plan",
+            n.name,
+            st["node"]["role"]
+        );
+        ensure!(
+            st["build"]["version"].is_string(),
+            "{}: no agent version",
+            n.name
+        );
         // The API VIP's holder by the report is the one ARP shows.
-        let holds = st["vrrp"]
-            .as_array()
-            .is_some_and(|v| v.iter().any(|i| i["name"] == "api" && i["state"] == "master"));
+        let holds = st["vrrp"].as_array().is_some_and(|v| {
+            v.iter()
+                .any(|i| i["name"] == "api" && i["state"] == "master")
+        });
         ensure!(
             holds == (n.name == holder),
             "{}: the report says it {} the API VIP; ARP shows {holder}",
@@ -777,7 +827,13 @@ pub fn status(c: &mut OpenStackCluster) -> Result<String> {
         report.answered_by,
         secs(took),
         report.nodes.len(),
-        table.lines().find(|l| l.starts_with("api ")).unwrap_or("?").split_whitespace().collect::<Vec<_>>().join(" "),
+        table
+            .lines()
+            .find(|l| l.starts_with("api "))
+            .unwrap_or("?")
+            .split_whitespace()
+            .collect::<Vec<_>>()
+            .join(" "),
         c.external.name
     ))
 }
@@ -789,8 +845,14 @@ pub fn status(c: &mut OpenStackCluster) -> Result<String> {
 ///    else, and the spare floating IP is attached where it was.
 pub fn bad_input(c: &mut OpenStackCluster) -> Result<String> {
     let bootstrap_port = c.port_id("bootstrap")?;
-    c.client
-        .run(&["floating", "ip", "set", "--port", &bootstrap_port, SPARE_FIP])?;
+    c.client.run(&[
+        "floating",
+        "ip",
+        "set",
+        "--port",
+        &bootstrap_port,
+        SPARE_FIP,
+    ])?;
     let cases: Vec<(&str, Vec<(&str, String)>, &str)> = vec![
         (
             "collision",
@@ -812,8 +874,13 @@ pub fn bad_input(c: &mut OpenStackCluster) -> Result<String> {
     let jobs = cases
         .iter()
         .map(|(name, env, _)| {
-            Box::new(move || cr.script("create-cluster.sh", &format!("create-cluster-bad-{name}"), env))
-                as Box<dyn FnOnce() -> Result<super::ScriptRun> + Send + '_>
+            Box::new(move || {
+                cr.script(
+                    "create-cluster.sh",
+                    &format!("create-cluster-bad-{name}"),
+                    env,
+                )
+            }) as Box<dyn FnOnce() -> Result<super::ScriptRun> + Send + '_>
         })
         .collect();
     let runs = parallel(jobs)?;
@@ -830,15 +897,30 @@ pub fn bad_input(c: &mut OpenStackCluster) -> Result<String> {
             "{name}: something was made:\n{}",
             lines.join("\n")
         );
-        said.push(format!("{name}: {}", line.trim_start_matches("create-cluster: ")));
+        said.push(format!(
+            "{name}: {}",
+            line.trim_start_matches("create-cluster: ")
+        ));
     }
     let other = tagged(c, OTHER_CLUSTER, &TAGGED_KINDS)?;
-    let count = |kind: &str| other.iter().find(|(k, _)| *k == kind).map_or(0, |(_, v)| v.len());
+    let count = |kind: &str| {
+        other
+            .iter()
+            .find(|(k, _)| *k == kind)
+            .map_or(0, |(_, v)| v.len())
+    };
     ensure!(
-        count("networks") == 1 && count("subnets") == 0 && count("ports") == 0 && count("servers") == 0,
+        count("networks") == 1
+            && count("subnets") == 0
+            && count("ports") == 0
+            && count("servers") == 0,
         "the other cluster's resources changed: {other:?}"
     );
-    Ok(format!("each stopped before any change ({}): {}", secs(runs.iter().map(|r| r.took).max().unwrap_or_default()), said.join("; ")))
+    Ok(format!(
+        "each stopped before any change ({}): {}",
+        secs(runs.iter().map(|r| r.took).max().unwrap_or_default()),
+        said.join("; ")
+    ))
 }
 
 /// D. `delete-cluster.sh`: afterwards nothing carries the cluster's tag (servers, ports,
