@@ -474,6 +474,8 @@ pub fn heat_template(c: &OpenStackCluster) -> Result<String> {
     let hosted = pointer.exists();
     if hosted {
         args.push("--parameter-file".to_owned());
+        // Absolute: the client reads a relative parameter file from the template's directory.
+        let pointer = std::path::absolute(&pointer)?;
         args.push(format!("bootstrap_user_data={}", pointer.display()));
     }
     args.push(format!("{CLUSTER}-preview"));
