@@ -152,6 +152,19 @@ fn vrrp_lines(o: &mut String, st: &AgentStatus) {
                 f.fix
             );
         }
+        for f in &v.foreign_routers {
+            let _ = writeln!(
+                o,
+                "  VRID COLLISION: {} (not a member) advertises vrid {} for {}: {} adverts in {}, the last {} ago; {}",
+                f.source,
+                f.vrid,
+                join(&f.addresses),
+                f.adverts,
+                duration(f.seconds),
+                duration(f.last_seconds),
+                super::model::ForeignRouter::FIX
+            );
+        }
         if !v.checks.is_empty() {
             let checks = v.checks.iter().map(|c| {
                 format!(

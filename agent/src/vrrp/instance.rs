@@ -198,6 +198,20 @@ impl Runner {
             Note::DeafYield { to, priority } => tracing::warn!(
                 "vrrp {name}: {to} (priority {priority}) still advertises as master after our adverts: it does not hear us; giving {vip} up to it"
             ),
+            Note::ForeignRouter {
+                src,
+                vrid,
+                addresses,
+                reason,
+            } => tracing::warn!(
+                "vrrp {name}: VRID collision: {src}, not a member of this cluster, advertises VRID {vrid} for {} (not ours: {reason}); its adverts are dropped and counted (foreignAdverts); {}",
+                addresses
+                    .iter()
+                    .map(ToString::to_string)
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                crate::status::model::ForeignRouter::FIX
+            ),
         }
     }
 
@@ -476,6 +490,19 @@ impl Runner {
                 .findings
                 .into_iter()
                 .map(|(p, (since, fix))| (p, (at(since), fix)))
+                .collect(),
+            foreign_routers: snap
+                .foreign
+                .into_iter()
+                .map(|(src, f)| {
+                    let seen = super::status::ForeignSeen {
+                        addresses: f.addresses,
+                        first: at(f.first),
+                        last: at(f.last),
+                        adverts: f.adverts,
+                    };
+                    (src, seen)
+                })
                 .collect(),
         });
     }

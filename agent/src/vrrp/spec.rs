@@ -62,6 +62,15 @@ impl Spec {
 
     /// Checks a received packet; `Err(reason)` to drop it.
     pub fn validate(&self, r: &Received) -> Result<Advert, &'static str> {
+        let a = self.on_our_vrid(r)?;
+        self.same_router(&a)?;
+        Ok(a)
+    }
+
+    /// The first half of [`Spec::validate`]: a well-formed advert from another host on our
+    /// VRID. What fails only the second half ([`Spec::same_router`]) is another virtual
+    /// router that uses our VRID.
+    pub fn on_our_vrid(&self, r: &Received) -> Result<Advert, &'static str> {
         if r.ttl != 255 {
             return Err("ttl");
         }
@@ -72,6 +81,12 @@ impl Spec {
         if a.vrid != self.config.vrid {
             return Err("vrid");
         }
+        Ok(a)
+    }
+
+    /// The second half of [`Spec::validate`]: whether an advert on our VRID is of our
+    /// virtual router (version, authentication, interval, the VIP).
+    pub fn same_router(&self, a: &Advert) -> Result<(), &'static str> {
         if a.version != self.version() {
             return Err("version");
         }
@@ -90,7 +105,7 @@ impl Spec {
         if a.addresses[0] != self.config.vip {
             return Err("address");
         }
-        Ok(a)
+        Ok(())
     }
 
     /// Our advert interval.
