@@ -1019,6 +1019,7 @@ mod tests {
             vrrp: vec![VrrpInstance {
                 name: "api".into(),
                 vip: "10.0.0.5".parse().unwrap(),
+                companion_vips: vec![],
                 vrid: 51,
                 state: VrrpState::Master,
                 state_seconds: 3.0,

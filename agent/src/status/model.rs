@@ -176,6 +176,9 @@ pub struct VrrpInstance {
     pub name: String,
     /// Its VIP.
     pub vip: IpAddr,
+    /// The VIPs held with it: those of the instances that follow it (`follows`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub companion_vips: Vec<IpAddr>,
     /// Virtual router ID.
     pub vrid: u8,
     /// Current state.

@@ -122,9 +122,14 @@ fn vrrp_lines(o: &mut String, st: &AgentStatus) {
             (Some(a), Some(p)) => format!("{a} prio {p}"),
             _ => "-".into(),
         };
+        let with = if v.companion_vips.is_empty() {
+            String::new()
+        } else {
+            format!(" (with {})", join(&v.companion_vips))
+        };
         let _ = writeln!(
             o,
-            "vrrp {} {} vrid {}: {} for {}, prio {} (base {}), master {}, {} transitions, adverts in {} out {}, drops: {}",
+            "vrrp {} {}{with} vrid {}: {} for {}, prio {} (base {}), master {}, {} transitions, adverts in {} out {}, drops: {}",
             v.name,
             v.vip,
             v.vrid,

@@ -45,16 +45,28 @@ use crate::context::AgentContext;
 
 /// The instances this node takes part in, resolved against its identity: those whose
 /// priorities name this node's role and whose VIP family the node has an address in, and
-/// that are not announced by BGP (`cluster.json` `bgp.vips`).
+/// that are not announced by BGP (`cluster.json` `bgp.vips`). An instance that `follows`
+/// another is no router of its own: its VIP rides with that one's ([`companions`]).
 pub async fn specs(ctx: &AgentContext) -> anyhow::Result<Vec<spec::Spec>> {
     let node = &ctx.node;
     let mut out = Vec::new();
     for cfg in &ctx.cluster.vrrp.instances {
+        if cfg.follows.is_some() {
+            continue;
+        }
         let Some(base) = cfg.priorities.for_role(node.role) else {
             continue;
         };
         // Announced by BGP instead (`bgp` service).
         if ctx.cluster.bgp_mode(&cfg.name) {
+            for f in followers(ctx, &cfg.name) {
+                tracing::warn!(
+                    "vrrp {}: follows {}, which BGP announces: {} is held by neither",
+                    f.name,
+                    cfg.name,
+                    f.vip
+                );
+            }
             continue;
         }
         let v6 = cfg.vip.is_ipv6();
@@ -84,9 +96,47 @@ pub async fn specs(ctx: &AgentContext) -> anyhow::Result<Vec<spec::Spec>> {
             iface: node.interface.clone(),
             primary,
             own,
+            companions: companions(ctx, &cfg.name),
         });
     }
     Ok(out)
+}
+
+/// The instances that follow `leader`.
+fn followers<'a>(
+    ctx: &'a AgentContext,
+    leader: &'a str,
+) -> impl Iterator<Item = &'a keelson_cluster::cluster::VrrpInstanceConfig> + 'a {
+    ctx.cluster
+        .vrrp
+        .instances
+        .iter()
+        .filter(move |f| f.follows.as_deref() == Some(leader))
+}
+
+/// The VIPs held with `leader`'s: its followers' that are not announced by BGP and whose
+/// family this node has an address of (a VIP of a family the node cannot reach is no use
+/// to its clients; the node still takes part for the others).
+fn companions(ctx: &AgentContext, leader: &str) -> Vec<std::net::IpAddr> {
+    followers(ctx, leader)
+        .filter(|f| {
+            if ctx.cluster.bgp_mode(&f.name) {
+                return false;
+            }
+            let reachable = ctx.node.address(f.vip.is_ipv6()).is_some();
+            if !reachable {
+                tracing::warn!(
+                    "vrrp {}: node has no {} address on {}; {} is not held with {leader}",
+                    f.name,
+                    if f.vip.is_ipv6() { "IPv6" } else { "IPv4" },
+                    ctx.node.interface,
+                    f.vip
+                );
+            }
+            reachable
+        })
+        .map(|f| f.vip)
+        .collect()
 }
 
 async fn wait_link_local(iface: &str) -> anyhow::Result<std::net::Ipv6Addr> {

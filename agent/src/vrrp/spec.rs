@@ -36,6 +36,9 @@ pub struct Spec {
     pub primary: IpAddr,
     /// All our own addresses (adverts from any of them are ours).
     pub own: Vec<IpAddr>,
+    /// The VIPs of the instances that follow this one (`follows`): held, announced and
+    /// given up with ours, never advertised.
+    pub companions: Vec<IpAddr>,
 }
 
 impl Spec {
@@ -143,11 +146,13 @@ mod tests {
                 priorities: RolePriorities::default(),
                 checks: vec![],
                 required_checks: vec![],
+                follows: None,
             },
             base: 40,
             iface: "eth0".into(),
             primary: "10.0.0.11".parse().unwrap(),
             own: vec!["10.0.0.11".parse().unwrap()],
+            companions: vec![],
         }
     }
 

@@ -54,6 +54,9 @@ pub struct InstanceStatus {
     pub name: String,
     /// VIP.
     pub vip: IpAddr,
+    /// The VIPs held with it (instances that follow it).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub companion_vips: Vec<IpAddr>,
     /// VRID.
     pub vrid: u8,
     /// State.
@@ -107,6 +110,7 @@ impl InstanceStatus {
         VrrpInstance {
             name: self.name.clone(),
             vip: self.vip,
+            companion_vips: self.companion_vips.clone(),
             vrid: self.vrid,
             state: match self.state {
                 State::Initialize => VrrpState::Initialize,

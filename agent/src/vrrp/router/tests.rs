@@ -50,6 +50,7 @@ fn config(interval_ms: u32, transport: VrrpTransport) -> VrrpInstanceConfig {
         },
         checks: vec![],
         required_checks: vec![],
+        follows: None,
     }
 }
 
@@ -63,6 +64,7 @@ fn router(i: usize, interval_ms: u32, transport: VrrpTransport) -> Router {
                 iface: "eth0".into(),
                 primary: addr(i),
                 own: vec![addr(i)],
+                companions: vec![],
             },
             node: DnsLabel::new(format!("m{i}")).unwrap(),
             mac: mac(i),
@@ -485,6 +487,7 @@ fn a_member_or_static_peer_configured_otherwise_is_no_foreign_router() {
                 iface: "eth0".into(),
                 primary: addr(0),
                 own: vec![addr(0)],
+                companions: vec![],
             },
             node: DnsLabel::new("m0").unwrap(),
             mac: mac(0),
