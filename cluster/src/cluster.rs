@@ -1007,7 +1007,8 @@ impl ClusterConfig {
         Ok(())
     }
 
-    /// `follows` names another instance, one that decides for itself.
+    /// `follows` names another instance, one that decides for itself and is announced the
+    /// same way (both by BGP or neither: otherwise nothing would hold the follower's VIP).
     fn check_follows(&self) -> Result<(), ClusterConfigError> {
         let instances = &self.vrrp.instances;
         for (i, inst) in instances.iter().enumerate() {
@@ -1019,6 +1020,16 @@ impl ClusterConfig {
                 return Err(ClusterConfigError::Invalid {
                     field: format!("vrrp.instances[{i}].follows"),
                     expected: "the name of another instance, one without follows".into(),
+                    got: format!("{leader:?}"),
+                });
+            }
+            if self.bgp_mode(leader) != self.bgp_mode(&inst.name) {
+                return Err(ClusterConfigError::Invalid {
+                    field: format!("vrrp.instances[{i}].follows"),
+                    expected: format!(
+                        "an instance announced as {} is (both in bgp.vips or neither)",
+                        inst.name
+                    ),
                     got: format!("{leader:?}"),
                 });
             }
@@ -1434,6 +1445,18 @@ mod tests {
         chain.vrrp.instances[n].follows = Some("api".into());
         chain.vrrp.instances[0].follows = Some("api-v6".into());
         assert!(chain.check().is_err());
+        // Announced by BGP: both or neither.
+        let mut follows = v6.clone();
+        follows.vrrp.instances[n].follows = Some("api".into());
+        let bgp = |vips: serde_json::Value| {
+            follows.with_merge_patch(&serde_json::json!({"bgp": {
+                "vips": vips, "localAsn": 64512,
+                "peers": [{"address": "10.0.0.1", "asn": 65001}]
+            }}))
+        };
+        bgp(serde_json::json!(["api", "api-v6"])).unwrap();
+        let e = bgp(serde_json::json!(["api"])).unwrap_err().to_string();
+        assert!(e.contains(&format!("vrrp.instances[{n}].follows")), "{e}");
         // Out of range, read from JSON: named as a VRID, not as a Rust type.
         for bad in [0, 256, -1] {
             let mut doc = serde_json::to_value(&base).unwrap();
