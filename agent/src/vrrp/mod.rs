@@ -59,14 +59,6 @@ pub async fn specs(ctx: &AgentContext) -> anyhow::Result<Vec<spec::Spec>> {
         };
         // Announced by BGP instead (`bgp` service).
         if ctx.cluster.bgp_mode(&cfg.name) {
-            for f in followers(ctx, &cfg.name) {
-                tracing::warn!(
-                    "vrrp {}: follows {}, which BGP announces: {} is held by neither",
-                    f.name,
-                    cfg.name,
-                    f.vip
-                );
-            }
             continue;
         }
         let v6 = cfg.vip.is_ipv6();
@@ -102,27 +94,16 @@ pub async fn specs(ctx: &AgentContext) -> anyhow::Result<Vec<spec::Spec>> {
     Ok(out)
 }
 
-/// The instances that follow `leader`.
-fn followers<'a>(
-    ctx: &'a AgentContext,
-    leader: &'a str,
-) -> impl Iterator<Item = &'a keelson_cluster::cluster::VrrpInstanceConfig> + 'a {
+/// The VIPs held with `leader`'s: its followers' (announced as it is, `cluster.json` checks)
+/// whose family this node has an address of (a VIP of a family the node cannot reach is no
+/// use to its clients; the node still takes part for the others).
+fn companions(ctx: &AgentContext, leader: &str) -> Vec<std::net::IpAddr> {
     ctx.cluster
         .vrrp
         .instances
         .iter()
-        .filter(move |f| f.follows.as_deref() == Some(leader))
-}
-
-/// The VIPs held with `leader`'s: its followers' that are not announced by BGP and whose
-/// family this node has an address of (a VIP of a family the node cannot reach is no use
-/// to its clients; the node still takes part for the others).
-fn companions(ctx: &AgentContext, leader: &str) -> Vec<std::net::IpAddr> {
-    followers(ctx, leader)
+        .filter(|f| f.follows.as_deref() == Some(leader))
         .filter(|f| {
-            if ctx.cluster.bgp_mode(&f.name) {
-                return false;
-            }
             let reachable = ctx.node.address(f.vip.is_ipv6()).is_some();
             if !reachable {
                 tracing::warn!(
