@@ -524,4 +524,37 @@ fn foreign_sources_are_remembered_up_to_a_bound_and_counted_beyond() {
     );
 }
 
+proptest::proptest! {
+    #![proptest_config(keelson_testkit::proptest::config())]
+    /// Whatever mix of our adverts, a member's with another VIP and strangers' arrives: the
+    /// strangers' with other VIPs are counted exactly, each stranger named once.
+    #[test]
+    fn foreign_adverts_are_counted_exactly_and_named_once(
+        packets in proptest::collection::vec((0u8..8, proptest::bool::ANY, 1u8..255), 1..60)
+    ) {
+        let mut r = router(0, 100, VrrpTransport::Multicast);
+        r.start(ms(0));
+        r.set_members(ms(0), &[member(0), member(1)]);
+        let (mut expected, mut named) = (0u64, Vec::new());
+        let mut strangers = std::collections::BTreeSet::new();
+        for (k, (from, ours, priority)) in packets.into_iter().enumerate() {
+            // 0: the member node 1; others: strangers.
+            let src = if from == 0 { addr(1) } else { IpAddr::from([10, 1, 0, from]) };
+            let mut a = adv(priority, 100);
+            if !ours {
+                a.addresses = vec![[10, 9, 9, 9].into()];
+                if from != 0 {
+                    expected += 1;
+                    strangers.insert(src);
+                }
+            }
+            named.extend(foreign_notes(&r.on_packet(ms(10 * k as u64), &packet(&a, src))));
+        }
+        let snap = r.snapshot(ms(1000));
+        proptest::prop_assert_eq!(snap.counters.foreign_adverts, expected);
+        proptest::prop_assert_eq!(named.len(), strangers.len());
+        proptest::prop_assert_eq!(snap.foreign.keys().copied().collect::<std::collections::BTreeSet<_>>(), strangers);
+    }
+}
+
 mod sim;
