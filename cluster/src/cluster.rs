@@ -396,6 +396,12 @@ pub struct VrrpInstanceConfig {
     /// instance's router check (docs/vrrp.md, "Ingress follows the routers").
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub required_checks: Vec<HealthCheckConfig>,
+    /// The instance whose election this one's VIP follows: no virtual router of its own;
+    /// the VIP is held, announced and given up with that instance's (keepalived's
+    /// `virtual_ipaddress_excluded`). A role's second-family VIP follows its first, so the
+    /// IPv4 and IPv6 VIPs of the role are always on one node (docs/decisions.md).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub follows: Option<String>,
 }
 
 impl VrrpInstanceConfig {
@@ -895,6 +901,7 @@ impl ClusterConfig {
             }
         }
         self.check_vrids()?;
+        self.check_follows()?;
         self.check_node_address()?;
         if let Some(id) = &self.members.key_id
             && !crate::membership::valid_key_id(id)
@@ -994,6 +1001,36 @@ impl ClusterConfig {
                         other.name
                     ),
                     got: inst.vrid.to_string(),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// `follows` names another instance, one that decides for itself and is announced the
+    /// same way (both by BGP or neither: otherwise nothing would hold the follower's VIP).
+    fn check_follows(&self) -> Result<(), ClusterConfigError> {
+        let instances = &self.vrrp.instances;
+        for (i, inst) in instances.iter().enumerate() {
+            let Some(leader) = &inst.follows else {
+                continue;
+            };
+            let found = instances.iter().find(|o| &o.name == leader);
+            if leader == &inst.name || found.is_none_or(|o| o.follows.is_some()) {
+                return Err(ClusterConfigError::Invalid {
+                    field: format!("vrrp.instances[{i}].follows"),
+                    expected: "the name of another instance, one without follows".into(),
+                    got: format!("{leader:?}"),
+                });
+            }
+            if self.bgp_mode(leader) != self.bgp_mode(&inst.name) {
+                return Err(ClusterConfigError::Invalid {
+                    field: format!("vrrp.instances[{i}].follows"),
+                    expected: format!(
+                        "an instance announced as {} is (both in bgp.vips or neither)",
+                        inst.name
+                    ),
+                    got: format!("{leader:?}"),
                 });
             }
         }
@@ -1388,6 +1425,38 @@ mod tests {
         inst.vip = "fd00::5".parse().unwrap();
         v6.vrrp.instances.push(inst);
         v6.check().unwrap();
+        // A second-family VIP follows its role's instance; never itself, nor a follower.
+        let n = v6.vrrp.instances.len() - 1;
+        for (bad, ok) in [("api", true), ("api-v6", false), ("nope", false)] {
+            let mut c = v6.clone();
+            c.vrrp.instances[n].follows = Some(bad.into());
+            match c.check() {
+                Ok(()) => assert!(ok, "{bad}"),
+                Err(e) => {
+                    let e = e.to_string();
+                    assert!(
+                        !ok && e.contains(&format!("vrrp.instances[{n}].follows")),
+                        "{e}"
+                    );
+                }
+            }
+        }
+        let mut chain = v6.clone();
+        chain.vrrp.instances[n].follows = Some("api".into());
+        chain.vrrp.instances[0].follows = Some("api-v6".into());
+        assert!(chain.check().is_err());
+        // Announced by BGP: both or neither.
+        let mut follows = v6.clone();
+        follows.vrrp.instances[n].follows = Some("api".into());
+        let bgp = |vips: serde_json::Value| {
+            follows.with_merge_patch(&serde_json::json!({"bgp": {
+                "vips": vips, "localAsn": 64512,
+                "peers": [{"address": "10.0.0.1", "asn": 65001}]
+            }}))
+        };
+        bgp(serde_json::json!(["api", "api-v6"])).unwrap();
+        let e = bgp(serde_json::json!(["api"])).unwrap_err().to_string();
+        assert!(e.contains(&format!("vrrp.instances[{n}].follows")), "{e}");
         // Out of range, read from JSON: named as a VRID, not as a Rust type.
         for bad in [0, 256, -1] {
             let mut doc = serde_json::to_value(&base).unwrap();

@@ -428,6 +428,11 @@ const FAMILIES: &[Family] = &[
         "Times this master gave the VIP up to a router that could not hear its adverts.",
         |st| per_vrrp(st, |v| Some(count(v.deaf_yields))),
     ),
+    counter(
+        "keelson_vrrp_foreign_adverts",
+        "Adverts on the instance's VRID from another virtual router: a host that is not a member advertising other VIPs (another cluster uses the VRID).",
+        |st| per_vrrp(st, |v| Some(count(v.foreign_adverts))),
+    ),
     counter("keelson_vrrp_drops", "Packets dropped, by reason.", |st| {
         st.vrrp
             .iter()
@@ -1014,6 +1019,7 @@ mod tests {
             vrrp: vec![VrrpInstance {
                 name: "api".into(),
                 vip: "10.0.0.5".parse().unwrap(),
+                companion_vips: vec![],
                 vrid: 51,
                 state: VrrpState::Master,
                 state_seconds: 3.0,
@@ -1030,6 +1036,7 @@ mod tests {
                 lone_claims: 0,
                 claims_held: 0,
                 deaf_yields: 0,
+                foreign_adverts: 7,
                 claim_gate: Default::default(),
                 destinations: vec![],
                 drops: [("ttl".to_string(), 1)].into(),
@@ -1044,6 +1051,7 @@ mod tests {
                     seconds: 12.0,
                     fix: "openstack port set --allowed-address ip-address=10.0.0.5 PORT".into(),
                 }],
+                foreign_routers: vec![],
             }],
             proxy: Some(ProxyStatus {
                 healthy: true,
@@ -1117,6 +1125,7 @@ mod tests {
             "keelson_vrrp_state{vrrp_instance=\"api\",state=\"master\"} 1",
             "keelson_vrrp_state{vrrp_instance=\"api\",state=\"backup\"} 0",
             "keelson_vrrp_drops_total{vrrp_instance=\"api\",reason=\"ttl\"} 1",
+            "keelson_vrrp_foreign_adverts_total{vrrp_instance=\"api\"} 7",
             "keelson_vrrp_port_security_problem{vrrp_instance=\"api\",problem=\"vip_not_allowed\"} 1",
             "keelson_vrrp_port_security_problem{vrrp_instance=\"api\",problem=\"vrrp_blocked\"} 0",
             "keelson_proxy_backend_bytes_total{backend=\"10.0.0.11:6443\",direction=\"to_client\"} 2000",

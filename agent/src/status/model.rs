@@ -176,6 +176,9 @@ pub struct VrrpInstance {
     pub name: String,
     /// Its VIP.
     pub vip: IpAddr,
+    /// The VIPs held with it: those of the instances that follow it (`follows`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub companion_vips: Vec<IpAddr>,
     /// Virtual router ID.
     pub vrid: u8,
     /// Current state.
@@ -215,6 +218,9 @@ pub struct VrrpInstance {
     /// Times this master gave the VIP up to a router that could not hear it.
     #[serde(default)]
     pub deaf_yields: u64,
+    /// Adverts on this VRID from another virtual router (not a member, other VIPs).
+    #[serde(default)]
+    pub foreign_adverts: u64,
     /// Unicast: whether this node may claim the VIP yet, and why (`notGated` for multicast).
     #[serde(default)]
     pub claim_gate: GateState,
@@ -228,6 +234,34 @@ pub struct VrrpInstance {
     /// Cloud port security problems found (docs/vrrp.md, "Port security").
     #[serde(default)]
     pub port_security: Vec<PortSecurityFinding>,
+    /// Other virtual routers heard on this VRID within the last minute (docs/vrrp.md,
+    /// "VRIDs"): another cluster on the segment uses it.
+    #[serde(default)]
+    pub foreign_routers: Vec<ForeignRouter>,
+}
+
+/// Another virtual router heard on an instance's VRID: a host that is not a member of this
+/// cluster advertising other VIPs (or another version or authentication) under it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ForeignRouter {
+    /// Its address.
+    pub source: IpAddr,
+    /// The VRID (the instance's).
+    pub vrid: u8,
+    /// The VIPs it advertises.
+    pub addresses: Vec<IpAddr>,
+    /// Its adverts heard.
+    pub adverts: u64,
+    /// Seconds since its first advert.
+    pub seconds: f64,
+    /// Seconds since its last one.
+    pub last_seconds: f64,
+}
+
+impl ForeignRouter {
+    /// What to do about it.
+    pub const FIX: &'static str = "another cluster on this segment uses this VRID: give one of the two clusters other VRIDs (keelson build --vrid api=N --vrid ingress=M; cluster.json vrrp.instances[].vrid)";
 }
 
 /// A port security problem a VRRP instance found.

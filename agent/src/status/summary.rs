@@ -122,9 +122,14 @@ fn vrrp_lines(o: &mut String, st: &AgentStatus) {
             (Some(a), Some(p)) => format!("{a} prio {p}"),
             _ => "-".into(),
         };
+        let with = if v.companion_vips.is_empty() {
+            String::new()
+        } else {
+            format!(" (with {})", join(&v.companion_vips))
+        };
         let _ = writeln!(
             o,
-            "vrrp {} {} vrid {}: {} for {}, prio {} (base {}), master {}, {} transitions, adverts in {} out {}, drops: {}",
+            "vrrp {} {}{with} vrid {}: {} for {}, prio {} (base {}), master {}, {} transitions, adverts in {} out {}, drops: {}",
             v.name,
             v.vip,
             v.vrid,
@@ -150,6 +155,19 @@ fn vrrp_lines(o: &mut String, st: &AgentStatus) {
                 "  PORT SECURITY: {what} for {}; fix: {}",
                 duration(f.seconds),
                 f.fix
+            );
+        }
+        for f in &v.foreign_routers {
+            let _ = writeln!(
+                o,
+                "  VRID COLLISION: {} (not a member) advertises vrid {} for {}: {} adverts in {}, the last {} ago; {}",
+                f.source,
+                f.vrid,
+                join(&f.addresses),
+                f.adverts,
+                duration(f.seconds),
+                duration(f.last_seconds),
+                super::model::ForeignRouter::FIX
             );
         }
         if !v.checks.is_empty() {

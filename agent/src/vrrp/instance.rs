@@ -46,6 +46,9 @@ struct Runner {
     sock: VrrpSocket,
     prober: Prober,
     vip: vip::VipManager,
+    /// The followers' VIPs ([`Spec::companions`]): on the interface exactly while ours is
+    /// (not retired after a hand-over: the hand-back forwards our VIP's connections only).
+    companions: Vec<vip::VipManager>,
     mac: [u8; 6],
     origin: Instant,
     checks: tokio::sync::watch::Receiver<Vec<CheckState>>,
@@ -198,6 +201,20 @@ impl Runner {
             Note::DeafYield { to, priority } => tracing::warn!(
                 "vrrp {name}: {to} (priority {priority}) still advertises as master after our adverts: it does not hear us; giving {vip} up to it"
             ),
+            Note::ForeignRouter {
+                src,
+                vrid,
+                addresses,
+                reason,
+            } => tracing::warn!(
+                "vrrp {name}: VRID collision: {src}, not a member of this cluster, advertises VRID {vrid} for {} (not ours: {reason}); its adverts are dropped and counted (foreignAdverts); {}",
+                addresses
+                    .iter()
+                    .map(ToString::to_string)
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                crate::status::model::ForeignRouter::FIX
+            ),
         }
     }
 
@@ -219,10 +236,31 @@ impl Runner {
         if let Err(e) = self.vip.add().await {
             tracing::warn!("vrrp {}: {e}", self.name());
         }
-        let v = self.vip_addr();
-        self.ctx.bus.vips_held.send_modify(|s| {
-            s.insert(v);
-        });
+        for c in &self.companions {
+            match c.add().await {
+                Ok(()) => tracing::info!("vrrp {}: adding {} with it", self.name(), c.vip()),
+                Err(e) => tracing::warn!("vrrp {}: {e}", self.name()),
+            }
+        }
+        let held = self.held();
+        self.ctx.bus.vips_held.send_modify(|s| s.extend(held));
+    }
+
+    /// Our VIP and the followers'.
+    fn held(&self) -> Vec<IpAddr> {
+        std::iter::once(&self.vip)
+            .chain(&self.companions)
+            .map(vip::VipManager::vip)
+            .collect()
+    }
+
+    /// Takes the followers' VIPs off the interface.
+    async fn remove_companions(&mut self) {
+        for c in &self.companions {
+            if let Err(e) = c.remove().await {
+                tracing::warn!("vrrp {}: {e}", self.name());
+            }
+        }
     }
 
     /// Removes the VIP now (leaving master, or a hand-over's grace over). After a hand-over
@@ -251,8 +289,12 @@ impl Runner {
             tracing::info!("vrrp {name}: {why}, removing {vip}");
             self.clear_vip().await;
         }
+        self.remove_companions().await;
+        let held = self.held();
         self.ctx.bus.vips_held.send_modify(|s| {
-            s.remove(&vip);
+            for v in &held {
+                s.remove(v);
+            }
         });
     }
 
@@ -293,6 +335,7 @@ impl Runner {
         if let Err(e) = self.vip.remove().await {
             tracing::warn!("vrrp {}: {e}", self.name());
         }
+        self.remove_companions().await;
     }
 
     /// The retired VIP's window is over: its rule and route go too.
@@ -337,14 +380,22 @@ impl Runner {
         }
     }
 
+    /// Gratuitous ARP / unsolicited NA for our VIP and each follower's: hosts learn
+    /// every VIP of the role on this node at once.
     fn announce(&mut self) {
-        let res = match self.vip_addr() {
+        for vip in self.held() {
+            self.announce_one(vip);
+        }
+    }
+
+    fn announce_one(&mut self, vip: IpAddr) {
+        let res = match vip {
             IpAddr::V4(v) => announce::send_garp(self.vip.index(), self.mac, v),
             IpAddr::V6(v) => announce::send_na(self.vip.index(), self.mac, v),
         };
         match res {
             Ok(()) => self.core.counters_mut().announcements += 1,
-            Err(e) => tracing::warn!("vrrp {}: announce: {e}", self.name()),
+            Err(e) => tracing::warn!("vrrp {}: announce {vip}: {e}", self.name()),
         }
     }
 
@@ -461,6 +512,7 @@ impl Runner {
         self.status.insert(InstanceStatus {
             name: spec.config.name.clone(),
             vip: spec.config.vip,
+            companion_vips: spec.companions.clone(),
             vrid: spec.config.vrid,
             state: snap.state,
             base_priority: spec.base,
@@ -476,6 +528,19 @@ impl Runner {
                 .findings
                 .into_iter()
                 .map(|(p, (since, fix))| (p, (at(since), fix)))
+                .collect(),
+            foreign_routers: snap
+                .foreign
+                .into_iter()
+                .map(|(src, f)| {
+                    let seen = super::status::ForeignSeen {
+                        addresses: f.addresses,
+                        first: at(f.first),
+                        last: at(f.last),
+                        adverts: f.adverts,
+                    };
+                    (src, seen)
+                })
                 .collect(),
         });
     }
@@ -619,13 +684,30 @@ pub async fn run(
 ) -> anyhow::Result<()> {
     let cfg = spec.config.clone();
     let vip = vip::VipManager::new(&spec.iface, cfg.vip).await?;
-    let stale = vip.remove().await?;
-    if stale > 0 {
+    let mut companions = Vec::new();
+    for c in &spec.companions {
+        companions.push(vip::VipManager::new(&spec.iface, *c).await?);
+    }
+    for m in std::iter::once(&vip).chain(&companions) {
+        if m.remove().await? > 0 {
+            tracing::info!(
+                "vrrp {}: removed stale {} from {}",
+                cfg.name,
+                m.vip(),
+                spec.iface
+            );
+        }
+    }
+    if !companions.is_empty() {
         tracing::info!(
-            "vrrp {}: removed stale {} from {}",
+            "vrrp {}: {} held with {} (instances that follow it)",
             cfg.name,
-            cfg.vip,
-            spec.iface
+            spec.companions
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join(", "),
+            cfg.vip
         );
     }
     if cfg.vip.is_ipv4() {
@@ -683,6 +765,7 @@ pub async fn run(
         sock,
         prober,
         vip,
+        companions,
         mac,
         origin,
         checks,

@@ -45,11 +45,15 @@ use crate::context::AgentContext;
 
 /// The instances this node takes part in, resolved against its identity: those whose
 /// priorities name this node's role and whose VIP family the node has an address in, and
-/// that are not announced by BGP (`cluster.json` `bgp.vips`).
+/// that are not announced by BGP (`cluster.json` `bgp.vips`). An instance that `follows`
+/// another is no router of its own: its VIP rides with that one's ([`companions`]).
 pub async fn specs(ctx: &AgentContext) -> anyhow::Result<Vec<spec::Spec>> {
     let node = &ctx.node;
     let mut out = Vec::new();
     for cfg in &ctx.cluster.vrrp.instances {
+        if cfg.follows.is_some() {
+            continue;
+        }
         let Some(base) = cfg.priorities.for_role(node.role) else {
             continue;
         };
@@ -84,9 +88,36 @@ pub async fn specs(ctx: &AgentContext) -> anyhow::Result<Vec<spec::Spec>> {
             iface: node.interface.clone(),
             primary,
             own,
+            companions: companions(ctx, &cfg.name),
         });
     }
     Ok(out)
+}
+
+/// The VIPs held with `leader`'s: its followers' (announced as it is, `cluster.json` checks)
+/// whose family this node has an address of (a VIP of a family the node cannot reach is no
+/// use to its clients; the node still takes part for the others).
+fn companions(ctx: &AgentContext, leader: &str) -> Vec<std::net::IpAddr> {
+    ctx.cluster
+        .vrrp
+        .instances
+        .iter()
+        .filter(|f| f.follows.as_deref() == Some(leader))
+        .filter(|f| {
+            let reachable = ctx.node.address(f.vip.is_ipv6()).is_some();
+            if !reachable {
+                tracing::warn!(
+                    "vrrp {}: node has no {} address on {}; {} is not held with {leader}",
+                    f.name,
+                    if f.vip.is_ipv6() { "IPv6" } else { "IPv4" },
+                    ctx.node.interface,
+                    f.vip
+                );
+            }
+            reachable
+        })
+        .map(|f| f.vip)
+        .collect()
 }
 
 async fn wait_link_local(iface: &str) -> anyhow::Result<std::net::Ipv6Addr> {

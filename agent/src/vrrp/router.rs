@@ -19,10 +19,10 @@
 //!   holder VRRP cannot see ([`super::conflict`]);
 //! - **the port check** ([`super::portsec`]): while master, whether the port passes the VIP.
 //!
-//! Adverts are classified as they arrive ([`Router::on_advert`]): that is where a router
-//! that is neither a member nor a static peer on our VRID would be told apart. A claim on a
-//! silent master is decided in one place ([`Router::backup_due`]); instances that must move
-//! together (a role's IPv4 and IPv6 VIPs) would share that decision.
+//! - **other virtual routers on our VRID**: an advert on our VRID for other VIPs (or of
+//!   another version or authentication) from a host that is neither a member nor a static
+//!   peer is another cluster's router ([`Router::on_packet`]): dropped as ever, counted,
+//!   named once per source, and a finding while it is heard ([`ForeignRouter`]).
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
@@ -70,6 +70,14 @@ pub const ARP_WATCH_EVERY: Duration = Duration::from_secs(1);
 /// How long a backup that gave the VIP up to a router that cannot hear it follows that
 /// router whatever their priorities ([`Machine::defer_to`]) before it may preempt it again.
 pub const DEAF_RETRY: Duration = Duration::from_secs(60);
+
+/// How many other virtual routers on our VRID the core remembers (each named once): a
+/// bound on what a flood of forged sources can make it keep; beyond it they are counted
+/// only.
+pub const FOREIGN_SOURCES_MAX: usize = 16;
+
+/// How long after its last advert another virtual router on our VRID stays a finding.
+pub const FOREIGN_FINDING_HOLD: Duration = Duration::from_secs(60);
 
 /// What the runner must do, in order.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -240,6 +248,33 @@ pub enum Note {
         /// Its priority.
         priority: u8,
     },
+    /// The first advert from another virtual router on our VRID: a host that is not a
+    /// member (nor a static peer) advertising other VIPs, another version or another
+    /// authentication.
+    ForeignRouter {
+        /// Its source.
+        src: IpAddr,
+        /// The VRID (ours).
+        vrid: u8,
+        /// The VIPs it advertises.
+        addresses: Vec<IpAddr>,
+        /// Why its adverts are not ours (the drop reason).
+        reason: &'static str,
+    },
+}
+
+/// Another virtual router heard on our VRID (a finding while heard within
+/// [`FOREIGN_FINDING_HOLD`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ForeignRouter {
+    /// The VIPs it last advertised.
+    pub addresses: Vec<IpAddr>,
+    /// Its first advert.
+    pub first: Duration,
+    /// Its last advert.
+    pub last: Duration,
+    /// Its adverts heard.
+    pub adverts: u64,
 }
 
 /// What the runner resolves for the core at start.
@@ -356,6 +391,9 @@ pub struct Router {
     pending_yield: Option<PendingYield>,
     /// The next ARP watch probe (unicast IPv4: master, or backup behind a closed gate).
     next_watch_probe: Option<Duration>,
+    /// Other virtual routers heard on our VRID, by source (at most
+    /// [`FOREIGN_SOURCES_MAX`]).
+    foreign: BTreeMap<IpAddr, ForeignRouter>,
 }
 
 /// A core's status, for the runner to publish.
@@ -377,6 +415,8 @@ pub struct Snapshot {
     pub state_since: Duration,
     /// Port security findings: since when, and the fix.
     pub findings: BTreeMap<Problem, (Duration, String)>,
+    /// Other virtual routers heard on our VRID, by source.
+    pub foreign: BTreeMap<IpAddr, ForeignRouter>,
 }
 
 impl Router {
@@ -441,6 +481,7 @@ impl Router {
             release_at: None,
             pending_yield: None,
             next_watch_probe: None,
+            foreign: BTreeMap::new(),
             spec,
         }
     }
@@ -471,6 +512,7 @@ impl Router {
             counters: self.counters.clone(),
             state_since: self.state_since,
             findings: self.findings.clone(),
+            foreign: self.foreign.clone(),
         }
     }
 
@@ -744,16 +786,73 @@ impl Router {
 
     /// A packet read from the VRRP socket at `now` (it arrived `pkt.age` earlier).
     pub fn on_packet(&mut self, now: Duration, pkt: &Received) -> Vec<Effect> {
-        match self.spec.validate(pkt) {
-            Ok(advert) => self.on_advert(now.saturating_sub(pkt.age), pkt.src, &advert),
+        let at = now.saturating_sub(pkt.age);
+        let dropped = |core: &mut Self, reason| {
+            *core.counters.drops.entry(reason).or_default() += 1;
+            vec![Effect::Note(Note::Dropped {
+                src: pkt.src,
+                reason,
+            })]
+        };
+        let advert = match self.spec.on_our_vrid(pkt) {
+            Ok(a) => a,
+            Err(reason) => return dropped(self, reason),
+        };
+        match self.spec.same_router(&advert) {
+            Ok(()) => self.on_advert(at, pkt.src, &advert),
             Err(reason) => {
-                *self.counters.drops.entry(reason).or_default() += 1;
-                vec![Effect::Note(Note::Dropped {
-                    src: pkt.src,
-                    reason,
-                })]
+                let mut out = dropped(self, reason);
+                self.on_foreign(at, pkt.src, advert, reason, &mut out);
+                out
             }
         }
+    }
+
+    /// An advert on our VRID that is not of our virtual router, from `src`. From a member
+    /// or a static peer it is a node of this cluster configured otherwise (a drop only);
+    /// from anyone else, another cluster's router on our VRID: neither sees the other's
+    /// adverts as its own, so both hold their VIPs, but any router of either that takes
+    /// the other's adverts for its own (keepalived with the same VIP listed, an older
+    /// agent) would follow the wrong master. Named once per source, counted, and a
+    /// finding while heard.
+    fn on_foreign(
+        &mut self,
+        at: Duration,
+        src: IpAddr,
+        advert: Advert,
+        reason: &'static str,
+        out: &mut Vec<Effect>,
+    ) {
+        let member = self.spec.config.unicast_peers.contains(&src)
+            || self.members.iter().any(|m| m.addresses.contains(&src));
+        if member {
+            return;
+        }
+        self.counters.foreign_adverts += 1;
+        if let Some(seen) = self.foreign.get_mut(&src) {
+            seen.last = seen.last.max(at);
+            seen.adverts += 1;
+            seen.addresses = advert.addresses;
+            return;
+        }
+        if self.foreign.len() >= FOREIGN_SOURCES_MAX {
+            return;
+        }
+        out.push(Effect::Note(Note::ForeignRouter {
+            src,
+            vrid: advert.vrid,
+            addresses: advert.addresses.clone(),
+            reason,
+        }));
+        self.foreign.insert(
+            src,
+            ForeignRouter {
+                addresses: advert.addresses,
+                first: at,
+                last: at,
+                adverts: 1,
+            },
+        );
     }
 
     /// A valid advert from `src` that arrived at `at`.

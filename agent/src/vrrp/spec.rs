@@ -36,6 +36,9 @@ pub struct Spec {
     pub primary: IpAddr,
     /// All our own addresses (adverts from any of them are ours).
     pub own: Vec<IpAddr>,
+    /// The VIPs of the instances that follow this one (`follows`): held, announced and
+    /// given up with ours, never advertised.
+    pub companions: Vec<IpAddr>,
 }
 
 impl Spec {
@@ -62,6 +65,15 @@ impl Spec {
 
     /// Checks a received packet; `Err(reason)` to drop it.
     pub fn validate(&self, r: &Received) -> Result<Advert, &'static str> {
+        let a = self.on_our_vrid(r)?;
+        self.same_router(&a)?;
+        Ok(a)
+    }
+
+    /// The first half of [`Spec::validate`]: a well-formed advert from another host on our
+    /// VRID. What fails only the second half ([`Spec::same_router`]) is another virtual
+    /// router that uses our VRID.
+    pub fn on_our_vrid(&self, r: &Received) -> Result<Advert, &'static str> {
         if r.ttl != 255 {
             return Err("ttl");
         }
@@ -72,6 +84,12 @@ impl Spec {
         if a.vrid != self.config.vrid {
             return Err("vrid");
         }
+        Ok(a)
+    }
+
+    /// The second half of [`Spec::validate`]: whether an advert on our VRID is of our
+    /// virtual router (version, authentication, interval, the VIP).
+    pub fn same_router(&self, a: &Advert) -> Result<(), &'static str> {
         if a.version != self.version() {
             return Err("version");
         }
@@ -90,7 +108,7 @@ impl Spec {
         if a.addresses[0] != self.config.vip {
             return Err("address");
         }
-        Ok(a)
+        Ok(())
     }
 
     /// Our advert interval.
@@ -128,11 +146,13 @@ mod tests {
                 priorities: RolePriorities::default(),
                 checks: vec![],
                 required_checks: vec![],
+                follows: None,
             },
             base: 40,
             iface: "eth0".into(),
             primary: "10.0.0.11".parse().unwrap(),
             own: vec!["10.0.0.11".parse().unwrap()],
+            companions: vec![],
         }
     }
 

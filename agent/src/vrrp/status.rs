@@ -41,6 +41,9 @@ pub struct Counters {
     /// Times this master gave the VIP up to a router that could not hear it (its adverts
     /// as master went on after ours).
     pub deaf_yields: u64,
+    /// Adverts on our VRID from another virtual router (a host that is neither a member
+    /// nor a static peer, advertising other VIPs, version or authentication).
+    pub foreign_adverts: u64,
 }
 
 /// What an instance publishes for `status`.
@@ -51,6 +54,9 @@ pub struct InstanceStatus {
     pub name: String,
     /// VIP.
     pub vip: IpAddr,
+    /// The VIPs held with it (instances that follow it).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub companion_vips: Vec<IpAddr>,
     /// VRID.
     pub vrid: u8,
     /// State.
@@ -77,6 +83,23 @@ pub struct InstanceStatus {
     /// Port security problems found ([`super::portsec`]): since when, and the fix.
     #[serde(skip)]
     pub port_security: BTreeMap<Problem, (Instant, String)>,
+    /// Other virtual routers heard on our VRID, by source.
+    #[serde(skip)]
+    pub foreign_routers: BTreeMap<IpAddr, ForeignSeen>,
+}
+
+/// Another virtual router heard on our VRID ([`super::router::ForeignRouter`]), its times
+/// as instants.
+#[derive(Debug, Clone)]
+pub struct ForeignSeen {
+    /// The VIPs it advertises.
+    pub addresses: Vec<IpAddr>,
+    /// Its first advert.
+    pub first: Instant,
+    /// Its last advert.
+    pub last: Instant,
+    /// Its adverts heard.
+    pub adverts: u64,
 }
 
 impl InstanceStatus {
@@ -87,6 +110,7 @@ impl InstanceStatus {
         VrrpInstance {
             name: self.name.clone(),
             vip: self.vip,
+            companion_vips: self.companion_vips.clone(),
             vrid: self.vrid,
             state: match self.state {
                 State::Initialize => VrrpState::Initialize,
@@ -110,6 +134,7 @@ impl InstanceStatus {
             lone_claims: c.lone_claims,
             claims_held: c.claims_held,
             deaf_yields: c.deaf_yields,
+            foreign_adverts: c.foreign_adverts,
             claim_gate: self.claim_gate,
             destinations: self.destinations.clone(),
             drops: c.drops.iter().map(|(k, v)| (k.to_string(), *v)).collect(),
@@ -123,6 +148,21 @@ impl InstanceStatus {
                         fix: fix.clone(),
                     },
                 )
+                .collect(),
+            foreign_routers: self
+                .foreign_routers
+                .iter()
+                .filter(|(_, f)| {
+                    now.saturating_duration_since(f.last) < super::router::FOREIGN_FINDING_HOLD
+                })
+                .map(|(src, f)| crate::status::model::ForeignRouter {
+                    source: *src,
+                    vrid: self.vrid,
+                    addresses: f.addresses.clone(),
+                    adverts: f.adverts,
+                    seconds: now.saturating_duration_since(f.first).as_secs_f64(),
+                    last_seconds: now.saturating_duration_since(f.last).as_secs_f64(),
+                })
                 .collect(),
             checks: self
                 .checks

@@ -74,6 +74,11 @@ impl VipManager {
         })
     }
 
+    /// The VIP.
+    pub fn vip(&self) -> IpAddr {
+        self.vip
+    }
+
     /// The interface index.
     pub fn index(&self) -> u32 {
         self.index

@@ -727,6 +727,8 @@ impl InstallConfig {
                 } else {
                     "api-v6".into()
                 },
+                // One node holds both families' API VIPs (docs/decisions.md).
+                follows: (i > 0).then(|| "api".into()),
                 vip: *vip,
                 vrid: api_vrid,
                 version: VrrpVersion::V3,
@@ -786,6 +788,7 @@ impl InstallConfig {
                 } else {
                     "ingress-v6".into()
                 },
+                follows: (i > 0).then(|| "ingress".into()),
                 vip: *vip,
                 vrid: ingress_vrid,
                 version: VrrpVersion::V3,

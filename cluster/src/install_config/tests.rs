@@ -325,3 +325,27 @@ fn bad_floating_ips_name_the_field() {
         .starts_with("platform.openstack.apiFloatingIP: expected an IP address")
     );
 }
+
+#[test]
+fn a_dual_stack_roles_second_vip_follows_its_first() {
+    let yaml = EXAMPLE
+        .replacen(
+            "  - cidr: 10.0.0.0/16\n",
+            "  - cidr: 10.0.0.0/16\n  - cidr: fd00::/64\n",
+            1,
+        )
+        .replacen("    - 10.0.0.5\n", "    - 10.0.0.5\n    - fd00::5\n", 1)
+        .replacen("    - 10.0.0.7\n", "    - 10.0.0.7\n    - fd00::7\n", 1);
+    let cluster = InstallConfig::parse(&yaml).unwrap().cluster_config();
+    cluster.check().unwrap();
+    for (role, v6) in [("api", "fd00::5"), ("ingress", "fd00::7")] {
+        let first = cluster.instance(role).unwrap();
+        assert_eq!(first.follows, None, "{role}");
+        let second = cluster.instance(&format!("{role}-v6")).unwrap();
+        assert_eq!(second.vip, v6.parse::<IpAddr>().unwrap());
+        assert_eq!(second.follows.as_deref(), Some(role));
+    }
+    // Written and read back as such.
+    let again = ClusterConfig::from_json(&cluster.to_json()).unwrap();
+    assert_eq!(again, cluster);
+}

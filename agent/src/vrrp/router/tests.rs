@@ -50,6 +50,7 @@ fn config(interval_ms: u32, transport: VrrpTransport) -> VrrpInstanceConfig {
         },
         checks: vec![],
         required_checks: vec![],
+        follows: None,
     }
 }
 
@@ -63,6 +64,7 @@ fn router(i: usize, interval_ms: u32, transport: VrrpTransport) -> Router {
                 iface: "eth0".into(),
                 primary: addr(i),
                 own: vec![addr(i)],
+                companions: vec![],
             },
             node: DnsLabel::new(format!("m{i}")).unwrap(),
             mac: mac(i),
@@ -385,6 +387,174 @@ fn adverts_are_reported_blocked_after_ten_seconds_of_holding_back() {
         at >= ms(853) + Duration::from_secs(10) && at <= ms(853) + Duration::from_secs(12),
         "reported at {at:?}"
     );
+}
+
+/// `advert` from `src` as the socket hands it over (multicast, TTL 255, arrived now).
+fn packet(advert: &Advert, src: IpAddr) -> Received {
+    let dst = IpAddr::from(GROUP_V4);
+    Received {
+        src,
+        dst,
+        ttl: 255,
+        payload: crate::vrrp::codec::encode(advert, src, dst).unwrap(),
+        age: Duration::ZERO,
+    }
+}
+
+fn foreign_notes(effects: &[Effect]) -> Vec<IpAddr> {
+    effects
+        .iter()
+        .filter_map(|e| match e {
+            Effect::Note(Note::ForeignRouter { src, .. }) => Some(*src),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn another_virtual_router_on_our_vrid_is_named_once_counted_and_moves_nothing() {
+    let mut r = router(0, 100, VrrpTransport::Multicast);
+    r.start(ms(0));
+    r.set_members(ms(0), &[member(0), member(1)]);
+    run_timers(&mut r, ms(0), ms(1000));
+    assert_eq!(r.machine().state(), State::Master);
+    let stranger: IpAddr = [10, 0, 0, 99].into();
+    let mut theirs = adv(250, 100);
+    theirs.addresses = vec![[10, 9, 9, 9].into()];
+    let mut notes = Vec::new();
+    for k in 0..20u64 {
+        let effects = r.on_packet(ms(1000 + k * 100), &packet(&theirs, stranger));
+        assert!(
+            !effects
+                .iter()
+                .any(|e| matches!(e, Effect::RemoveVip { .. })),
+            "{effects:?}"
+        );
+        notes.extend(foreign_notes(&effects));
+    }
+    // Named once, counted every time, dropped as ever, and the VIP stays.
+    assert_eq!(notes, vec![stranger]);
+    let snap = r.snapshot(ms(3000));
+    assert_eq!(snap.counters.foreign_adverts, 20);
+    assert_eq!(snap.counters.drops.get("address"), Some(&20));
+    assert_eq!(snap.state, State::Master);
+    let seen = &snap.foreign[&stranger];
+    assert_eq!(
+        (seen.adverts, seen.first, seen.last),
+        (20, ms(1000), ms(2900))
+    );
+    assert_eq!(seen.addresses, theirs.addresses);
+    // A second stranger is named too; another version on our VRID counts the same.
+    let other: IpAddr = [10, 0, 0, 98].into();
+    let mut v2 = theirs.clone();
+    v2.version = Version::V2;
+    v2.interval_cs = 100;
+    let effects = r.on_packet(ms(3000), &packet(&v2, other));
+    assert_eq!(foreign_notes(&effects), vec![other]);
+    assert_eq!(r.snapshot(ms(3000)).counters.drops.get("version"), Some(&1));
+}
+
+#[test]
+fn a_member_or_static_peer_configured_otherwise_is_no_foreign_router() {
+    let mut r = router(0, 100, VrrpTransport::Multicast);
+    r.start(ms(0));
+    r.set_members(ms(0), &[member(0), member(1)]);
+    let mut wrong_vip = adv(120, 100);
+    wrong_vip.addresses = vec![[10, 9, 9, 9].into()];
+    // A member advertising another VIP: dropped, not foreign.
+    let effects = r.on_packet(ms(100), &packet(&wrong_vip, addr(1)));
+    assert!(foreign_notes(&effects).is_empty(), "{effects:?}");
+    // Our own virtual router from a host that is no member (yet): an advert like any.
+    let effects = r.on_packet(ms(200), &packet(&adv(120, 100), addr(5)));
+    assert!(foreign_notes(&effects).is_empty(), "{effects:?}");
+    // Another VRID altogether: not ours to judge.
+    let mut elsewhere = wrong_vip.clone();
+    elsewhere.vrid = 8;
+    let effects = r.on_packet(ms(300), &packet(&elsewhere, addr(6)));
+    assert!(foreign_notes(&effects).is_empty(), "{effects:?}");
+    let snap = r.snapshot(ms(300));
+    assert_eq!(snap.counters.foreign_adverts, 0);
+    assert!(snap.foreign.is_empty());
+    assert_eq!(snap.counters.adverts_in, 1);
+    // A static unicast peer is a member too.
+    let mut cfg = config(100, VrrpTransport::Unicast);
+    cfg.unicast_peers = vec![addr(7)];
+    let mut u = Router::new(
+        Setup {
+            spec: Spec {
+                config: cfg,
+                base: 120,
+                iface: "eth0".into(),
+                primary: addr(0),
+                own: vec![addr(0)],
+                companions: vec![],
+            },
+            node: DnsLabel::new("m0").unwrap(),
+            mac: mac(0),
+            weight: 0,
+            claim_grace: ms(1400),
+            heard_retention: Duration::from_secs(30),
+            port_check_port: 22625,
+        },
+        Duration::ZERO,
+    );
+    u.start(ms(0));
+    let effects = u.on_packet(ms(100), &packet(&wrong_vip, addr(7)));
+    assert!(foreign_notes(&effects).is_empty(), "{effects:?}");
+    assert_eq!(u.snapshot(ms(100)).counters.foreign_adverts, 0);
+}
+
+#[test]
+fn foreign_sources_are_remembered_up_to_a_bound_and_counted_beyond() {
+    let mut r = router(0, 100, VrrpTransport::Multicast);
+    r.start(ms(0));
+    let mut theirs = adv(100, 100);
+    theirs.addresses = vec![[10, 9, 9, 9].into()];
+    let mut named = 0;
+    for k in 0..(FOREIGN_SOURCES_MAX as u8 + 10) {
+        let effects = r.on_packet(ms(u64::from(k)), &packet(&theirs, [10, 1, 0, k].into()));
+        named += foreign_notes(&effects).len();
+    }
+    assert_eq!(named, FOREIGN_SOURCES_MAX);
+    let snap = r.snapshot(ms(100));
+    assert_eq!(snap.foreign.len(), FOREIGN_SOURCES_MAX);
+    assert_eq!(
+        snap.counters.foreign_adverts,
+        FOREIGN_SOURCES_MAX as u64 + 10
+    );
+}
+
+proptest::proptest! {
+    #![proptest_config(keelson_testkit::proptest::config())]
+    /// Whatever mix of our adverts, a member's with another VIP and strangers' arrives: the
+    /// strangers' with other VIPs are counted exactly, each stranger named once.
+    #[test]
+    fn foreign_adverts_are_counted_exactly_and_named_once(
+        packets in proptest::collection::vec((0u8..8, proptest::bool::ANY, 1u8..255), 1..60)
+    ) {
+        let mut r = router(0, 100, VrrpTransport::Multicast);
+        r.start(ms(0));
+        r.set_members(ms(0), &[member(0), member(1)]);
+        let (mut expected, mut named) = (0u64, Vec::new());
+        let mut strangers = std::collections::BTreeSet::new();
+        for (k, (from, ours, priority)) in packets.into_iter().enumerate() {
+            // 0: the member node 1; others: strangers.
+            let src = if from == 0 { addr(1) } else { IpAddr::from([10, 1, 0, from]) };
+            let mut a = adv(priority, 100);
+            if !ours {
+                a.addresses = vec![[10, 9, 9, 9].into()];
+                if from != 0 {
+                    expected += 1;
+                    strangers.insert(src);
+                }
+            }
+            named.extend(foreign_notes(&r.on_packet(ms(10 * k as u64), &packet(&a, src))));
+        }
+        let snap = r.snapshot(ms(1000));
+        proptest::prop_assert_eq!(snap.counters.foreign_adverts, expected);
+        proptest::prop_assert_eq!(named.len(), strangers.len());
+        proptest::prop_assert_eq!(snap.foreign.keys().copied().collect::<std::collections::BTreeSet<_>>(), strangers);
+    }
 }
 
 mod sim;
