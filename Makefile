@@ -19,7 +19,7 @@ export KEELSON_COMMIT := $(KEELSON_COMMIT)
 # feature set (51 s of make test).
 HOST_BUILD := cargo build --workspace --examples
 
-.PHONY: all setup agent build image test lint qemu-cluster qemu-day2 openstack-cluster standin bench fuzz clean
+.PHONY: all setup agent build image test lint qemu-cluster qemu-day2 openstack-cluster standin bench fuzz proptest-explore clean
 
 all: build
 
@@ -47,13 +47,18 @@ lint:
 # every node on the appliance (the RHCOS path once is enough; twice would double the time),
 # then the bootstrap and one master through a real all-in-one OpenStack (Nova, Neutron,
 # Glance; docs/openstack.md), which the run installs, starts and stops itself.
-# CI=1: a test that would skip for a missing tool, root or the static agent fails instead.
-# scripts/cargo-tests.sh is `make agent` + `cargo test --workspace --all-targets`, with the
-# agent built at idle priority beside the tests that do not need it, and those in two lanes
-# (docs/testing.md; TEST_JOBS=1 runs them one at a time, AGENT_BACKGROUND=0 builds the agent first).
+# CI=1: a test that would skip for a missing tool, root or the static agent fails instead,
+# and every property test draws from its own fixed seed (`make proptest-explore` explores).
+# scripts/selftest.sh checks the set-up, the lint and the harness themselves (its harness
+# part runs inside cargo-tests.sh, on the testkit binary that build makes).
+# scripts/cargo-tests.sh is `make agent` + `cargo test --workspace --all-targets` + the
+# doctests, with the agent, a compile check of every fuzz target and the previous version's
+# agent (the upgrade test's, cached) built at idle priority beside the tests that do not need
+# them, and those in two lanes (docs/testing.md; TEST_JOBS=1 runs them one at a time,
+# AGENT_BACKGROUND=0 builds the agent first).
 test: export CI = 1
 test: setup
-	./scripts/selftest.sh
+	./scripts/selftest.sh --before-build
 	./scripts/cargo-tests.sh
 	$(MAKE) --no-print-directory qemu-cluster CONFIG=unicast
 	QEMU_CLUSTER_MASTERS=appliance $(MAKE) --no-print-directory qemu-cluster CONFIG=multicast
@@ -113,6 +118,14 @@ bench: setup build
 fuzz: setup
 	@command -v cargo-fuzz >/dev/null || cargo install --locked cargo-fuzz
 	agent/fuzz/run.sh $(FUZZ_TARGETS)
+
+# Every crate's property tests with fresh random seeds and PROPTEST_CASES cases each
+# (default 4096): new cases are found here, not in `make test`, whose seeds are fixed. A
+# failure prints its seed (PROPTEST_RNG_SEED=<seed> repeats it) and the line to commit under
+# the crate's proptest-regressions/ (docs/testing.md). Not part of `make test`.
+PROPTEST_CASES ?= 4096
+proptest-explore:
+	KEELSON_PROPTEST_EXPLORE=1 PROPTEST_CASES=$(PROPTEST_CASES) cargo test --workspace --lib
 
 clean:
 	cargo clean

@@ -8,7 +8,11 @@
 #  netem  10% packet loss and 50 ms jitter (`tc qdisc ... netem delay 50ms 50ms loss 10%`)
 #         on every master's link (each packet between masters crosses one of them); on a
 #         kernel without sch_netem the same in user space, bench/lib/jitter.py between
-#         each master's veth and the bridge (the result line says which).
+#         each master's veth and the bridge (the result line says which);
+#  freeze the VIP holder's load balancer stack frozen (SIGSTOP) for 300 ms every 10 s, as a
+#         starved or descheduled process is: keelson's agent (VRRP and proxy in one
+#         process), OpenShift's keepalived and haproxy (every process of both). The node's
+#         kernel runs on.
 #
 # Counted while the condition lasts: how often the VIP moved (the holder changed), samples
 # with two holders or none (polled every 200 ms), and the requests of a client opening a new
@@ -16,14 +20,14 @@
 # holder's apiserver is killed: how long until the VIP left it (keelson moves it; OpenShift's
 # keepalived checks only haproxy, so there it stays, by design).
 #
-# Usage (root): bench/vip_soak.sh [secs=600] [conditions="slow netem"]
+# Usage (root): bench/vip_soak.sh [secs=600] [conditions="slow netem freeze"]
 #   KEELSON_AGENT, KEELSON, KUBE_STANDIN: binaries (as bench/api_outage.sh), STACKS
 #   (default "keelson ocp-2024"), one after the other in each condition; KEEP=DIR keeps each
 #   run's logs and samples (with the moves' times, ms into the soak, in moved_at_ms).
 set -euo pipefail
 
 SECS=${1:-600}
-CONDITIONS=${2:-"slow netem"}
+CONDITIONS=${2:-"slow netem freeze"}
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 STACKS=${STACKS:-"keelson ocp-2024"}
 P=kso$$
@@ -44,8 +48,48 @@ stop_relays() {
     done
     rm -f "$WORK/relays"
 }
+# The freeze loop's pid (one_soak runs in a subshell: a file, so cleanup sees it).
+stop_freezer() {
+    [ -f "$WORK/freezer" ] || return 0
+    local pid m
+    pid=$(cat "$WORK/freezer")
+    kill "$pid" 2>/dev/null || true
+    while kill -0 "$pid" 2>/dev/null; do sleep 0.05; done
+    rm -f "$WORK/freezer"
+    # Nothing stays stopped.
+    for m in "${MASTERS[@]}"; do
+        for p in $(lb_procs "$m"); do kill -CONT "$p" 2>/dev/null || true; done
+    done
+}
+# The load balancer stack's processes of master $1: keelson-agent, or keepalived (parent
+# and children) and haproxy.
+lb_procs() {
+    local pid
+    for pid in $(ip netns pids "$(ns "$1")" 2>/dev/null); do
+        case $(cat "/proc/$pid/comm" 2>/dev/null) in
+            keelson-agent | keepalived | haproxy) echo "$pid" ;;
+        esac
+    done
+}
+# Every 10 s: the holder's stack stopped for 300 ms, then continued.
+freezer() {
+    local h pids
+    while true; do
+        sleep 10
+        h=$(holder)
+        [ "$h" != none ] || continue
+        pids=$(lb_procs "$h")
+        [ -n "$pids" ] || continue
+        # shellcheck disable=SC2086
+        kill -STOP $pids 2>/dev/null || true
+        sleep 0.3
+        # shellcheck disable=SC2086
+        kill -CONT $pids 2>/dev/null || true
+    done
+}
 cleanup() {
     [ -z "$STRESS" ] || kill "$STRESS" 2>/dev/null || true
+    stop_freezer
     stop_relays
     teardown
     rm -rf "$WORK"
@@ -87,6 +131,10 @@ one_soak() { # stack condition -> one JSON line
                 fi
             done
             ;;
+        freeze)
+            freezer >/dev/null 2>&1 &
+            echo $! >"$WORK/freezer"
+            ;;
     esac
     ip netns exec $C $CLIENT new $VIP 6443 "$WORK/run/new.txt" &
     local cnew=$!
@@ -109,11 +157,12 @@ one_soak() { # stack condition -> one JSON line
     done
     kill -TERM $cnew 2>/dev/null || true
     wait $cnew 2>/dev/null || true
+    stop_freezer
     local report
     report=$($CLIENT report "$t0" "$WORK/run/new.txt" /dev/null "m$h")
     [ -z "$STRESS" ] || { kill "$STRESS" 2>/dev/null || true; wait "$STRESS" 2>/dev/null || true; STRESS=""; }
     # In the same run: the holder's apiserver dies, the node lives. (Under netem the
-    # condition stays on; under `slow` the stress has ended.)
+    # condition stays on; under `slow` the stress has ended, under `freeze` the freezing.)
     local holder_now dead_ms=null t1
     holder_now=$(holder)
     if [ "$holder_now" != none ]; then

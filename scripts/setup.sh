@@ -7,7 +7,9 @@
 #   scripts/setup.sh --check   check only (exit 1, one line per missing command)
 #
 # Daemons installed here (nginx, keepalived, dnsmasq, ...) must not start on their own:
-# tests start their own copies inside network namespaces.
+# tests start their own copies inside network namespaces. A policy-rc.d keeps apt from
+# starting them during the install and is removed after it: the host is left as it was,
+# apart from the packages.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -30,7 +32,7 @@ REQUIRED=(
   # The RHCOS stand-in the QEMU cluster's masters boot (qemu-tests/src/standin/): a Debian
   # root built with mmdebstrap, made into ext4 without mounting it (mkfs.ext4 -d).
   "mmdebstrap mmdebstrap"
-  # Payloads: ignition-validate checks every config we write (spec 3.0-3.3).
+  # Payloads: ignition-validate checks the configs of spec 3.0-3.3 (the specs Debian's 2.14 knows).
   "ignition-validate ignition"
   "systemd-analyze systemd"
   # Network-namespace tests and the harness.
@@ -52,6 +54,10 @@ REQUIRED=(
   # scripts/cargo-tests.sh: the static agent built in a session of its own at idle priority.
   "setsid util-linux"
   "chrt util-linux"
+  # scripts/previous-agent.sh: the previous version's agent, built from git history, one
+  # build at a time.
+  "git git"
+  "flock util-linux"
   "bc bc"
   # The VRRP test's packet injector (agent/tests/vrrp_election.rs).
   "python3 python3"
@@ -86,6 +92,13 @@ REQUIRED=(
   # segment's loss and jitter (tc netem).
   "stress-ng stress-ng"
   "tc iproute2"
+  # Open vSwitch: agent/tests/node_address_ovs.rs moves a node's address onto an OVS br-ex
+  # as OpenShift's ovs-configuration does. The test starts its own daemons with ovs-ctl in
+  # a namespace (the package's own service is kept from starting, as every daemon here).
+  "ovs-vsctl openvswitch-switch"
+  # The same test turns off checksum offload on its veths: the userspace datapath this
+  # kernel leaves OVS (no openvswitch module) passes on what a veth left unfinished.
+  "ethtool ethtool"
   # PROFILE=1 of bench/dns_vs_nsd.sh: system calls per query and a profile.
   "perf linux-perf"
 )
@@ -100,6 +113,8 @@ REQUIRED_FILES=(
   "/usr/lib/frr/zebra frr"
   "/usr/lib/frr/bfdd frr"
   "/usr/lib/frr/bgpd frr"
+  # ovs-ctl, which starts ovsdb-server and ovs-vswitchd without systemd.
+  "/usr/share/openvswitch/scripts/ovs-ctl openvswitch-switch"
 )
 # Cargo subcommands `make lint` runs: "command crate". (`make fuzz` installs cargo-fuzz
 # itself: minutes of compiling that `make test` does not need.)
@@ -149,8 +164,11 @@ done
 
 if ((${#want[@]})); then
   echo "setup: installing ${!want[*]}" >&2
-  # Keep apt from starting the daemons it installs.
+  # Keep apt from starting the daemons it installs, for this install only: a policy-rc.d
+  # left in place (exit 101) would keep every daemon the machine's owner installs later
+  # from starting by itself. One that was there before is the owner's, and stays.
   if [ ! -e /usr/sbin/policy-rc.d ]; then
+    trap '$SUDO rm -f /usr/sbin/policy-rc.d' EXIT
     printf '#!/bin/sh\nexit 101\n' | $SUDO tee /usr/sbin/policy-rc.d >/dev/null
     $SUDO chmod +x /usr/sbin/policy-rc.d
   fi

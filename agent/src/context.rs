@@ -18,8 +18,8 @@ use tokio::sync::watch;
 use crate::member::MemberList;
 use crate::node::NodeIdentity;
 use crate::status::model::{
-    AgentStatus, BgpStatus, BuildInfo, DiscoveryStatus, DnsStatus, IgnitionStatus, NodeStatus,
-    OtherSections, ProxyStatus, Restarts, VrrpInstance,
+    AddressProblem, AgentStatus, BgpStatus, BuildInfo, DiscoveryStatus, DnsStatus, IgnitionStatus,
+    NodeStatus, OtherSections, ProxyStatus, Restarts, VrrpInstance,
 };
 
 /// The watch channels between subsystems.
@@ -48,6 +48,12 @@ pub struct Bus {
     pub views: Views,
     /// Restarts of services and operator processes by name (published by the supervisor).
     pub restarts: watch::Sender<BTreeMap<String, Restarts>>,
+    /// This node's identity since its address moved to another link (published by the
+    /// address watcher, `node_address`); `None`: the identity the agent started with. The
+    /// supervisor restarts the services bound to the link on it.
+    pub node: watch::Sender<Option<Arc<NodeIdentity>>>,
+    /// The address watcher's findings and count of moves.
+    pub node_address: watch::Sender<crate::node_address::AddressWatch>,
 }
 
 /// A function that reads one subsystem's state now.
@@ -150,6 +156,8 @@ impl Default for Bus {
             ready: watch::Sender::new(BTreeSet::new()),
             views: Views::default(),
             restarts: watch::Sender::new(BTreeMap::new()),
+            node: watch::Sender::new(None),
+            node_address: watch::Sender::new(Default::default()),
         }
     }
 }
@@ -224,6 +232,24 @@ impl AgentContext {
         }
     }
 
+    /// This node's identity now: where its address moved to, or as at start.
+    pub fn current_node(&self) -> Arc<NodeIdentity> {
+        self.bus
+            .node
+            .borrow()
+            .clone()
+            .unwrap_or_else(|| self.node.clone())
+    }
+
+    /// The same context with `node` as this node's identity (a service restarted on the
+    /// link the node's address moved to).
+    pub fn with_node(&self, node: Arc<NodeIdentity>) -> Self {
+        Self {
+            node,
+            ..self.clone()
+        }
+    }
+
     /// Uses `paths` instead of the defaults.
     pub fn with_paths(mut self, paths: NodePaths) -> Self {
         self.paths = Arc::new(paths);
@@ -235,15 +261,22 @@ impl AgentContext {
     /// serves and `/metrics` exports.
     pub fn status(&self, started: std::time::Instant) -> AgentStatus {
         let bus = &self.bus;
+        let node = self.current_node();
+        let watch = bus.node_address.borrow().clone();
         let mut process = crate::status::process::read();
         process.uptime_seconds = started.elapsed().as_secs_f64();
         AgentStatus {
             node: NodeStatus {
-                name: self.node.name.to_string(),
-                role: self.node.role,
-                interface: self.node.interface.clone(),
-                addresses: self.node.addresses.clone(),
+                name: node.name.to_string(),
+                role: node.role,
+                interface: node.interface.clone(),
+                addresses: node.addresses.clone(),
                 cluster: self.cluster.zone(),
+                address_problem: watch.problem.map(|(why, since)| AddressProblem {
+                    problem: why,
+                    seconds: since.elapsed().as_secs_f64(),
+                }),
+                address_moves: watch.moves,
             },
             build: BuildInfo::current(),
             process,

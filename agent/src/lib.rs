@@ -19,6 +19,7 @@ pub mod metadata;
 pub mod metrics;
 pub mod net;
 pub mod node;
+pub mod node_address;
 pub mod proxy;
 pub mod retry;
 pub mod run;

@@ -174,19 +174,19 @@ pub enum IdentityError {
     /// The host name is not a DNS label (and the metadata named none).
     #[error("the host name: {0}")]
     BadName(#[from] crate::dns_label::DnsLabelError),
-    /// No interface has an address in the machine network.
-    #[error("node {name}: no interface has an address in the machine networks {networks:?}")]
+    /// No address is what `cluster.json` asks for (the machine networks, `nodeAddress`).
+    #[error("node {name}: {why}")]
     NoAddress {
         /// The node.
         name: String,
-        /// The machine networks.
-        networks: Vec<IpNet>,
+        /// What was asked for and what the machine has.
+        why: String,
     },
 }
 
 /// The identity from the running system: name from metadata or the host name, role from
-/// [`role_hint`], interface and addresses from the machine's addresses inside the cluster's
-/// machine networks.
+/// [`role_hint`], interface and addresses from the machine's addresses as `cluster.json`'s
+/// machine networks and `nodeAddress` pick them ([`crate::node_address::select`]).
 pub fn from_system(
     cluster: &keelson_cluster::ClusterConfig,
     root: &Path,
@@ -212,47 +212,13 @@ pub fn from_system(
             name: name.to_string(),
         }
     })?;
-    let mut found: Vec<(String, IpNet)> = Vec::new();
-    if let Ok(addrs) = nix::ifaddrs::getifaddrs() {
-        for ifa in addrs {
-            let (Some(addr), Some(mask)) = (ifa.address, ifa.netmask) else {
-                continue;
-            };
-            let pair = match (
-                addr.as_sockaddr_in(),
-                mask.as_sockaddr_in(),
-                addr.as_sockaddr_in6(),
-                mask.as_sockaddr_in6(),
-            ) {
-                (Some(a), Some(m), _, _) => Some((
-                    std::net::IpAddr::V4(a.ip()),
-                    u32::from(m.ip()).leading_ones() as u8,
-                )),
-                (_, _, Some(a), Some(m)) => Some((
-                    std::net::IpAddr::V6(a.ip()),
-                    u128::from(m.ip()).leading_ones() as u8,
-                )),
-                _ => None,
-            };
-            if let Some((ip, prefix)) = pair
-                && cluster.machine_networks.iter().any(|n| n.contains(&ip))
-                && let Ok(net) = IpNet::new(ip, prefix)
-            {
-                found.push((ifa.interface_name.clone(), net));
+    let (interface, addresses) =
+        crate::node_address::select(cluster, &crate::node_address::observe()).map_err(|why| {
+            IdentityError::NoAddress {
+                name: name.to_string(),
+                why,
             }
-        }
-    }
-    let Some((interface, _)) = found.first().cloned() else {
-        return Err(IdentityError::NoAddress {
-            name: name.to_string(),
-            networks: cluster.machine_networks.clone(),
-        });
-    };
-    let addresses = found
-        .into_iter()
-        .filter(|(i, _)| *i == interface)
-        .map(|(_, n)| n)
-        .collect();
+        })?;
     Ok(NodeIdentity {
         name,
         role,

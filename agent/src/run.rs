@@ -16,7 +16,7 @@ use tokio_util::sync::CancellationToken;
 use crate::context::AgentContext;
 use crate::members::registry::Registry;
 use crate::node::NodeIdentity;
-use crate::supervisor::{ServiceFn, Supervisor, boxed};
+use crate::supervisor::{Follows, ServiceFn, Supervisor, boxed};
 
 /// `keelson-agent run`.
 #[derive(Debug, clap::Args)]
@@ -47,24 +47,61 @@ pub struct RunArgs {
 pub const SERVICE_NAMES: [&str; 6] = ["members", "ignition", "dns", "vrrp", "proxy", "bgp"];
 
 /// The services of [`SERVICE_NAMES`], wired: `members` fills the members `registry` and the
-/// Ignition server serves it (unicast transport), so it outlives restarts of either.
-pub fn services(ctx: &AgentContext, registry: Arc<Registry>) -> Vec<(&'static str, ServiceFn)> {
-    let routes: Option<Arc<dyn ExtraRoutes>> =
-        (ctx.cluster.members.transport == MembersTransport::Unicast).then(|| registry.clone() as _);
+/// Ignition server serves it (unicast transport), so it outlives restarts of either. With
+/// each, whether it follows the node's address to another link (docs/agent.md, "The node's
+/// address"): VRRP (its sockets, VIPs and announcements are the link's), BGP (its sessions
+/// are the address's), members over mDNS (the link's multicast group) and members of either
+/// transport when the addresses change. The proxy, DNS and the Ignition server listen on
+/// the wildcard address and keep serving through a move.
+pub fn services(
+    ctx: &AgentContext,
+    registry: Arc<Registry>,
+) -> Vec<(&'static str, ServiceFn, Option<Follows>)> {
+    let unicast = ctx.cluster.members.transport == MembersTransport::Unicast;
+    let routes: Option<Arc<dyn ExtraRoutes>> = unicast.then(|| registry.clone() as _);
+    let members_follow: Follows = if unicast {
+        addresses_changed
+    } else {
+        link_changed
+    };
     vec![
         (
             "members",
             Arc::new(move |c, s| boxed(crate::members::run(c, registry.clone(), s))),
+            Some(members_follow),
         ),
         (
             "ignition",
             Arc::new(move |c, s| boxed(crate::ignition_server::run(c, routes.clone(), s))),
+            None,
         ),
-        ("dns", Arc::new(|c, s| boxed(crate::dns::run(c, s)))),
-        ("vrrp", Arc::new(|c, s| boxed(crate::vrrp::run(c, s)))),
-        ("proxy", Arc::new(|c, s| boxed(crate::proxy::run(c, s)))),
-        ("bgp", Arc::new(|c, s| boxed(crate::bgp::run(c, s)))),
+        ("dns", Arc::new(|c, s| boxed(crate::dns::run(c, s))), None),
+        (
+            "vrrp",
+            Arc::new(|c, s| boxed(crate::vrrp::run(c, s))),
+            Some(link_changed),
+        ),
+        (
+            "proxy",
+            Arc::new(|c, s| boxed(crate::proxy::run(c, s))),
+            None,
+        ),
+        (
+            "bgp",
+            Arc::new(|c, s| boxed(crate::bgp::run(c, s))),
+            Some(link_changed),
+        ),
     ]
+}
+
+/// The node's link or its addresses changed.
+fn link_changed(old: &NodeIdentity, new: &NodeIdentity) -> bool {
+    old.interface != new.interface || addresses_changed(old, new)
+}
+
+/// The node's addresses changed (a move alone keeps them).
+fn addresses_changed(old: &NodeIdentity, new: &NodeIdentity) -> bool {
+    old.addresses != new.addresses
 }
 
 /// Which services a role runs (docs/architecture.md, "What each part promises"): the control plane (bootstrap and masters) serves
@@ -97,6 +134,11 @@ pub async fn run_node(
 ) -> anyhow::Result<()> {
     let wanted: Vec<&'static str> = if only.is_empty() {
         let mut wanted = services_for(ctx.node.role);
+        // An external load balancer owns the VIPs (`loadBalancer.type: userManaged`): no
+        // API proxy in front of it; VRRP runs only the instances the operator listed.
+        if ctx.cluster.load_balancer.user_managed() {
+            wanted.retain(|s| *s != "proxy");
+        }
         // VIPs in bgp mode: only where the cluster has them for this role.
         if crate::bgp::takes_part(&ctx) {
             wanted.push("bgp");
@@ -117,11 +159,17 @@ pub async fn run_node(
     };
     let mut supervisor = Supervisor::new(ctx.clone(), stop.clone());
     let registry = Arc::new(Registry::for_node(&ctx.cluster, &ctx.node));
-    for (name, run) in services(&ctx, registry) {
-        if wanted.contains(&name) {
-            supervisor.service(name, move |c, s| run(c, s));
+    for (name, run, follows) in services(&ctx, registry) {
+        if !wanted.contains(&name) {
+            continue;
+        }
+        match follows {
+            Some(f) => supervisor.service_following(name, f, move |c, s| run(c, s)),
+            None => supervisor.service(name, move |c, s| run(c, s)),
         }
     }
+    // The node's address, followed when OpenShift's networking moves it (br-ex, a bond).
+    tokio::spawn(crate::node_address::watch(ctx.clone(), stop.clone()));
     let mut processes = Vec::new();
     // The routing daemon for bgp VIPs, where the agent runs it: its configuration is
     // written before it starts.
@@ -220,7 +268,17 @@ pub async fn cli(args: RunArgs) -> anyhow::Result<()> {
     }
     let node = match &args.node {
         Some(path) => NodeIdentity::load(path)?,
-        None => crate::node::from_system(&cluster, std::path::Path::new("/"), None)?,
+        // A link that comes up a little after the agent (`br-ex` made at boot) is waited
+        // for; then systemd's restarts take over, each saying what is missing.
+        None => {
+            crate::node_address::from_system_waiting(
+                &cluster,
+                std::path::Path::new("/"),
+                None,
+                Duration::from_secs(60),
+            )
+            .await?
+        }
     };
     tracing::info!(
         "node {} role {} on {} {:?}",

@@ -117,7 +117,7 @@ fn three_agents_converge_expire_and_ignore_other_cluster() {
         })
         .collect();
     // Another cluster on the same segment, with a clashing-looking name.
-    let _stranger = start_agent(
+    let stranger = start_agent(
         dir.path(),
         &seg.nodes[3],
         &other,
@@ -147,6 +147,13 @@ fn three_agents_converge_expire_and_ignore_other_cluster() {
     for a in &agents {
         assert_eq!(a.names(), all);
     }
+    // And the stranger ran all along (reading its list fails if it died), in its own
+    // cluster only: ignored, not absent.
+    assert_eq!(
+        stranger.names(),
+        ["master-9"],
+        "the other cluster's agent lists only itself"
+    );
 
     // SIGKILL worker-0: no goodbye; dropped after the expiry, not before.
     agents.pop().unwrap().proc.kill9();

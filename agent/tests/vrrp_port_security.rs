@@ -22,9 +22,9 @@ use keelson_testkit::{Segment, require, require_root, sh};
 const AGENT: &str = env!("CARGO_BIN_EXE_keelson-agent");
 
 const VIP: &str = "10.0.0.5";
-/// Short for a quick test, long enough that the backup's ARP probe, sent two intervals after
-/// the last advert, is answered well before its Master_Down (three intervals and the skew)
-/// on a loaded machine.
+/// The adverts of this test. Any interval works for the blocked-VRRP phase: a backup claims
+/// a silent master's VIP only once ARP says nobody holds it, whenever its Master_Down runs
+/// out; the phases' waits are timed for this one.
 const ADVERT_MS: u64 = 300;
 
 fn cluster_json() -> serde_json::Value {

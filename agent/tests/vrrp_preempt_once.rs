@@ -28,7 +28,8 @@ const WEIGHT: u64 = 20;
 /// The nftables table that refuses a node's own check.
 const TABLE: &str = "kpo_check";
 
-/// The API instance's status on node `i` (null when it does not answer).
+/// The API instance's status on node `i` (null when it has none; fails when the node does
+/// not answer).
 fn api_status(files: &RunCluster, i: usize) -> serde_json::Value {
     files.status(i)["vrrp"]
         .as_array()
@@ -117,6 +118,10 @@ fn a_preemption_among_equal_masters_moves_the_vip_once() {
             let ready = nodes
                 .iter()
                 .all(|n| n.as_ref().is_some_and(RunNode::is_ready));
+            if !ready {
+                // A node serves its status once ready.
+                return Err("not every node ready".into());
+            }
             let lists: Vec<usize> = (0..3)
                 .map(|i| member_names(&files.status(i)).len())
                 .collect();

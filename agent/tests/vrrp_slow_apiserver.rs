@@ -167,12 +167,14 @@ fn cluster_json() -> serde_json::Value {
     c
 }
 
-/// Node `i`'s `api` instance status.
+/// Node `i`'s `api` instance status (its absence fails: a comparison of two missing
+/// statuses proves nothing).
 fn api(net: &RunNet, i: usize) -> serde_json::Value {
-    net.status(i)["vrrp"]
+    let st = net.status(i);
+    st["vrrp"]
         .as_array()
         .and_then(|a| a.iter().find(|v| v["name"] == "api").cloned())
-        .unwrap_or_default()
+        .unwrap_or_else(|| panic!("no api instance in the status of master-{i}: {st}"))
 }
 
 /// Node `i`'s API priority with every check passing.
@@ -216,20 +218,18 @@ fn moved_off(net: &RunNet, from: usize, what: &str) -> (Duration, usize) {
 /// (state transitions, check transitions) of node `i`'s `api` instance.
 fn flips(net: &RunNet, i: usize) -> (u64, Vec<(String, u64)>) {
     let a = api(net, i);
+    let count = |v: &serde_json::Value| {
+        v["transitions"]
+            .as_u64()
+            .unwrap_or_else(|| panic!("no transitions count in {v}"))
+    };
     let checks = a["checks"]
         .as_array()
-        .map(|v| {
-            v.iter()
-                .map(|k| {
-                    (
-                        k["name"].as_str().unwrap_or_default().to_owned(),
-                        k["transitions"].as_u64().unwrap_or_default(),
-                    )
-                })
-                .collect()
-        })
-        .unwrap_or_default();
-    (a["transitions"].as_u64().unwrap_or_default(), checks)
+        .unwrap_or_else(|| panic!("no checks in {a}"))
+        .iter()
+        .map(|k| (k["name"].as_str().unwrap_or_default().to_owned(), count(k)))
+        .collect();
+    (count(&a), checks)
 }
 
 #[test]

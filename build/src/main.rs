@@ -1,9 +1,11 @@
 //! `keelson`: builds a cluster's payloads from an install-config.yaml.
 
+mod compose;
 mod heat;
 mod image;
 mod payloads;
 mod serve;
+mod vrids;
 
 use clap::{Parser, Subcommand};
 
@@ -23,8 +25,8 @@ enum Command {
     Render(payloads::RenderArgs),
     /// Check an install-config.yaml.
     Validate(payloads::ConfigArgs),
-    /// Print the VRRP router IDs derived from the cluster name.
-    Vrids(payloads::ConfigArgs),
+    /// Print the VRRP router IDs of the cluster, or scan a segment for those in use.
+    Vrids(vrids::VridsArgs),
     /// Build the appliance image (keelson.qcow2) alone.
     Image(image::ImageArgs),
     /// Serve a build directory's Ignition configs (:22623 TLS, :22624 plain).
@@ -44,7 +46,7 @@ fn main() {
         Command::Build(args) => payloads::build(args),
         Command::Render(args) => payloads::render_cmd(args),
         Command::Validate(args) => payloads::validate(args),
-        Command::Vrids(args) => payloads::vrids(args),
+        Command::Vrids(args) => vrids::run(args),
         Command::Image(args) => image::run(args),
         Command::Serve(args) => tokio::runtime::Runtime::new()
             .map_err(anyhow::Error::from)

@@ -1,4 +1,4 @@
-//! `keelson build`, `render`, `validate` and `vrids`: from install-config.yaml to the files of
+//! `keelson build`, `render` and `validate`: from install-config.yaml to the files of
 //! docs/architecture.md, "From install-config to a running node" (`bootstrap.ign`,
 //! `master.ign`, `worker.ign`, `cluster.json`, `tls/`, `assets/keelson-agent`, `keelson.qcow2`,
 //! `SHA256SUMS`), and `openstack.yaml`, the cluster as one Heat template (docs/openstack.md).
@@ -10,10 +10,12 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 use keelson_cluster::cluster::EtcdRecords;
-use keelson_cluster::install_config::InstallConfig;
+use keelson_cluster::install_config::{GivenVips, InstallConfig};
 use keelson_cluster::render::{self, NodeAssets};
 use keelson_cluster::{ClusterConfig, Role, SpecVersion, pki};
 use sha2::{Digest, Sha256, Sha512};
+
+use crate::compose::{Composition, MergeArg};
 
 /// The agent's name under `assets/` (what masters and workers fetch from :22623).
 pub const AGENT_ASSET: &str = "keelson-agent";
@@ -27,9 +29,12 @@ pub struct BuildArgs {
     /// Output directory.
     #[arg(long)]
     pub out: PathBuf,
-    /// Ignition spec of the configs (2.2.0 for RHCOS 4.2-4.5; 3.0.0-3.5.0).
-    #[arg(long, default_value = "3.2.0")]
-    pub spec: SpecVersion,
+    /// Ignition spec of the configs (2.2.0 for RHCOS 4.2-4.5; 3.0.0-3.5.0). Default: 3.2.0,
+    /// or the spec of --openshift-install-dir's configs.
+    #[arg(long)]
+    pub spec: Option<SpecVersion>,
+    #[command(flatten)]
+    pub own: OwnIgnitionArgs,
     /// Do not build the appliance image.
     #[arg(long)]
     pub no_image: bool,
@@ -58,6 +63,10 @@ pub struct BuildArgs {
     /// `bgp.daemon.path`) and its libraries are found (default: this machine).
     #[arg(long, default_value = "/", value_name = "DIR")]
     pub routing_daemon_root: PathBuf,
+    /// An explicit VRRP router ID, `api=N` or `ingress=N` (repeatable): instead of the one
+    /// derived from the cluster name (`keelson vrids`, docs/vrrp.md "VRIDs").
+    #[arg(long = "vrid", value_name = "ROLE=N")]
+    pub vrids: Vec<crate::vrids::VridArg>,
     /// Print only errors.
     #[arg(long)]
     pub quiet: bool,
@@ -89,6 +98,63 @@ pub fn routing_daemon_files(
     })
 }
 
+/// The operator's own Ignition (docs/own-ignition.md), and the VIPs of an install-config
+/// that has none (`platform: none`).
+#[derive(Debug, Default, clap::Args)]
+pub struct OwnIgnitionArgs {
+    /// The operator's Ignition config for a role (spec 2.2 or 3.x, full or pointer), merged
+    /// into what that role receives: bootstrap.ign, and the configs the Ignition servers
+    /// serve to masters and workers (repeatable; ROLE is bootstrap, master or worker).
+    #[arg(long = "merge", value_name = "ROLE=FILE", value_parser = crate::compose::parse_merge)]
+    pub merges: Vec<MergeArg>,
+    /// The output of `openshift-install create ignition-configs` (4.2-era spec 2.2 or 3.x):
+    /// bootstrap.ign becomes OpenShift's with keelson's merged in, master.ign and worker.ign
+    /// OpenShift's pointers with keelson's config as a second source; OpenShift's
+    /// machine-config-server keeps :22623 and keelson's server moves to :22626.
+    #[arg(long, value_name = "DIR")]
+    pub openshift_install_dir: Option<PathBuf>,
+    /// The API VIP (repeatable, one per family), for an install-config without one
+    /// (`platform: none`); it takes the place of the platform's.
+    #[command(flatten)]
+    pub vips: VipArgs,
+}
+
+/// VIPs on the command line.
+#[derive(Debug, Default, clap::Args)]
+pub struct VipArgs {
+    /// The API VIP (repeatable, one per address family), for an install-config that has
+    /// none (`platform: none`); it takes the place of the platform's.
+    #[arg(long = "api-vip", value_name = "IP")]
+    pub api: Vec<std::net::IpAddr>,
+    /// The ingress VIP (repeatable, one per address family), as --api-vip.
+    #[arg(long = "ingress-vip", value_name = "IP")]
+    pub ingress: Vec<std::net::IpAddr>,
+}
+
+impl VipArgs {
+    /// The VIPs as the install-config reader takes them.
+    pub fn given(&self) -> GivenVips {
+        GivenVips {
+            api: self.api.clone(),
+            ingress: self.ingress.clone(),
+        }
+    }
+}
+
+impl OwnIgnitionArgs {
+    /// `--spec` if given, else the one the composition implies.
+    fn spec(&self, explicit: Option<SpecVersion>) -> anyhow::Result<SpecVersion> {
+        match explicit {
+            Some(s) => Ok(s),
+            None => Composition::default_spec(self.openshift_install_dir.as_deref()),
+        }
+    }
+
+    fn composition(&self, spec: SpecVersion) -> anyhow::Result<Composition> {
+        Composition::load(&self.merges, self.openshift_install_dir.as_deref(), spec)
+    }
+}
+
 /// `keelson render`.
 #[derive(Debug, clap::Args)]
 pub struct RenderArgs {
@@ -98,9 +164,11 @@ pub struct RenderArgs {
     /// bootstrap, master or worker.
     #[arg(long)]
     pub role: Role,
-    /// Ignition spec.
-    #[arg(long, default_value = "3.2.0")]
-    pub spec: SpecVersion,
+    /// Ignition spec (default as for build).
+    #[arg(long)]
+    pub spec: Option<SpecVersion>,
+    #[command(flatten)]
+    pub own: OwnIgnitionArgs,
     /// The build directory whose tls/ to use (default: the build's `out/`).
     #[arg(long, default_value = "out")]
     pub dir: PathBuf,
@@ -119,24 +187,30 @@ pub struct RenderArgs {
     /// The build's assets (as for build).
     #[arg(long = "asset", value_name = "FILE")]
     pub assets: Vec<PathBuf>,
+    /// The build's explicit VRIDs (as for build).
+    #[arg(long = "vrid", value_name = "ROLE=N")]
+    pub vrids: Vec<crate::vrids::VridArg>,
 }
 
-/// `keelson validate` / `keelson vrids`.
+/// `keelson validate`.
 #[derive(Debug, clap::Args)]
 pub struct ConfigArgs {
     /// install-config.yaml.
     #[arg(long)]
     pub config: PathBuf,
+    #[command(flatten)]
+    pub vips: VipArgs,
     /// A cluster.json merge patch to check as well (as for build; its misspelt or wrong
     /// fields are named).
     #[arg(long, value_name = "PATCH.json")]
     pub cluster_patch: Option<PathBuf>,
 }
 
-/// Reads and checks an install-config; errors name the file.
-pub fn load_install_config(path: &Path) -> anyhow::Result<InstallConfig> {
+/// Reads and checks an install-config, with the VIPs given on the command line; errors
+/// name the file.
+pub fn load_install_config(path: &Path, vips: &GivenVips) -> anyhow::Result<InstallConfig> {
     let text = std::fs::read_to_string(path).with_context(|| format!("{}", path.display()))?;
-    InstallConfig::parse(&text).with_context(|| format!("{}", path.display()))
+    InstallConfig::parse_with(&text, vips).with_context(|| format!("{}", path.display()))
 }
 
 /// An operator file served under `/assets/` (`--asset`).
@@ -183,11 +257,13 @@ pub fn load_assets(paths: &[PathBuf]) -> anyhow::Result<Vec<Asset>> {
 }
 
 /// The cluster.json a build writes: the install-config's defaults, the Ignition spec of the
-/// build, then the operator's merge patch, in which a service's `"asset": "NAME"` is
-/// shorthand for the asset of that name with its sha512 filled in; checked.
+/// build, what running beside openshift-install changes, then the operator's merge patch,
+/// in which a service's `"asset": "NAME"` is shorthand for the asset of that name with its
+/// sha512 filled in; checked.
 pub fn cluster_config(
     ic: &InstallConfig,
     spec: SpecVersion,
+    composition: &Composition,
     patch: Option<&Path>,
     assets: &[Asset],
 ) -> anyhow::Result<ClusterConfig> {
@@ -195,6 +271,7 @@ pub fn cluster_config(
     cluster.ignition.spec = spec.as_str().into();
     // The etcd names follow the payload's era (docs/dns.md); the patch may still say otherwise.
     cluster.dns.etcd = Some(EtcdRecords::for_spec(spec.as_str(), ic.masters));
+    composition.adapt(&mut cluster)?;
     if let Some(path) = patch {
         let text = std::fs::read(path).with_context(|| path.display().to_string())?;
         let mut value: serde_json::Value = serde_json::from_slice(&text)
@@ -252,14 +329,25 @@ fn source_date_epoch() -> Option<u64> {
         .and_then(|v| v.trim().parse().ok())
 }
 
-fn assets_for(pki: &pki::Pki, agent: &[u8], agent_url: Option<String>) -> NodeAssets {
+fn assets_for(
+    pki: &pki::Pki,
+    agent: &[u8],
+    agent_url: Option<String>,
+    composition: &Composition,
+) -> NodeAssets {
+    // Beside openshift-install the bootstrap is RHCOS and its config is hosted anyway:
+    // without a URL to fetch the agent from, it carries the agent itself.
+    let agent_inline = (composition.openshift.is_some() && agent_url.is_none())
+        .then(|| std::sync::Arc::from(agent));
     NodeAssets {
         ca_pem: pki.ca_cert_pem.clone(),
         server_cert_pem: pki.server_cert_pem.clone(),
         server_key_pem: pki.server_key_pem.clone(),
         agent_sha512: hex::encode(Sha512::digest(agent)),
         agent_url,
+        agent_inline,
         membership_keys: pki.membership_keys.clone(),
+        operator: composition.operator.clone(),
     }
 }
 
@@ -272,12 +360,18 @@ fn with_membership_key(mut cluster: ClusterConfig, pki: &pki::Pki) -> ClusterCon
 
 /// Runs `keelson validate`.
 pub fn validate(args: ConfigArgs) -> anyhow::Result<()> {
-    let ic = load_install_config(&args.config)?;
+    let ic = load_install_config(&args.config, &args.vips.given())?;
     for note in &ic.notes {
         eprintln!("note: {note}");
     }
     let cluster = match &args.cluster_patch {
-        Some(patch) => cluster_config(&ic, SpecVersion::DEFAULT, Some(patch), &[])?,
+        Some(patch) => cluster_config(
+            &ic,
+            SpecVersion::DEFAULT,
+            &Composition::default(),
+            Some(patch),
+            &[],
+        )?,
         None => ic.cluster_config(),
     };
     cluster.check()?;
@@ -301,27 +395,20 @@ pub fn validate(args: ConfigArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Runs `keelson vrids`.
-pub fn vrids(args: ConfigArgs) -> anyhow::Result<()> {
-    let cluster = load_install_config(&args.config)?.cluster_config();
-    for inst in &cluster.vrrp.instances {
-        println!(
-            "{:<11} vrid {:>3}  vip {:<15} (Fletcher-8 of \"{}-{}\" + 1)",
-            inst.name,
-            inst.vrid,
-            inst.vip,
-            cluster.name,
-            inst.name.trim_end_matches("-v6")
-        );
-    }
-    Ok(())
-}
-
 /// Runs `keelson render`.
 pub fn render_cmd(args: RenderArgs) -> anyhow::Result<()> {
-    let ic = load_install_config(&args.config)?;
+    let ic = load_install_config(&args.config, &args.own.vips.given())?;
     let assets = load_assets(&args.assets)?;
-    let cluster = cluster_config(&ic, args.spec, args.cluster_patch.as_deref(), &assets)?;
+    let spec = args.own.spec(args.spec)?;
+    let composition = args.own.composition(spec)?;
+    let cluster = cluster_config(
+        &ic,
+        spec,
+        &composition,
+        args.cluster_patch.as_deref(),
+        &assets,
+    )?;
+    let cluster = crate::vrids::apply(cluster, &args.vrids)?;
     let tls = args.dir.join("tls");
     let pki = pki::load_or_create(&tls, &cluster, source_date_epoch())?;
     let cluster = with_membership_key(cluster, &pki);
@@ -332,14 +419,14 @@ pub fn render_cmd(args: RenderArgs) -> anyhow::Result<()> {
         );
     }
     let bytes = if args.pointer {
-        render::render_pointer(&cluster, args.role, args.spec, &pki.ca_cert_pem)?
+        pointer(&cluster, args.role, spec, &pki.ca_cert_pem, &composition)?
     } else {
         let agent = crate::image::find_agent(args.agent.as_deref())?;
         render::render_full(
             &cluster,
             args.role,
-            args.spec,
-            &assets_for(&pki, &agent.bytes, args.agent_url),
+            spec,
+            &assets_for(&pki, &agent.bytes, args.agent_url, &composition),
         )?
     };
     use std::io::Write;
@@ -349,6 +436,8 @@ pub fn render_cmd(args: RenderArgs) -> anyhow::Result<()> {
 }
 
 /// The build's outputs, written into `dir`.
+// Over 100 lines on purpose: every file of a build in the order it is written.
+#[allow(clippy::too_many_arguments)]
 pub fn write_outputs(
     dir: &Path,
     cluster: &ClusterConfig,
@@ -357,13 +446,18 @@ pub fn write_outputs(
     spec: SpecVersion,
     agent_url: Option<String>,
     extra_assets: &[Asset],
+    composition: &Composition,
 ) -> anyhow::Result<Vec<String>> {
-    let assets = assets_for(pki, agent, agent_url);
+    let assets = assets_for(pki, agent, agent_url, composition);
     let bootstrap = render::render_full(cluster, Role::Bootstrap, spec, &assets)?;
-    render::check_user_data("bootstrap.ign", &bootstrap)?;
-    let master = render::render_pointer(cluster, Role::Master, spec, &pki.ca_cert_pem)?;
+    // Beside openshift-install the bootstrap's config is OpenShift's full one (hundreds of
+    // KiB): it is hosted, and the bootstrap boots from a pointer to it.
+    if composition.openshift.is_none() {
+        render::check_user_data("bootstrap.ign", &bootstrap)?;
+    }
+    let master = pointer(cluster, Role::Master, spec, &pki.ca_cert_pem, composition)?;
     render::check_user_data("master.ign", &master)?;
-    let worker = render::render_pointer(cluster, Role::Worker, spec, &pki.ca_cert_pem)?;
+    let worker = pointer(cluster, Role::Worker, spec, &pki.ca_cert_pem, composition)?;
     render::check_user_data("worker.ign", &worker)?;
     let write = |name: &str, bytes: &[u8]| -> anyhow::Result<()> {
         let path = dir.join(name);
@@ -392,7 +486,40 @@ pub fn write_outputs(
         write(&name, &asset.bytes)?;
         names.push(name);
     }
+    // What the nodes that serve keep under /etc/keelson/merge/, so `keelson serve --dir`
+    // serves what they do.
+    for pool in [Role::Master, Role::Worker] {
+        if let Some(op) = composition.operator.get(&pool) {
+            let name = format!("merge/{}.ign", pool.as_str());
+            write(&name, &op.to_bytes())?;
+            names.push(name);
+        }
+    }
     Ok(names)
+}
+
+/// The pointer config given to `role` as user_data: keelson's own, or beside
+/// openshift-install, OpenShift's with keelson's as a second source.
+fn pointer(
+    cluster: &ClusterConfig,
+    role: Role,
+    spec: SpecVersion,
+    ca_pem: &str,
+    composition: &Composition,
+) -> anyhow::Result<Vec<u8>> {
+    let own = render::render_pointer(cluster, role, spec, ca_pem)?;
+    let Some(os) = &composition.openshift else {
+        return Ok(own);
+    };
+    let own: serde_json::Value = serde_json::from_slice(&own)?;
+    let composed = keelson_cluster::render::openshift::compose_pointer(
+        os.pointer(role),
+        &own,
+        spec,
+        os.spec,
+        role,
+    )?;
+    Ok(serde_json::to_vec(&composed)?)
 }
 
 /// `SHA256SUMS` text for `names` under `dir` (sorted, `sha256sum` format).
@@ -424,12 +551,25 @@ pub fn build(args: BuildArgs) -> anyhow::Result<()> {
             eprintln!("keelson: {m}");
         }
     };
-    let ic = load_install_config(&args.config)?;
+    let ic = load_install_config(&args.config, &args.own.vips.given())?;
     for note in &ic.notes {
         say(&format!("note: {note}"));
     }
     let assets = load_assets(&args.assets)?;
-    let cluster = cluster_config(&ic, args.spec, args.cluster_patch.as_deref(), &assets)?;
+    let spec = args.own.spec(args.spec)?;
+    let composition = args.own.composition(spec)?;
+    let cluster = cluster_config(
+        &ic,
+        spec,
+        &composition,
+        args.cluster_patch.as_deref(),
+        &assets,
+    )?;
+    let cluster = crate::vrids::apply(cluster, &args.vrids)?;
+    // A warning, shown with --quiet too: a VRID shared with a neighbour breaks both.
+    if let Some(w) = crate::vrids::warning(&cluster, &args.vrids) {
+        eprintln!("keelson: warning: {w}");
+    }
     let agent_binary = crate::image::find_agent(args.agent.as_deref())?;
     say(&format!("agent: {}", agent_binary.describe()));
     let agent = &agent_binary.bytes;
@@ -443,26 +583,33 @@ pub fn build(args: BuildArgs) -> anyhow::Result<()> {
     let cluster = with_membership_key(cluster, &pki);
     say(&format!(
         "rendering spec {} configs for {}",
-        args.spec,
+        spec,
         cluster.zone()
     ));
-    match &args.agent_url {
-        Some(url) => say(&format!(
+    match (&args.agent_url, &composition.openshift) {
+        (Some(url), _) => say(&format!(
             "bootstrap.ign fetches the agent from {url} (RHCOS bootstrap; sha512-verified)"
         )),
+        (None, Some(_)) => say(
+            "bootstrap.ign carries the agent inline (RHCOS bootstrap beside openshift-install; its config is hosted)",
+        ),
         // A warning, not progress: shown with --quiet too. An RHCOS bootstrap booted from
         // this config comes up without the agent, so without VIPs and without the Ignition
         // server the masters fetch their configs from; nothing else would say so.
-        None => eprintln!("keelson: warning: {}", NO_AGENT_URL_WARNING),
+        (None, None) => eprintln!("keelson: warning: {}", NO_AGENT_URL_WARNING),
+    }
+    for line in composition_notes(&composition, args.agent_url.is_none()) {
+        eprintln!("keelson: note: {line}");
     }
     let mut names = write_outputs(
         staging.path(),
         &cluster,
         &pki,
         agent,
-        args.spec,
+        spec,
         args.agent_url.clone(),
         &assets,
+        &composition,
     )?;
     // The cluster as one Heat template, next to the configs it takes as user_data.
     std::fs::write(
@@ -501,6 +648,54 @@ pub fn build(args: BuildArgs) -> anyhow::Result<()> {
         print!("{sums}");
     }
     Ok(())
+}
+
+/// What an operator should know about the composition before booting it: what the appliance
+/// bootstrap will not apply of their bootstrap config, and where a pointer needs DNS.
+fn composition_notes(composition: &Composition, appliance_bootstrap: bool) -> Vec<String> {
+    let mut out = Vec::new();
+    if let Some(os) = &composition.openshift {
+        if os.needs_dns() {
+            out.push(format!(
+                "OpenShift's pointers name {}: a node's Ignition resolves it in the initramfs, so the machine network's first DNS server (DHCP's, or `nameserver=` with static addresses) must be the API VIP, where keelson's DNS answers (docs/own-ignition.md)",
+                os.mcs_host()
+            ));
+        }
+        return out;
+    }
+    if !appliance_bootstrap {
+        return out;
+    }
+    if let Some(op) = composition.operator.get(&Role::Bootstrap) {
+        let c = &op.config;
+        let names = |list: &serde_json::Value, key: &str| -> Vec<String> {
+            list.as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|e| e[key].as_str().map(str::to_owned))
+                .collect()
+        };
+        let units = names(&c["systemd"]["units"], "name");
+        if !units.is_empty() {
+            out.push(format!(
+                "{}: the appliance bootstrap has no systemd and will not run {} (declare processes as cluster.json services, or boot an RHCOS bootstrap with --agent-url)",
+                op.origin,
+                units.join(", ")
+            ));
+        }
+        let users: Vec<String> = names(&c["passwd"]["users"], "name")
+            .into_iter()
+            .filter(|u| u != "core")
+            .collect();
+        if !users.is_empty() {
+            out.push(format!(
+                "{}: the appliance bootstrap has only core's keys and will not create {}",
+                op.origin,
+                users.join(", ")
+            ));
+        }
+    }
+    out
 }
 
 /// Builds the appliance image into `staging` with the agent at `agent`, the assets and the

@@ -197,7 +197,9 @@ mod tests {
             server_key_pem: key.serialize_pem(),
             agent_sha512: hex::encode(<sha2::Sha512 as sha2::Digest>::digest(b"\x7fELF agent")),
             agent_url: None,
+            agent_inline: None,
             membership_keys: Default::default(),
+            operator: Default::default(),
         };
         assert_eq!(
             master,

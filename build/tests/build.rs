@@ -716,3 +716,437 @@ fn a_bgp_patch_is_validated_and_reaches_cluster_json() {
         (198, 300, 3)
     );
 }
+
+const OPENSHIFT_414: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../testdata/openshift-install/4.14"
+);
+const OPENSHIFT_42: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../testdata/openshift-install/4.2"
+);
+
+/// The example install-config as OpenShift's UPI writes it: `platform: none`, no VIPs.
+fn platform_none(dir: &Path) -> String {
+    let text = std::fs::read_to_string(EXAMPLE).unwrap();
+    let at = text.find("platform:").unwrap();
+    let end = text[at..].find("pullSecret").unwrap() + at;
+    let path = dir.join("install-config.yaml");
+    std::fs::write(
+        &path,
+        format!("{}platform:\n  none: {{}}\n{}", &text[..at], &text[end..]),
+    )
+    .unwrap();
+    path.display().to_string()
+}
+
+fn json(path: &Path) -> serde_json::Value {
+    serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap()
+}
+
+#[test]
+fn an_operator_config_rides_along_in_bootstrap_ign_and_the_served_configs() {
+    let work = tempfile::tempdir().unwrap();
+    let agent = fake_agent(work.path());
+    let op = work.path().join("master.ign");
+    // A Butane-made 3.0 config: a unit and a file for the masters.
+    std::fs::write(
+        &op,
+        r#"{"ignition":{"version":"3.0.0"},"storage":{"files":[{"path":"/etc/operator","contents":{"source":"data:,hi"},"mode":420}]},"systemd":{"units":[{"name":"op.service","enabled":true,"contents":"[Service]\nExecStart=/bin/true\n[Install]\nWantedBy=multi-user.target\n"}]}}"#,
+    )
+    .unwrap();
+    let boot = work.path().join("bootstrap.ign");
+    std::fs::write(
+        &boot,
+        r#"{"ignition":{"version":"3.2.0"},"storage":{"files":[{"path":"/etc/boot-op","contents":{"source":"data:,b"}}]}}"#,
+    )
+    .unwrap();
+    let out = work.path().join("out");
+    let merge_master = format!("master={}", op.display());
+    let merge_boot = format!("bootstrap={}", boot.display());
+    let o = keelson(&[
+        "build",
+        "--config",
+        EXAMPLE,
+        "--out",
+        out.to_str().unwrap(),
+        "--agent",
+        &agent,
+        "--no-image",
+        "--merge",
+        &merge_master,
+        "--merge",
+        &merge_boot,
+    ]);
+    ok(&o);
+    let b = json(&out.join("bootstrap.ign"));
+    let paths: Vec<&str> = b["storage"]["files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["path"].as_str().unwrap())
+        .collect();
+    assert!(paths.contains(&"/etc/boot-op"), "{paths:?}");
+    assert!(
+        paths.contains(&"/etc/keelson/merge/master.ign"),
+        "{paths:?}"
+    );
+    assert!(paths.contains(&"/etc/keelson/cluster.json"), "{paths:?}");
+    // The served master config: what `keelson serve` answers is keelson's with the
+    // operator's merged, in the build's spec (3.2.0, converted from 3.0.0).
+    let kept = json(&out.join("merge/master.ign"));
+    assert_eq!(kept["ignition"]["version"], "3.2.0");
+    let rendered = keelson(&[
+        "render",
+        "--config",
+        EXAMPLE,
+        "--role",
+        "master",
+        "--dir",
+        out.to_str().unwrap(),
+        "--agent",
+        &agent,
+        "--merge",
+        &merge_master,
+        "--merge",
+        &merge_boot,
+    ]);
+    let master: serde_json::Value = serde_json::from_str(&ok(&rendered)).unwrap();
+    assert_eq!(
+        master["systemd"]["units"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|u| u["name"] == "op.service")
+            .count(),
+        1
+    );
+    // An appliance bootstrap is told what it will not apply.
+    let unit_boot = work.path().join("unit-boot.ign");
+    std::fs::write(
+        &unit_boot,
+        r#"{"ignition":{"version":"3.2.0"},"systemd":{"units":[{"name":"x.service","contents":"[Service]\n"}]}}"#,
+    )
+    .unwrap();
+    let o = keelson(&[
+        "build",
+        "--config",
+        EXAMPLE,
+        "--out",
+        out.to_str().unwrap(),
+        "--agent",
+        &agent,
+        "--no-image",
+        "--merge",
+        &format!("bootstrap={}", unit_boot.display()),
+    ]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    assert!(err.contains("will not run x.service"), "{err}");
+}
+
+#[test]
+fn a_clash_stops_the_build_before_anything_is_written() {
+    let work = tempfile::tempdir().unwrap();
+    let agent = fake_agent(work.path());
+    let op = work.path().join("bad.ign");
+    std::fs::write(
+        &op,
+        r#"{"ignition":{"version":"3.2.0"},"storage":{"files":[{"path":"/etc/keelson/cluster.json","contents":{"source":"data:,mine"}}]}}"#,
+    )
+    .unwrap();
+    let out = work.path().join("out");
+    let o = keelson(&[
+        "build",
+        "--config",
+        EXAMPLE,
+        "--out",
+        out.to_str().unwrap(),
+        "--agent",
+        &agent,
+        "--no-image",
+        "--merge",
+        &format!("bootstrap={}", op.display()),
+    ]);
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("storage.files path \"/etc/keelson/cluster.json\": defined by keelson's bootstrap config and by --merge bootstrap="),
+        "{err}"
+    );
+    assert!(err.contains("keelson owns that path"), "{err}");
+    // Nothing half-written: no config, and no staging directory left behind.
+    let left: Vec<_> = std::fs::read_dir(&out)
+        .map(|d| d.flatten().map(|e| e.file_name()).collect())
+        .unwrap_or_default();
+    assert!(left.iter().all(|n| n == "tls"), "left in --out: {left:?}");
+    for (arg, want) in [
+        (
+            "infra=x.ign".to_owned(),
+            "expected a role of bootstrap, master or worker",
+        ),
+        (
+            format!("master={}", work.path().join("missing.ign").display()),
+            "missing.ign",
+        ),
+    ] {
+        let o = keelson(&[
+            "build",
+            "--config",
+            EXAMPLE,
+            "--out",
+            out.to_str().unwrap(),
+            "--agent",
+            &agent,
+            "--no-image",
+            "--merge",
+            &arg,
+        ]);
+        assert!(!o.status.success());
+        assert!(String::from_utf8_lossy(&o.stderr).contains(want), "{arg}");
+    }
+    let not_ign = work.path().join("butane.bu");
+    std::fs::write(&not_ign, "variant: fcos\nversion: 1.5.0\n").unwrap();
+    let o = keelson(&[
+        "build",
+        "--config",
+        EXAMPLE,
+        "--out",
+        out.to_str().unwrap(),
+        "--agent",
+        &agent,
+        "--no-image",
+        "--merge",
+        &format!("worker={}", not_ign.display()),
+    ]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("butane.bu: expected an Ignition config (JSON)"),
+        "{err}"
+    );
+}
+
+#[test]
+fn beside_openshift_install_both_eras() {
+    let work = tempfile::tempdir().unwrap();
+    let agent = fake_agent(work.path());
+    let ic = platform_none(work.path());
+    // platform none has no VIPs: the build says where to give them.
+    let out = work.path().join("out");
+    let o = keelson(&[
+        "build",
+        "--config",
+        &ic,
+        "--out",
+        out.to_str().unwrap(),
+        "--agent",
+        &agent,
+        "--no-image",
+        "--openshift-install-dir",
+        OPENSHIFT_414,
+    ]);
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("--api-vip"));
+    for (dir, spec, key) in [
+        (OPENSHIFT_414, "3.2.0", "merge"),
+        (OPENSHIFT_42, "2.2.0", "append"),
+    ] {
+        let out = work.path().join(format!("out-{spec}"));
+        let o = keelson(&[
+            "build",
+            "--config",
+            &ic,
+            "--out",
+            out.to_str().unwrap(),
+            "--agent",
+            &agent,
+            "--no-image",
+            "--openshift-install-dir",
+            dir,
+            "--api-vip",
+            "10.0.0.5",
+            "--ingress-vip",
+            "10.0.0.7",
+        ]);
+        let err = String::from_utf8_lossy(&o.stderr).into_owned();
+        assert!(o.status.success(), "{err}");
+        assert!(
+            err.contains("api-int.ocp4.osd2019.local"),
+            "the DNS note: {err}"
+        );
+        for role in ["master", "worker"] {
+            let p = json(&out.join(format!("{role}.ign")));
+            assert_eq!(p["ignition"]["version"], spec);
+            let sources: Vec<&str> = p["ignition"]["config"][key]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|r| r["source"].as_str().unwrap())
+                .collect();
+            assert_eq!(
+                sources,
+                [
+                    format!("https://api-int.ocp4.osd2019.local:22623/config/{role}"),
+                    format!("https://10.0.0.5:22626/config/{role}")
+                ]
+            );
+            assert_eq!(
+                p["ignition"]["security"]["tls"]["certificateAuthorities"]
+                    .as_array()
+                    .unwrap()
+                    .len(),
+                2
+            );
+        }
+        let cluster = json(&out.join("cluster.json"));
+        assert_eq!(cluster["ignition"]["tlsPort"], 22626);
+        assert_eq!(cluster["ignition"]["plainPort"], 22627);
+        assert!(cluster.get("sshAuthorizedKeys").is_none(), "{cluster}");
+        let checks = &cluster["vrrp"]["instances"][0]["checks"];
+        assert!(
+            checks
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|c| c["check"]["url"] == "https://127.0.0.1:22623/healthz"),
+            "{checks}"
+        );
+        // OpenShift's bootstrap with keelson's: bootkube and the agent, the agent inline.
+        let b = json(&out.join("bootstrap.ign"));
+        assert_eq!(b["ignition"]["version"], spec);
+        let units: Vec<&str> = b["systemd"]["units"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|u| u["name"].as_str().unwrap())
+            .collect();
+        assert!(
+            units.contains(&"bootkube.service") && units.contains(&"keelson-agent.service"),
+            "{units:?}"
+        );
+        let agent_file = b["storage"]["files"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|f| f["path"] == "/usr/local/bin/keelson-agent")
+            .unwrap();
+        assert!(
+            agent_file["contents"]["source"]
+                .as_str()
+                .unwrap()
+                .starts_with("data:")
+        );
+    }
+    // The install-config of another cluster than openshift-install's.
+    let other = work.path().join("other.yaml");
+    std::fs::write(
+        &other,
+        std::fs::read_to_string(&ic)
+            .unwrap()
+            .replace("name: ocp4", "name: lab"),
+    )
+    .unwrap();
+    let o = keelson(&[
+        "build",
+        "--config",
+        other.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+        "--agent",
+        &agent,
+        "--no-image",
+        "--openshift-install-dir",
+        OPENSHIFT_414,
+        "--api-vip",
+        "10.0.0.5",
+        "--ingress-vip",
+        "10.0.0.7",
+    ]);
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("metadata.json clusterName is \"ocp4\""));
+}
+
+/// `keelson vrids --scan`: keepalived (a real neighbour's virtual router: VRRPv3 multicast,
+/// VRID 51 as a cluster named `lab` derives it, 100 ms adverts) on a segment, and the scan
+/// from another node of it lists VRID 51 with keepalived's address and VIP, marked as the
+/// scanning cluster's (an install-config named `ocp8`, which gets 51 and 146 too), and 146 as
+/// not heard. Needs root and keepalived.
+#[test]
+fn vrids_scan_lists_the_virtual_routers_on_a_segment() {
+    use keelson_testkit::{Segment, require, require_root};
+    if !require_root() || !require("keepalived") {
+        return;
+    }
+    let seg = Segment::ipv4_only("kvs", 2, 0);
+    let dir = tempfile::tempdir().unwrap();
+    let conf = "global_defs {\n    router_id kvs-ka\n}\n\
+        vrrp_instance lab_api {\n    state BACKUP\n    interface eth0\n    version 3\n    \
+        virtual_router_id 51\n    priority 100\n    advert_int 0.1\n    \
+        virtual_ipaddress {\n        10.0.0.5/32 dev eth0\n    }\n}\n";
+    let mut ka = keelson_testkit::agent::start_keepalived(&seg, dir.path(), 1, conf);
+    let config = dir.path().join("install-config.yaml");
+    std::fs::write(
+        &config,
+        std::fs::read_to_string(EXAMPLE)
+            .unwrap()
+            .replace("name: ocp4", "name: ocp8"),
+    )
+    .unwrap();
+    let out = Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            &seg.nodes[0],
+            KEELSON,
+            "vrids",
+            "--scan",
+            "eth0",
+        ])
+        .args(["--seconds", "1.5", "--config"])
+        .arg(&config)
+        .output()
+        .unwrap();
+    ka.term();
+    let text = ok(&out);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        text.contains("eth0: 1 virtual router(s) heard")
+            && text.contains("vrid  51 IPv4 v3 every 100 ms: vips 10.0.0.5; routers 10.0.0.11")
+            && text.contains("<- this cluster's VRID: taken")
+            && text.contains("this cluster's VRIDs not heard: 146"),
+        "{text}"
+    );
+    // ocp8's derived VRIDs are lab's: the warning says so and what to do.
+    assert!(
+        stderr.contains("\"lab\" (51, 146)") && stderr.contains("--vrid api=N"),
+        "{stderr}"
+    );
+    // Bad input is named.
+    let e = keelson(&["vrids", "--scan", "no-such-if0", "--seconds", "1"]);
+    assert!(!e.status.success());
+    assert!(
+        String::from_utf8_lossy(&e.stderr).contains("--scan no-such-if0: no such interface"),
+        "{}",
+        String::from_utf8_lossy(&e.stderr)
+    );
+    let e = keelson(&["vrids", "--config", EXAMPLE, "--vrid", "api=256"]);
+    assert!(
+        String::from_utf8_lossy(&e.stderr).contains("api: expected a VRID 1..=255, got \"256\""),
+        "{}",
+        String::from_utf8_lossy(&e.stderr)
+    );
+    let e = keelson(&[
+        "vrids",
+        "--config",
+        EXAMPLE,
+        "--vrid",
+        "api=9",
+        "--vrid",
+        "ingress=9",
+    ]);
+    assert!(
+        String::from_utf8_lossy(&e.stderr).contains("vrrp.instances[1].vrid"),
+        "{}",
+        String::from_utf8_lossy(&e.stderr)
+    );
+}

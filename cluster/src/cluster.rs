@@ -125,6 +125,134 @@ pub struct ClusterConfig {
     /// VIPs announced by BGP instead of VRRP (`docs/bgp.md`); absent: every VIP uses VRRP.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bgp: Option<BgpSettings>,
+    /// Which of the node's addresses is its own, and which link it follows
+    /// (docs/cluster-json.md, "`nodeAddress`"); absent: the address inside the machine
+    /// networks.
+    #[serde(default, skip_serializing_if = "NodeAddressSettings::is_default")]
+    pub node_address: NodeAddressSettings,
+    /// Who owns the VIPs (install-config `platform.*.loadBalancer.type`); absent: keelson.
+    #[serde(default, skip_serializing_if = "LoadBalancerSettings::is_default")]
+    pub load_balancer: LoadBalancerSettings,
+}
+
+/// How a node finds its own address (OpenShift's `NODEIP_HINT` and more): by default the
+/// address inside the machine networks; a hint narrows it to one subnet, an interface to
+/// one link. The agent follows that address when it moves to another link (docs/agent.md,
+/// "The node's address").
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct NodeAddressSettings {
+    /// An address (the node's address is the one whose subnet holds it, as OpenShift's
+    /// `NODEIP_HINT`: the gateway's address does) or a CIDR (the node's address is inside
+    /// it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hint: Option<AddressHint>,
+    /// Only addresses on this link count (`br-ex`, `bond0`, `bond0.100`); the agent then
+    /// follows no move to another link.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub interface: Option<String>,
+}
+
+impl NodeAddressSettings {
+    fn is_default(&self) -> bool {
+        *self == Self::default()
+    }
+}
+
+/// `nodeAddress.hint`: an address or a network.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AddressHint {
+    /// The node's address is the one whose on-link subnet contains this address.
+    Address(IpAddr),
+    /// The node's address is inside this network.
+    Network(IpNet),
+}
+
+impl AddressHint {
+    /// Whether `addr` (an address with its on-link prefix) is what the hint asks for.
+    pub fn matches(&self, addr: &IpNet) -> bool {
+        match self {
+            AddressHint::Address(a) => addr.trunc().contains(a),
+            AddressHint::Network(n) => n.contains(&addr.addr()),
+        }
+    }
+
+    /// Whether the hint lies inside (or overlaps) one of `networks`.
+    pub fn within(&self, networks: &[IpNet]) -> bool {
+        match self {
+            AddressHint::Address(a) => networks.iter().any(|n| n.contains(a)),
+            AddressHint::Network(h) => networks
+                .iter()
+                .any(|n| n.contains(&h.network()) || h.contains(&n.network())),
+        }
+    }
+}
+
+impl std::fmt::Display for AddressHint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            AddressHint::Address(a) => a.fmt(f),
+            AddressHint::Network(n) => n.fmt(f),
+        }
+    }
+}
+
+impl std::str::FromStr for AddressHint {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        if let Ok(a) = s.parse::<IpAddr>() {
+            return Ok(AddressHint::Address(a));
+        }
+        s.parse::<IpNet>()
+            .map(|n| AddressHint::Network(n.trunc()))
+            .map_err(|_| format!("an IP address or a CIDR, got {s:?}"))
+    }
+}
+
+impl Serialize for AddressHint {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for AddressHint {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        s.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+/// Who owns the VIPs.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct LoadBalancerSettings {
+    /// `keelson` (VRRP and the API proxy for the VIPs) or `userManaged` (an external load
+    /// balancer holds them; keelson keeps DNS, members and the Ignition server).
+    #[serde(rename = "type")]
+    pub kind: LoadBalancerType,
+}
+
+impl LoadBalancerSettings {
+    fn is_default(&self) -> bool {
+        *self == Self::default()
+    }
+
+    /// Whether an external load balancer owns the VIPs.
+    pub fn user_managed(&self) -> bool {
+        self.kind == LoadBalancerType::UserManaged
+    }
+}
+
+/// `loadBalancer.type`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum LoadBalancerType {
+    /// keelson holds the VIPs (VRRP or BGP) and balances the API (OpenShift's
+    /// `OpenShiftManagedDefault`).
+    #[default]
+    Keelson,
+    /// The operator's load balancer holds the VIPs (OpenShift's `UserManaged`).
+    UserManaged,
 }
 
 /// VRRP settings for all instances.
@@ -225,6 +353,7 @@ pub struct VrrpInstanceConfig {
     /// The virtual IP.
     pub vip: IpAddr,
     /// Virtual router ID, 1..=255.
+    #[serde(deserialize_with = "vrid")]
     pub vrid: u8,
     /// Protocol version.
     pub version: VrrpVersion,
@@ -261,6 +390,12 @@ pub struct VrrpInstanceConfig {
     /// Health checks whose weights add to the base priority while they pass.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub checks: Vec<HealthCheckConfig>,
+    /// Checks that decide whether the node takes part at all: while one fails, the node
+    /// sends no adverts and never holds the VIP (a holder hands it over first), like a
+    /// keepalived `track_script` without weight. Their `weight` is not used. The ingress
+    /// instance's router check (docs/vrrp.md, "Ingress follows the routers").
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub required_checks: Vec<HealthCheckConfig>,
 }
 
 impl VrrpInstanceConfig {
@@ -737,7 +872,7 @@ impl ClusterConfig {
             {
                 return Err(invalid(field("authPass"), "1 to 8 bytes", pass.len()));
             }
-            for check in &inst.checks {
+            for check in inst.checks.iter().chain(&inst.required_checks) {
                 if check.rise == 0 || check.fall == 0 || check.interval_ms == 0 {
                     return Err(invalid(
                         field(&format!("checks[{}]", check.name)),
@@ -759,6 +894,8 @@ impl ClusterConfig {
                 }
             }
         }
+        self.check_vrids()?;
+        self.check_node_address()?;
         if let Some(id) = &self.members.key_id
             && !crate::membership::valid_key_id(id)
         {
@@ -841,6 +978,59 @@ impl ClusterConfig {
         Ok(())
     }
 
+    /// Two virtual routers of one address family on one segment must not share a VRID
+    /// (each would take the other's adverts for its own); the families are separate.
+    fn check_vrids(&self) -> Result<(), ClusterConfigError> {
+        let instances = &self.vrrp.instances;
+        for (i, inst) in instances.iter().enumerate() {
+            if let Some(other) = instances[..i]
+                .iter()
+                .find(|o| o.vrid == inst.vrid && o.vip.is_ipv6() == inst.vip.is_ipv6())
+            {
+                return Err(ClusterConfigError::Invalid {
+                    field: format!("vrrp.instances[{i}].vrid"),
+                    expected: format!(
+                        "a VRID other than {}'s (two virtual routers of one family on one segment)",
+                        other.name
+                    ),
+                    got: inst.vrid.to_string(),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    fn check_node_address(&self) -> Result<(), ClusterConfigError> {
+        let na = &self.node_address;
+        if let Some(hint) = &na.hint
+            && !hint.within(&self.machine_networks)
+        {
+            return Err(ClusterConfigError::Invalid {
+                field: "nodeAddress.hint".into(),
+                expected: format!(
+                    "an address or network inside the machine networks ({})",
+                    self.machine_networks
+                        .iter()
+                        .map(|n| n.to_string())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+                got: hint.to_string(),
+            });
+        }
+        if let Some(name) = &na.interface
+            && !is_interface_name(name)
+        {
+            return Err(ClusterConfigError::Invalid {
+                field: "nodeAddress.interface".into(),
+                expected: "a Linux interface name (1 to 15 bytes, no '/', ':' or white space)"
+                    .into(),
+                got: format!("{name:?}"),
+            });
+        }
+        Ok(())
+    }
+
     /// Whether the VIP of `vrrp.instances[]` entry `name` is announced by BGP (not VRRP).
     pub fn bgp_mode(&self, name: &str) -> bool {
         self.bgp.as_ref().is_some_and(|b| b.announces(name))
@@ -873,6 +1063,26 @@ pub fn default_vrids(name: &str) -> (u8, u8) {
         ingress = ingress.wrapping_add(1).max(1);
     }
     (api, ingress)
+}
+
+/// A VRID, 1..=255, with an error that says so (a plain `u8` would say "expected u8").
+fn vrid<'de, D: serde::Deserializer<'de>>(d: D) -> Result<u8, D::Error> {
+    let n = i64::deserialize(d)?;
+    u8::try_from(n)
+        .ok()
+        .filter(|v| *v >= 1)
+        .ok_or_else(|| serde::de::Error::custom(format!("vrid: expected 1..=255, got {n}")))
+}
+
+/// Whether `name` can name a Linux network interface (`dev_valid_name`: 1-15 bytes, not `.`
+/// or `..`, no `/`, `:` or white space).
+pub fn is_interface_name(name: &str) -> bool {
+    (1..16).contains(&name.len())
+        && name != "."
+        && name != ".."
+        && !name
+            .bytes()
+            .any(|b| b == b'/' || b == b':' || b.is_ascii_whitespace())
 }
 
 /// Whether `n` is 0 (a field left out of the JSON when it is).
@@ -1155,6 +1365,84 @@ mod tests {
         }
         with(100).unwrap();
         with(60_000).unwrap();
+    }
+
+    #[test]
+    fn vrids_are_checked_per_family_and_named() {
+        let base = example();
+        let (api, _) = default_vrids(&base.name);
+        // The ingress instance on the API's VRID: an error naming it and the other.
+        let mut same = base.clone();
+        same.vrrp.instances[1].vrid = api;
+        let e = same.check().unwrap_err().to_string();
+        assert!(
+            e.contains("vrrp.instances[1].vrid")
+                && e.contains("api's")
+                && e.contains(&api.to_string()),
+            "{e}"
+        );
+        // Another family may share it (IPv4 and IPv6 routers are apart).
+        let mut v6 = base.clone();
+        let mut inst = v6.vrrp.instances[0].clone();
+        inst.name = "api-v6".into();
+        inst.vip = "fd00::5".parse().unwrap();
+        v6.vrrp.instances.push(inst);
+        v6.check().unwrap();
+        // Out of range, read from JSON: named as a VRID, not as a Rust type.
+        for bad in [0, 256, -1] {
+            let mut doc = serde_json::to_value(&base).unwrap();
+            doc["vrrp"]["instances"][0]["vrid"] = bad.into();
+            let e = ClusterConfig::from_json(&serde_json::to_vec(&doc).unwrap())
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("vrid: expected 1..=255"), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn node_address_hint_and_interface_are_checked() {
+        let base = example();
+        let json = String::from_utf8(base.to_json()).unwrap();
+        assert!(!json.contains("nodeAddress") && !json.contains("loadBalancer"));
+        let ok = base
+            .with_merge_patch(
+                &serde_json::json!({"nodeAddress": {"hint": "10.0.0.1", "interface": "br-ex"}}),
+            )
+            .unwrap();
+        assert_eq!(
+            ok.node_address.hint,
+            Some(AddressHint::Address("10.0.0.1".parse().unwrap()))
+        );
+        let net = base
+            .with_merge_patch(&serde_json::json!({"nodeAddress": {"hint": "10.0.1.7/24"}}))
+            .unwrap();
+        assert_eq!(net.node_address.hint.unwrap().to_string(), "10.0.1.0/24");
+        let e = base
+            .with_merge_patch(&serde_json::json!({"nodeAddress": {"hint": "192.168.9.1"}}))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("nodeAddress.hint") && e.contains("inside the machine networks"),
+            "{e}"
+        );
+        let e = base
+            .with_merge_patch(&serde_json::json!({"nodeAddress": {"hint": "br-ex"}}))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("an IP address or a CIDR"), "{e}");
+        for bad in ["", "a/b", "way-too-long-name0", "eth0:1"] {
+            let e = base
+                .with_merge_patch(&serde_json::json!({"nodeAddress": {"interface": bad}}))
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("nodeAddress.interface"), "{bad}: {e}");
+        }
+        // The hint's rules, as the agent applies them.
+        let on_link: IpNet = "10.0.3.9/24".parse().unwrap();
+        assert!(AddressHint::Address("10.0.3.1".parse().unwrap()).matches(&on_link));
+        assert!(!AddressHint::Address("10.0.4.1".parse().unwrap()).matches(&on_link));
+        assert!(AddressHint::Network("10.0.0.0/16".parse().unwrap()).matches(&on_link));
+        assert!(!AddressHint::Network("10.1.0.0/16".parse().unwrap()).matches(&on_link));
     }
 
     #[test]

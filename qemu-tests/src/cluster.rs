@@ -84,6 +84,63 @@ impl std::str::FromStr for MulticastSegment {
     }
 }
 
+/// What the cluster's payloads are (docs/qemu-cluster.md).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Payload {
+    /// `keelson build` of the example install-config alone: keelson's pointers, keelson's
+    /// Ignition server on :22623.
+    Keelson,
+    /// Beside openshift-install (`platform: none`): OpenShift's pointers with keelson's as a
+    /// second source, a machine-config-server stand-in on :22623 of the bootstrap and the
+    /// masters, keelson's server on :22626, the operator's own configs merged
+    /// (`keelson build --openshift-install-dir ... --merge ...`), the network's DNS the API
+    /// VIP so the initramfs resolves `api-int`.
+    OpenShift,
+}
+
+impl Payload {
+    /// `QEMU_CLUSTER_PAYLOAD` (`keelson` or `openshift`), else the configuration's default:
+    /// the unicast cluster (`keelson build`'s defaults) beside OpenShift, the multicast one
+    /// keelson's alone.
+    pub fn for_config(config: Config) -> Result<Self> {
+        match std::env::var("QEMU_CLUSTER_PAYLOAD").as_deref() {
+            Ok("keelson") => Ok(Payload::Keelson),
+            Ok("openshift") => Ok(Payload::OpenShift),
+            Err(_) | Ok("") => Ok(match config {
+                Config::Unicast => Payload::OpenShift,
+                Config::Multicast => Payload::Keelson,
+            }),
+            Ok(other) => bail!("QEMU_CLUSTER_PAYLOAD={other:?}: expected keelson or openshift"),
+        }
+    }
+
+    /// The name in the report.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Payload::Keelson => "keelson",
+            Payload::OpenShift => "openshift",
+        }
+    }
+
+    /// The port keelson's Ignition server listens on.
+    pub fn keelson_ignition_port(self) -> u16 {
+        match self {
+            Payload::Keelson => 22623,
+            Payload::OpenShift => 22626,
+        }
+    }
+
+    /// The DNS servers the network hands out: beside OpenShift the API VIP, where keelson's
+    /// DNS answers for `api-int` (the pointers name it); else the namespace (no server: the
+    /// agents' upstreams fail, which the DNS scenario expects).
+    pub fn network_dns(self) -> Vec<Ipv4Addr> {
+        match self {
+            Payload::Keelson => vec![],
+            Payload::OpenShift => vec![API_VIP.parse().expect("API_VIP is an address")],
+        }
+    }
+}
+
 /// What the masters boot: the stand-in unless `QEMU_CLUSTER_MASTERS=appliance`.
 pub fn master_image() -> Result<ImageKind> {
     match std::env::var("QEMU_CLUSTER_MASTERS").as_deref() {
@@ -182,6 +239,8 @@ pub struct Cluster {
     /// Nodes booted at least once: a stand-in node's later boots keep its disk and run no
     /// Ignition.
     pub booted: std::collections::BTreeSet<String>,
+    /// What the payloads are.
+    pub payload: Payload,
 }
 
 impl Cluster {
@@ -194,6 +253,7 @@ impl Cluster {
         out: &Path,
         image: &Path,
         config: Config,
+        payload: Payload,
         plan: Vec<NodePlan>,
         standin: Option<StandinImage>,
     ) -> Result<Self> {
@@ -203,6 +263,7 @@ impl Cluster {
             image,
             config,
             MulticastSegment::Hub,
+            payload,
             plan,
             standin,
         )
@@ -210,12 +271,14 @@ impl Cluster {
 
     /// [`Cluster::new`], the multicast configuration on `multicast` (the unicast one always
     /// runs on its multicast-dropping bridge).
+    #[allow(clippy::too_many_arguments)]
     pub fn with_segment(
         work: &Path,
         out: &Path,
         image: &Path,
         config: Config,
         multicast: MulticastSegment,
+        payload: Payload,
         plan: Vec<NodePlan>,
         standin: Option<StandinImage>,
     ) -> Result<Self> {
@@ -266,6 +329,7 @@ impl Cluster {
             netns,
             standin,
             booted: Default::default(),
+            payload,
         };
         let hosts: Vec<DhcpHost> = cluster
             .plan
@@ -282,6 +346,7 @@ impl Cluster {
             prefix: PREFIX,
             mtu: MTU,
             lease_secs: LEASE_SECS,
+            dns: payload.network_dns(),
         };
         cluster.dhcp = Some(Dhcp::start(&cluster.netns, &settings, &hosts, work)?);
         let mut instances = BTreeMap::new();
@@ -328,6 +393,7 @@ impl Cluster {
             mtu: MTU,
             user_data: self.user_data(node.role)?,
             meta: BTreeMap::new(),
+            dns: self.payload.network_dns(),
         })
     }
 
@@ -442,6 +508,7 @@ impl Cluster {
                     hostname: node.name.clone(),
                     network,
                     first_boot,
+                    nameservers: self.payload.network_dns(),
                 });
                 VmSpec {
                     name: node.name.clone(),
@@ -599,6 +666,10 @@ impl Testbed for Cluster {
 
     fn guest(&self, name: &str) -> Option<GuestAgent> {
         self.vms.get(name).and_then(|vm| vm.guest.clone())
+    }
+
+    fn payload(&self) -> Payload {
+        self.payload
     }
 }
 

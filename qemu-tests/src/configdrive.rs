@@ -40,6 +40,8 @@ pub struct NodeDrive {
     pub user_data: Vec<u8>,
     /// Instance properties (`openstack server create --property k=v`), `meta` in meta_data.
     pub meta: std::collections::BTreeMap<String, String>,
+    /// The network's DNS servers (`services` of type `dns`, as Nova writes a subnet's).
+    pub dns: Vec<Ipv4Addr>,
 }
 
 impl NodeDrive {
@@ -88,7 +90,11 @@ impl NodeDrive {
                 "vif_id": self.uuid,
             }],
             "networks": [network],
-            "services": [],
+            "services": self
+                .dns
+                .iter()
+                .map(|a| json!({"type": "dns", "address": a.to_string()}))
+                .collect::<Vec<_>>(),
         }))
     }
 
@@ -144,6 +150,7 @@ mod tests {
             mtu: 1500,
             user_data: vec![],
             meta: Default::default(),
+            dns: vec![Ipv4Addr::new(10, 0, 0, 5)],
         };
         assert_eq!(
             drive.network_data().unwrap()["networks"][0]["netmask"],

@@ -9,6 +9,7 @@ pub mod guest;
 pub mod netns;
 pub mod neutron;
 pub mod node_plan;
+pub mod openshift;
 pub mod openstack;
 pub mod payload;
 pub mod probe;

@@ -73,7 +73,8 @@ fn run(config: Config) -> Result<()> {
         work.display()
     );
     let masters = cluster::master_image()?;
-    let out = build(&work, config, masters)?;
+    let payload = cluster::Payload::for_config(config)?;
+    let out = build(&work, config, masters, payload)?;
     let image = out.join("keelson.qcow2");
     let standin = match masters {
         ImageKind::Standin => Some(standin()?),
@@ -83,7 +84,16 @@ fn run(config: Config) -> Result<()> {
         "qemu-cluster: bootstrap and workers boot the appliance, masters the {}",
         masters.as_str()
     );
-    let mut cluster = Cluster::new(&work, &out, &image, config, cluster::plan(masters), standin)?;
+    eprintln!("qemu-cluster: payloads: {}", payload.as_str());
+    let mut cluster = Cluster::new(
+        &work,
+        &out,
+        &image,
+        config,
+        payload,
+        cluster::plan(masters),
+        standin,
+    )?;
     eprintln!("qemu-cluster: segment: {}", cluster.segment_text());
     let mut report = Report::new("qemu-cluster");
     let all = [
@@ -95,30 +105,26 @@ fn run(config: Config) -> Result<()> {
         "worker-1",
     ];
     let control = ["bootstrap", "master-0", "master-1", "master-2"];
-    let order = [
-        "1 boot",
-        "1b cloud",
-        "2 dns",
-        "3 api",
-        "4 pivot",
-        "4b dns",
-        "4c api",
-        "5 failover",
-        "6 rejoin",
-        "7 renewal",
+    let own = payload == cluster::Payload::OpenShift;
+    let mut order = vec![
+        "1 boot", "1b cloud", "2 dns", "3 api", "4 pivot", "4b dns", "4c api",
     ];
+    if own {
+        order.push("4d own");
+    }
+    order.extend(["5 failover", "5b ingress", "6 rejoin", "7 renewal"]);
 
     let passed = (|| {
         report.run(
             &mut cluster,
-            order[0],
+            "1 boot",
             &all,
             |c| scenarios::boot(c),
             |d| d.clone(),
         )?;
         report.run(
             &mut cluster,
-            order[1],
+            "1b cloud",
             &all,
             |c| scenarios::cloud_boot(c),
             |d| d.clone(),
@@ -126,21 +132,21 @@ fn run(config: Config) -> Result<()> {
         let control_names: Vec<String> = control.iter().map(|s| s.to_string()).collect();
         report.run(
             &mut cluster,
-            order[2],
+            "2 dns",
             &control,
             |c| scenarios::dns(c, &control_names),
             |d| d.clone(),
         )?;
         report.run(
             &mut cluster,
-            order[3],
+            "3 api",
             &control,
             |c| scenarios::api_spread(c),
             |d| d.clone(),
         )?;
         report.run(
             &mut cluster,
-            order[4],
+            "4 pivot",
             &all,
             |c| scenarios::pivot(c),
             |d| d.clone(),
@@ -149,7 +155,7 @@ fn run(config: Config) -> Result<()> {
         let everyone: Vec<String> = all[1..].iter().map(|s| s.to_string()).collect();
         report.run(
             &mut cluster,
-            order[5],
+            "4b dns",
             &all[1..],
             |c| scenarios::dns(c, &everyone),
             |d| d.clone(),
@@ -158,26 +164,42 @@ fn run(config: Config) -> Result<()> {
         // its apiserver owns *:6443 and the VIP goes through the agent's nftables redirect.
         report.run(
             &mut cluster,
-            order[6],
+            "4c api",
             &all[1..4],
             |c| scenarios::api_on_rhcos(c),
             |d| d.clone(),
         )?;
+        if own {
+            report.run(
+                &mut cluster,
+                "4d own",
+                &all[1..],
+                |c| scenarios::own_ignition(c),
+                |d| d.clone(),
+            )?;
+        }
         let (dead, _) = report.run(
             &mut cluster,
-            order[7],
+            "5 failover",
             &all[1..],
             |c| scenarios::failover(c),
             |(_, d)| d.clone(),
         )?;
         report.run(
             &mut cluster,
-            order[8],
+            "5b ingress",
+            &all[1..],
+            |c| scenarios::ingress_routers(c),
+            |d| d.clone(),
+        )?;
+        report.run(
+            &mut cluster,
+            "6 rejoin",
             &all[1..4],
             |c| scenarios::rejoin(c, &dead),
             |d| d.clone(),
         )?;
-        report.run(&mut cluster, order[9], &all, scenarios::renewals, |d| {
+        report.run(&mut cluster, "7 renewal", &all, scenarios::renewals, |d| {
             d.clone()
         })?;
         Some(())

@@ -61,6 +61,8 @@ pub struct DhcpSettings {
     pub mtu: u16,
     /// Lease time in seconds (dnsmasq's minimum is 120).
     pub lease_secs: u32,
+    /// The DNS servers handed out (option 6); `server` when empty.
+    pub dns: Vec<Ipv4Addr>,
 }
 
 impl Dhcp {
@@ -102,7 +104,16 @@ impl Dhcp {
         .arg(format!("--dhcp-option=option:mtu,{}", settings.mtu))
         .arg(format!(
             "--dhcp-option=option:dns-server,{}",
-            settings.server
+            if settings.dns.is_empty() {
+                settings.server.to_string()
+            } else {
+                settings
+                    .dns
+                    .iter()
+                    .map(|a| a.to_string())
+                    .collect::<Vec<_>>()
+                    .join(",")
+            }
         ))
         .arg(format!(
             "--dhcp-option=option:classless-static-route,{METADATA_ADDRESS}/32,{}",

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 
-use crate::cluster::{Config, ImageKind};
+use crate::cluster::{API_VIP, Config, HOST_ADDRESS, INGRESS_VIP, ImageKind, Payload};
 
 /// The RHCOS stand-in for the masters: built on first use, then taken from the cache
 /// ([`standin_cache`]).
@@ -83,16 +83,34 @@ pub fn env_path(var: &str, default: &str) -> PathBuf {
 }
 
 /// The operator services of the test cluster: the stand-in kube-apiserver on the control
-/// plane and, with `--plain` on :1936, the ingress router's readiness endpoint on workers.
+/// plane and, with `--plain` on :1936, the ingress router's readiness endpoint: running on
+/// the workers, stopped on the masters (`--control`: the harness starts and stops either,
+/// scenario `5b ingress`).
 /// Both are the `kube-standin` build asset. On appliance nodes the API stand-in binds the
 /// node's own address, not the wildcard, so the agent's proxy can bind VIP:6443 itself (the
 /// appliance has no `nft` for the redirect). The RHCOS stand-in masters run their own
 /// apiserver on `*:6443` from systemd, as RHCOS runs kube-apiserver, so the agent there
 /// runs none and reaches VIP:6443 through its nftables redirect (docs/proxy.md).
-fn services_patch(masters: ImageKind) -> String {
+///
+/// Beside OpenShift the appliance bootstrap also runs the machine-config-server stand-in on
+/// :22623 (`kube-standin --mcs`), serving what openshift-install's `bootstrap.ign` put under
+/// `/etc/mcs/`; the RHCOS bootstrap runs its own from bootkube, the stand-in masters from
+/// the unit OpenShift's rendered config brings.
+fn services_patch(masters: ImageKind, payload: Payload) -> String {
     let api_roles = match masters {
         ImageKind::Appliance => r#"["bootstrap", "master"]"#,
         ImageKind::Standin => r#"["bootstrap"]"#,
+    };
+    // Appliance masters run no units: their machine-config-server is a service too.
+    let mcs = match payload {
+        Payload::Keelson => String::new(),
+        Payload::OpenShift => format!(
+            r#",
+    {{"name": "machine-config-server", "path": "/usr/local/bin/kube-standin",
+     "args": ["--mcs", "{}", "--listen", "0.0.0.0:22623"], "roles": {api_roles},
+     "asset": "kube-standin"}}"#,
+            crate::openshift::MCS_DIR
+        ),
     };
     format!(
         r#"{{
@@ -101,8 +119,11 @@ fn services_patch(masters: ImageKind) -> String {
      "args": ["--listen", "${{KEELSON_NODE_ADDRESS}}:6443"], "roles": {api_roles},
      "asset": "kube-standin"}},
     {{"name": "router", "path": "/usr/local/bin/kube-standin",
-     "args": ["--plain", "--listen", "0.0.0.0:1936"], "roles": ["worker"],
-     "asset": "kube-standin"}}
+     "args": ["--plain", "--control", "--listen", "0.0.0.0:1936"], "roles": ["worker"],
+     "asset": "kube-standin"}},
+    {{"name": "router-stopped", "path": "/usr/local/bin/kube-standin",
+     "args": ["--plain", "--control", "--stopped", "--listen", "0.0.0.0:1936"],
+     "roles": ["master"], "asset": "kube-standin"}}{mcs}
   ]
 }}
 "#
@@ -115,8 +136,13 @@ fn services_patch(masters: ImageKind) -> String {
 /// install-config is OpenStack's, where the build leaves it off, and the test segments have
 /// no port security). Both through `vrrp`'s fields for every instance
 /// (docs/cluster-json.md), as an operator writes them.
-fn cluster_patch(config: Config, masters: ImageKind, handback_secs: Option<u32>) -> Result<String> {
-    let mut patch: serde_json::Value = serde_json::from_str(&services_patch(masters))?;
+fn cluster_patch(
+    config: Config,
+    masters: ImageKind,
+    payload: Payload,
+    handback_secs: Option<u32>,
+) -> Result<String> {
+    let mut patch: serde_json::Value = serde_json::from_str(&services_patch(masters, payload))?;
     let mut vrrp = serde_json::Map::new();
     if config == Config::Multicast {
         vrrp.insert("transport".into(), "multicast".into());
@@ -156,8 +182,27 @@ fn keelson_build(keelson: &Path, args: &[&std::ffi::OsStr]) -> Result<()> {
     Ok(())
 }
 
+/// The example install-config as OpenShift's UPI has it: `platform: none`, no VIPs (keelson
+/// takes them on its command line).
+fn platform_none(example: &str) -> Result<String> {
+    let at = example
+        .find("platform:")
+        .context("the example install-config has no platform")?;
+    let end = example[at..]
+        .find("pullSecret")
+        .context("the example install-config has no pullSecret after its platform")?
+        + at;
+    Ok(format!(
+        "{}platform:\n  none: {{}}\n{}",
+        &example[..at],
+        &example[end..]
+    ))
+}
+
 /// `keelson build` of the example cluster with the stand-ins; returns the output directory.
-pub fn build(work: &Path, config: Config, masters: ImageKind) -> Result<PathBuf> {
+/// Beside OpenShift: openshift-install's output (made by [`crate::openshift`]) composed with
+/// `--openshift-install-dir`, the operator's own configs with `--merge`.
+pub fn build(work: &Path, config: Config, masters: ImageKind, payload: Payload) -> Result<PathBuf> {
     let keelson = env_path("KEELSON_BIN", "target/debug/keelson");
     let agent = env_path(
         "KEELSON_AGENT_BIN",
@@ -181,28 +226,64 @@ pub fn build(work: &Path, config: Config, masters: ImageKind) -> Result<PathBuf>
     std::fs::create_dir_all(&assets)?;
     let asset = assets.join("kube-standin");
     std::fs::copy(&standin, &asset).context("copying the stand-in")?;
-    let install_config = workspace().join("examples/install-config.yaml");
+    let mut install_config = workspace().join("examples/install-config.yaml");
     let handback = handback_from_env()?;
     let patch = work.join("cluster-patch.json");
-    std::fs::write(&patch, cluster_patch(config, masters, handback)?)?;
+    std::fs::write(&patch, cluster_patch(config, masters, payload, handback)?)?;
     let out = work.join("out");
     let _ = std::fs::remove_dir_all(&out);
-    keelson_build(
-        &keelson,
-        &[
-            "--config".as_ref(),
-            install_config.as_os_str(),
-            "--out".as_ref(),
-            out.as_os_str(),
-            "--agent".as_ref(),
-            agent.as_os_str(),
-            "--asset".as_ref(),
-            asset.as_os_str(),
-            "--cluster-patch".as_ref(),
-            patch.as_os_str(),
-            "--quiet".as_ref(),
-        ],
-    )?;
+    let mut args: Vec<std::ffi::OsString> = Vec::new();
+    if payload == Payload::OpenShift {
+        let example = std::fs::read_to_string(&install_config)?;
+        let upi = work.join("install-config.yaml");
+        std::fs::write(&upi, platform_none(&example)?)?;
+        install_config = upi;
+        let ssh_key = example
+            .lines()
+            .find_map(|l| l.strip_prefix("sshKey: "))
+            .context("the example install-config has no sshKey")?;
+        let install_dir = work.join("openshift-install");
+        let _ = std::fs::remove_dir_all(&install_dir);
+        crate::openshift::write_install_dir(&install_dir, "ocp4", crate::scenarios::ZONE, ssh_key)?;
+        let operator = work.join("operator");
+        crate::openshift::write_operator_configs(&operator)?;
+        args.extend(
+            [
+                "--openshift-install-dir".into(),
+                install_dir.into_os_string(),
+                "--api-vip".into(),
+                API_VIP.into(),
+                "--ingress-vip".into(),
+                INGRESS_VIP.into(),
+                "--merge".into(),
+                format!("master={}", operator.join("master.ign").display()).into(),
+                "--merge".into(),
+                format!("worker={}", operator.join("worker.ign").display()).into(),
+                // The appliance bootstrap already runs this very agent and never fetches it
+                // (its copy verifies); without a URL the RHCOS bootstrap's config would
+                // carry it inline, over the appliance's 4 MiB limit for a config.
+                "--agent-url".into(),
+                format!("http://{HOST_ADDRESS}:8080/keelson-agent").into(),
+            ]
+            .into_iter()
+            .map(|a: std::ffi::OsString| a),
+        );
+    }
+    let mut all: Vec<&std::ffi::OsStr> = vec![
+        "--config".as_ref(),
+        install_config.as_os_str(),
+        "--out".as_ref(),
+        out.as_os_str(),
+        "--agent".as_ref(),
+        agent.as_os_str(),
+        "--asset".as_ref(),
+        asset.as_os_str(),
+        "--cluster-patch".as_ref(),
+        patch.as_os_str(),
+        "--quiet".as_ref(),
+    ];
+    all.extend(args.iter().map(|a| a.as_os_str()));
+    keelson_build(&keelson, &all)?;
     check_instances(&out.join("cluster.json"), config, handback)?;
     Ok(out)
 }

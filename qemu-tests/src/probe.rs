@@ -106,7 +106,8 @@ pub struct ClientLoop {
 }
 
 impl ClientLoop {
-    /// Starts GETting `url` from the namespace `ns` every `period` with a `timeout` each.
+    /// Starts GETting `url` from the namespace `ns` every `period` with a `timeout` each, one
+    /// request at a time (a request that waits out its timeout delays the next).
     pub fn start(ns: &str, url: &str, period: Duration, timeout: Duration) -> Self {
         let stop = Arc::new(AtomicBool::new(false));
         let samples = Arc::new(Mutex::new(Vec::new()));
@@ -136,12 +137,57 @@ impl ClientLoop {
         }
     }
 
-    /// The samples so far.
+    /// Starts GETting `url` from the namespace `ns` every `period` whether or not the
+    /// requests before have answered, each with a `timeout`: as many clients do, and so the
+    /// moment a service answers again is seen to within `period`, not within a timeout
+    /// (with one request at a time, the one sent just before an outage waits out its
+    /// timeout, and the next goes only then).
+    pub fn start_overlapping(ns: &str, url: &str, period: Duration, timeout: Duration) -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let samples = Arc::new(Mutex::new(Vec::new()));
+        let thread = {
+            let (stop, samples) = (stop.clone(), samples.clone());
+            let ns = ns.to_owned();
+            let url = url.to_owned();
+            std::thread::spawn(move || {
+                let mut requests = Vec::new();
+                let mut next = Instant::now();
+                while !stop.load(Ordering::Relaxed) {
+                    let (ns, url, samples) = (Netns::existing(&ns), url.clone(), samples.clone());
+                    requests.push(std::thread::spawn(move || {
+                        let sent = Instant::now();
+                        let ok = curl(&ns, &url, timeout).is_some();
+                        let done = Instant::now();
+                        samples
+                            .lock()
+                            .unwrap_or_else(|p| p.into_inner())
+                            .push(Sample { sent, done, ok });
+                    }));
+                    requests.retain(|r: &JoinHandle<()>| !r.is_finished());
+                    next += period;
+                    std::thread::sleep(next.saturating_duration_since(Instant::now()));
+                }
+                for r in requests {
+                    let _ = r.join();
+                }
+            })
+        };
+        ClientLoop {
+            stop,
+            samples,
+            thread: Some(thread),
+        }
+    }
+
+    /// The samples so far, in the order they were sent.
     pub fn samples(&self) -> Vec<Sample> {
-        self.samples
+        let mut s = self
+            .samples
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .clone()
+            .clone();
+        s.sort_by_key(|s| s.sent);
+        s
     }
 
     /// Waits until a request sent after `after` answered; returns when it was sent.

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
 
-use crate::cluster::{API_VIP, Cluster, INGRESS_VIP, MetadataSource, ServiceFault};
+use crate::cluster::{API_VIP, Cluster, INGRESS_VIP, MetadataSource, Payload, ServiceFault};
 use crate::configdrive::NetworkMode;
 use crate::probe::{self, ClientLoop};
 use crate::report::secs;
@@ -25,6 +25,24 @@ const ACCEPT_32: &str = "Accept: application/vnd.coreos.ignition+json;version=3.
 
 fn names(c: &dyn Testbed, role: &str) -> Vec<String> {
     c.names(role)
+}
+
+/// The configs a node of `role` fetches through the API VIP: keelson's from keelson's server
+/// and, beside OpenShift, OpenShift's from the machine-config-server first (as the pointer
+/// lists them).
+fn config_urls(c: &dyn Testbed, role: &str) -> Vec<String> {
+    let payload = c.payload();
+    let keelson = format!(
+        "https://{API_VIP}:{}/config/{role}",
+        payload.keelson_ignition_port()
+    );
+    match payload {
+        Payload::Keelson => vec![keelson],
+        Payload::OpenShift => vec![
+            format!("https://api-int.{ZONE}:22623/config/{role}"),
+            keelson,
+        ],
+    }
 }
 
 /// How long `nodes` may take to boot: longer when one is a stand-in.
@@ -54,22 +72,25 @@ pub fn boot(c: &mut dyn Testbed) -> Result<String> {
     )?;
     let masters_at = start.elapsed();
     let mut standin_notes = Vec::new();
+    let urls = config_urls(c, "master");
     for m in &masters {
-        let url = format!("https://{API_VIP}:22623/config/master");
         if c.is_standin(m) {
-            standin_notes.push(standin_first_boot(c, m, &url)?);
+            standin_notes.push(standin_first_boot(c, m, &urls)?);
             continue;
         }
         let console = c.console_text(m);
-        ensure!(
-            console.contains(&format!("fetched config {url}")),
-            "{m} did not log fetching {url}"
-        );
+        for url in &urls {
+            ensure!(
+                console.contains(&format!("fetched config {url}")),
+                "{m} did not log fetching {url}"
+            );
+        }
     }
     // Workers keep asking; the bootstrap answers 500 for the worker pool.
+    let port = c.payload().keelson_ignition_port();
     let status = probe::http_status(
         c.outside().netns,
-        &format!("https://{API_VIP}:22623/config/worker"),
+        &format!("https://{API_VIP}:{port}/config/worker"),
         Duration::from_secs(5),
         &["-H", ACCEPT_32],
     );
@@ -98,11 +119,12 @@ pub fn boot(c: &mut dyn Testbed) -> Result<String> {
         format!("; RHCOS stand-ins: {}", standin_notes.join("; "))
     };
     Ok(format!(
-        "{holder} ready in {} and holds {API_VIP} at {} (the only node answering ARP for it once the masters are up); {} masters ready at {} (configs from :22623); {} retrying on 500{standin}",
+        "{holder} ready in {} and holds {API_VIP} at {} (the only node answering ARP for it once the masters are up); {} masters ready at {} (configs from {}); {} retrying on 500{standin}",
         secs(bootstrap),
         secs(vip_at),
         masters.len(),
         secs(masters_at),
+        urls.join(" and "),
         told.join(", ")
     ))
 }
@@ -293,19 +315,21 @@ fn journal(c: &dyn Testbed, name: &str, ident: &str, this_boot: bool) -> Result<
 }
 
 /// What an RHCOS node's first boot must show: the unmodified Ignition fetched the full
-/// config from `url` (the pointer's merge, through the API VIP, trusting the pointer's CA)
-/// and finished; NetworkManager, not the agent, owns the NIC; systemd runs the agent as
-/// Ignition enabled it. Returns "name: Ignition X s, ready Y s".
-pub fn standin_first_boot(c: &dyn Testbed, name: &str, url: &str) -> Result<String> {
+/// configs from `urls` (the pointer's merges, through the API VIP, trusting the pointer's
+/// CAs) and finished; NetworkManager, not the agent, owns the NIC; systemd runs the agent
+/// as Ignition enabled it. Returns "name: Ignition X s, ready Y s".
+pub fn standin_first_boot(c: &dyn Testbed, name: &str, urls: &[String]) -> Result<String> {
     let g = guest(c, name)?;
     g.wait(Duration::from_secs(60))?;
     let log = journal(c, name, "ignition", false)?;
-    ensure!(
-        log.iter()
-            .any(|l| l.contains(&format!("fetched referenced config at {url}"))),
-        "{name}: Ignition's log has no \"fetched referenced config at {url}\":\n{}",
-        log.join("\n")
-    );
+    for url in urls {
+        ensure!(
+            log.iter()
+                .any(|l| l.contains(&format!("fetched referenced config at {url}"))),
+            "{name}: Ignition's log has no \"fetched referenced config at {url}\":\n{}",
+            log.join("\n")
+        );
+    }
     let finished = log
         .iter()
         .rev()
@@ -510,16 +534,30 @@ pub fn api_node(c: &dyn Testbed) -> Option<String> {
 
 /// 3. API through the VIP: `https://<apiVIP>:6443` answers and requests are spread over the
 ///    three masters (their proxies learn the masters from members and check them first).
+///    Once the VIP has answered, no request through it may fail: the proxy sends requests
+///    only to backends its checks passed.
 pub fn api_spread(c: &dyn Testbed) -> Result<String> {
     let start = Instant::now();
     let masters: BTreeSet<String> = names(c, "master").into_iter().collect();
     let mut seen: BTreeMap<String, usize> = BTreeMap::new();
     let mut requests = 0;
+    // Requests before the first answer (the VIP's holder may still be starting its proxy),
+    // and the times of those that failed after it.
+    let mut before_first = 0;
+    let mut failed: Vec<String> = Vec::new();
     while start.elapsed() < Duration::from_secs(120) {
-        if let Some(node) = api_node(c) {
-            *seen.entry(node).or_default() += 1;
+        let sent = start.elapsed();
+        match api_node(c) {
+            Some(node) => *seen.entry(node).or_default() += 1,
+            None if seen.is_empty() => before_first += 1,
+            None => failed.push(format!("{:.1} s", sent.as_secs_f64())),
         }
         requests += 1;
+        ensure!(
+            failed.is_empty(),
+            "a request through {API_VIP}:6443 failed after the VIP had answered (sent {} after the start; answered so far: {seen:?})",
+            failed.join(", ")
+        );
         if masters
             .iter()
             .all(|m| seen.get(m).copied().unwrap_or(0) >= 2)
@@ -534,7 +572,7 @@ pub fn api_spread(c: &dyn Testbed) -> Result<String> {
                 "/readyz through the VIP: {ready:?}"
             );
             return Ok(format!(
-                "{requests} requests through {API_VIP}:6443 answered by {seen:?}"
+                "{requests} requests through {API_VIP}:6443 answered by {seen:?}, 0 failed after the first answer ({before_first} before it)"
             ));
         }
     }
@@ -556,10 +594,11 @@ pub fn pivot(c: &mut dyn Testbed) -> Result<String> {
     // The new holder answers at once; a host whose ARP entry still names a node that held
     // the VIP for a moment learns the right one from the winner's next announcement.
     let served = Instant::now();
+    let port = c.payload().keelson_ignition_port();
     let master_cfg = loop {
         if let Some(body) = probe::curl_with(
             c.outside().netns,
-            &format!("https://{API_VIP}:22623/config/master"),
+            &format!("https://{API_VIP}:{port}/config/master"),
             Duration::from_secs(3),
             &["-H", ACCEPT_32],
         ) {
@@ -577,15 +616,34 @@ pub fn pivot(c: &mut dyn Testbed) -> Result<String> {
         "served config: {}",
         &master_cfg[..master_cfg.len().min(200)]
     );
+    // Beside OpenShift the VIP follows the machine-config-server: a master serves
+    // OpenShift's configs on :22623 through it.
+    let mcs = if c.payload() == Payload::OpenShift {
+        let status = probe::http_status(
+            c.outside().netns,
+            &format!("https://{API_VIP}:22623/config/worker"),
+            Duration::from_secs(5),
+            &[],
+        );
+        ensure!(
+            status == 200,
+            "the machine-config-server answered {status} for /config/worker through {API_VIP} after the pivot, expected 200"
+        );
+        "; the machine-config-server answers :22623 through the VIP".to_owned()
+    } else {
+        String::new()
+    };
     let workers = names(c, "worker");
     c.wait_ready(&workers, BOOT_TIMEOUT)?;
     let workers_at = start.elapsed();
+    let urls = config_urls(c, "worker");
     for w in &workers {
-        let url = format!("https://{API_VIP}:22623/config/worker");
-        ensure!(
-            c.console_text(w).contains(&format!("fetched config {url}")),
-            "{w} did not log fetching {url}"
-        );
+        for url in &urls {
+            ensure!(
+                c.console_text(w).contains(&format!("fetched config {url}")),
+                "{w} did not log fetching {url}"
+            );
+        }
     }
     let api = c.sole_holder(API_VIP, Duration::from_secs(10))?;
     ensure!(
@@ -604,7 +662,7 @@ pub fn pivot(c: &mut dyn Testbed) -> Result<String> {
         ingress
     };
     Ok(format!(
-        "bootstrap off in {}; {API_VIP} on {holder} at {}; :22623 answered through the VIP {} later; workers ready at {}; one holder each: {api}, {ingress}",
+        "bootstrap off in {}; {API_VIP} on {holder} at {}; :{port} answered through the VIP {} later{mcs}; workers ready at {}; one holder each: {api}, {ingress}",
         secs(off),
         secs(moved),
         secs(served),
@@ -612,8 +670,9 @@ pub fn pivot(c: &mut dyn Testbed) -> Result<String> {
     ))
 }
 
-/// Kills the holder of `vip` while a client loop requests `url` every 100 ms; returns the
-/// holder, the new holder and the outage seen by the client.
+/// Kills the holder of `vip` while a client requests `url` every 100 ms (each with a 1 s
+/// timeout, whether or not the one before answered); returns the holder, the new holder and
+/// the outage seen by the client.
 fn kill_holder(
     c: &mut dyn Testbed,
     vip: &str,
@@ -622,7 +681,7 @@ fn kill_holder(
     settle: Duration,
 ) -> Result<(String, String, probe::Outage)> {
     let holder = c.wait_holder(vip, Duration::from_secs(30), &|h| h.starts_with(same_role))?;
-    let client = ClientLoop::start(
+    let client = ClientLoop::start_overlapping(
         &c.outside().netns.name,
         url,
         Duration::from_millis(100),
@@ -741,9 +800,107 @@ pub fn failover(c: &mut dyn Testbed) -> Result<(String, String)> {
     ))
 }
 
+/// Starts (`start`) or stops the router stand-in on `node` (`kube-standin --control`): its
+/// readiness endpoint answers 200 or 503, as a router that runs or stops.
+fn router(c: &dyn Testbed, node: &str, start: bool) -> Result<()> {
+    let addr = c.node(node)?.address;
+    let url = format!(
+        "http://{addr}:1936/router/{}",
+        if start { "start" } else { "stop" }
+    );
+    let status = probe::http_status(c.outside().netns, &url, Duration::from_secs(5), &[]);
+    ensure!(status == 200, "{url} answered {status}");
+    Ok(())
+}
+
+/// Moves the ingress VIP by the routers while a client asks through it every 100 ms: `stop`'s
+/// router stops; the VIP must land on `to`, the one other node whose router runs, and stay
+/// there alone. Returns (moved after, failed requests, requests).
+fn ingress_move(c: &mut dyn Testbed, stop: &str, to: &str) -> Result<(Duration, usize, usize)> {
+    let client = ClientLoop::start(
+        &c.outside().netns.name,
+        &format!("http://{INGRESS_VIP}:1936/version"),
+        Duration::from_millis(100),
+        Duration::from_secs(1),
+    );
+    let steady = Duration::from_secs(2);
+    let since = client
+        .wait_steady(steady, Duration::from_secs(30))
+        .context("the ingress VIP did not answer steadily before the router stopped")?;
+    let at = Instant::now();
+    router(c, stop, false)?;
+    let holder = c.wait_holder(INGRESS_VIP, Duration::from_secs(30), &|h| h == to)?;
+    let moved = at.elapsed();
+    client
+        .wait_success_after(Instant::now(), Duration::from_secs(20))
+        .context("the ingress VIP never answered after it moved")?;
+    std::thread::sleep(Duration::from_secs(2));
+    let samples: Vec<_> = client
+        .finish()
+        .into_iter()
+        .filter(|s| s.sent >= since)
+        .collect();
+    let outage = probe::outage(&samples, at);
+    ensure!(
+        outage.failures_before == 0,
+        "{} requests through the ingress VIP failed before {stop}'s router stopped",
+        outage.failures_before
+    );
+    let sole = c.sole_holder(INGRESS_VIP, Duration::from_secs(10))?;
+    ensure!(
+        sole == holder,
+        "{INGRESS_VIP} answered by {sole}, expected {holder} alone"
+    );
+    Ok((moved, outage.failures_after, outage.requests_after))
+}
+
+/// 5b. Ingress follows the routers: a node takes part in the ingress instance only while its
+///     router answers `:1936/healthz/ready`, masters included. A router started on a master
+///     lets it hold the VIP when the worker's router stops (the VIP moves there, to no other
+///     master, none of which runs a router); the worker's router started again and the
+///     master's stopped, the VIP goes back to the worker.
+pub fn ingress_routers(c: &mut dyn Testbed) -> Result<String> {
+    let worker = c.wait_holder(INGRESS_VIP, Duration::from_secs(30), &|h| {
+        h.starts_with("worker-")
+    })?;
+    let master = names(c, "master")
+        .into_iter()
+        .find(|m| c.is_running(m))
+        .context("no master running")?;
+    // The master's router starts: it takes part, and the worker keeps the VIP (an equal
+    // priority does not preempt).
+    router(c, &master, true)?;
+    std::thread::sleep(Duration::from_secs(4));
+    let still = c.sole_holder(INGRESS_VIP, Duration::from_secs(10))?;
+    ensure!(
+        still == worker,
+        "{INGRESS_VIP} moved to {still} when {master}'s router started"
+    );
+    let bound = vip_move_bound(c, "ingress")?;
+    let (there, failed, sent) = ingress_move(c, &worker, &master)?;
+    ensure!(
+        there <= bound + Duration::from_secs(5),
+        "the ingress VIP reached {master} {} after {worker}'s router stopped (its check's fall, 3 s, and a move bound {})",
+        secs(there),
+        secs(bound)
+    );
+    // Back: the worker's router runs again, the master's stops.
+    router(c, &worker, true)?;
+    std::thread::sleep(Duration::from_secs(3));
+    let (back, failed_back, sent_back) = ingress_move(c, &master, &worker)?;
+    Ok(format!(
+        "{master}'s router started: {worker} kept {INGRESS_VIP}; {worker}'s router stopped: on {master} after {} ({failed} of {sent} requests failed); \
+         {worker}'s started, {master}'s stopped: back on {worker} after {} ({failed_back} of {sent_back} failed); never on a node without a router",
+        secs(there),
+        secs(back)
+    ))
+}
+
 /// How soon VRRP moves VIP instance `name` when its holder dies, by the cluster's own
-/// `cluster.json`: Master_Down_Interval (RFC 5798 §6.1, 3 adverts plus the skew) of the
-/// backup that waits longest, the one with the base master priority.
+/// `cluster.json`: the backup with the base master priority claims once the holder's
+/// death is confirmed, the later of Master_Down_Interval (RFC 5798 §6.1, 3 adverts plus
+/// the skew) and the end of the ARP round's least wait (1.3 adverts + 150 ms), counted
+/// from the last advert (docs/vrrp.md, "Fast failover without flapping").
 fn vip_move_bound(c: &dyn Testbed, name: &str) -> Result<Duration> {
     let cluster: serde_json::Value =
         serde_json::from_slice(&std::fs::read(c.out_dir().join("cluster.json"))?)?;
@@ -756,10 +913,11 @@ fn vip_move_bound(c: &dyn Testbed, name: &str) -> Result<Duration> {
         .context("cluster.json: advertIntervalMs")?;
     let prio = inst["priorities"]["master"]
         .as_u64()
+        .or_else(|| inst["priorities"]["worker"].as_u64())
         .context("cluster.json: priorities.master")?;
-    Ok(Duration::from_millis(
-        3 * advert + (256 - prio) * advert / 256,
-    ))
+    let master_down = 3 * advert + (256 - prio) * advert / 256;
+    let confirmed = advert * 13 / 10 + 150;
+    Ok(Duration::from_millis(master_down.max(confirmed)))
 }
 
 /// 6. Rejoin: the killed master boots again, the others' DNS learns it again (members), and
@@ -848,6 +1006,75 @@ fn standin_second_boot(c: &dyn Testbed, name: &str) -> Result<String> {
     Ok(format!(
         " (second boot: no Ignition, systemd started the agent, ready {ready:.1} s after kernel start)"
     ))
+}
+
+/// 4d. Own Ignition (beside OpenShift): every node applied both OpenShift's config (from the
+///     machine-config-server) and keelson's, with the operator's own merged into keelson's
+///     (`keelson build --merge`). On each stand-in master: the operator's file, user and the
+///     marker its unit left; OpenShift's rendered file and the marker of its unit; the
+///     machine-config-server and keelson's agent running. On the appliance nodes, which run
+///     no units: both configs' units named in their refusals, so both were merged.
+pub fn own_ignition(c: &dyn Testbed) -> Result<String> {
+    use crate::openshift::{
+        MARKER_UNIT, MCS_UNIT, OPERATOR_FILE, OPERATOR_MARKER, OPERATOR_UNIT, OPERATOR_USER,
+        RENDERED_MARKER, UNIT_MARKER,
+    };
+    let mut lines = Vec::new();
+    for node in c.plan().to_vec() {
+        let name = node.name.as_str();
+        if node.role == "bootstrap" || !c.is_running(name) {
+            continue;
+        }
+        if c.is_standin(name) {
+            let read = |path: &str| in_node(c, name, &["cat", path]).map(|s| s.trim().to_owned());
+            let want = [
+                (OPERATOR_FILE, format!("operator {}", node.role)),
+                (OPERATOR_MARKER, "ran".to_owned()),
+                (RENDERED_MARKER, node.role.to_string()),
+                (UNIT_MARKER, "ran".to_owned()),
+            ];
+            for (path, expected) in &want {
+                let got = read(path)?;
+                ensure!(
+                    &got == expected,
+                    "{name}: {path} holds {got:?}, expected {expected:?}"
+                );
+            }
+            let user = in_node(c, name, &["getent", "passwd", OPERATOR_USER])?;
+            ensure!(
+                user.starts_with(&format!("{OPERATOR_USER}:")),
+                "{name}: no user {OPERATOR_USER} ({user:?})"
+            );
+            for unit in [
+                "keelson-agent.service",
+                MCS_UNIT,
+                OPERATOR_UNIT,
+                MARKER_UNIT,
+            ] {
+                let state = in_node(c, name, &["systemctl", "is-active", unit]).unwrap_or_default();
+                ensure!(
+                    state.trim() == "active",
+                    "{name}: {unit} is {state:?}, expected active"
+                );
+            }
+            lines.push(format!(
+                "{name}: operator's file, user and unit; OpenShift's file and unit; machine-config-server and agent active"
+            ));
+        } else {
+            let console = c.console_text(name);
+            for unit in [OPERATOR_UNIT, MARKER_UNIT] {
+                ensure!(
+                    console.contains(&format!("not applied: systemd.units {unit}")),
+                    "{name}: no refusal of {unit} on the console: it never got that config"
+                );
+            }
+            lines.push(format!(
+                "{name} (appliance): refused {OPERATOR_UNIT} and {MARKER_UNIT}, so both configs were merged"
+            ));
+        }
+    }
+    ensure!(!lines.is_empty(), "no node to check");
+    Ok(lines.join("; "))
 }
 
 #[cfg(test)]

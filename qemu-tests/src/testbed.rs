@@ -53,6 +53,10 @@ pub trait Testbed {
     fn wait_console(&mut self, name: &str, needle: &str, timeout: Duration) -> Result<String>;
     /// The node's QEMU guest agent, if it has one.
     fn guest(&self, name: &str) -> Option<GuestAgent>;
+    /// What the cluster's payloads are: keelson's alone unless the testbed says otherwise.
+    fn payload(&self) -> crate::cluster::Payload {
+        crate::cluster::Payload::Keelson
+    }
 
     /// The last console lines of the named nodes (for a failed scenario); for stand-in
     /// nodes also the journal of `keelson-agent.service` and Ignition's log (journald

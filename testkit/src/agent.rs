@@ -118,10 +118,8 @@ pub fn start_keepalived(seg: &Segment, dir: &Path, i: usize, conf: &str) -> Proc
     )
 }
 
-/// Master_Down_Interval for an advert interval (ms) and a backup priority (RFC 5798 §6.1).
-pub fn master_down(interval_ms: u64, prio: u64) -> Duration {
-    Duration::from_micros(3 * interval_ms * 1000 + (256 - prio) * interval_ms * 1000 / 256)
-}
+/// Master_Down_Interval (RFC 5798 §6.1); the timing bounds live in [`crate::timing`].
+pub use crate::timing::master_down;
 
 /// `keelson build`'s cluster.json for `examples/install-config.yaml` (unicast VRRP and
 /// members, its defaults, checked), with the timers of a test: `advert_ms` on every VRRP
@@ -164,14 +162,34 @@ pub struct RunNode {
     pub proc: Proc,
     /// Its stderr.
     pub log: PathBuf,
+    /// The binary it runs (its `status` reads the node's socket).
+    pub agent: String,
 }
 
 impl RunNode {
-    /// Whether it printed its ready line (every service up).
+    /// Whether it printed its ready line (every service up). Panics, with its log's tail,
+    /// when it has ended: a node that died will not get ready.
     pub fn is_ready(&self) -> bool {
+        self.assert_alive();
         std::fs::read_to_string(&self.log)
             .unwrap_or_default()
             .contains("keelson-agent ready:")
+    }
+
+    /// How it ended, or `None` while it runs ([`crate::cmd::exited`]).
+    pub fn exited(&self) -> Option<String> {
+        crate::cmd::exited(self.proc.pid())
+    }
+
+    /// Panics, naming how it ended and with its log's tail, unless it runs.
+    pub fn assert_alive(&self) {
+        if let Some(how) = self.exited() {
+            panic!(
+                "keelson-agent run ({}) {how}; its log ends:\n{}",
+                self.log.display(),
+                self.log_tail(30)
+            );
+        }
     }
 
     /// The last `lines` lines of its log.
@@ -226,6 +244,20 @@ impl RunCluster {
         &self,
         ns: &str,
         i: usize,
+        node: (&str, &str, &str),
+        services: &str,
+        files: (&Path, &Path),
+    ) -> RunNode {
+        self.start_as(&self.agent, ns, i, node, services, files)
+    }
+
+    /// [`RunCluster::start_with`] running the binary `agent` instead of the cluster's (a
+    /// node of a rolling upgrade).
+    pub fn start_as(
+        &self,
+        agent: &str,
+        ns: &str,
+        i: usize,
         (name, role, address): (&str, &str, &str),
         services: &str,
         (cluster, tls): (&Path, &Path),
@@ -238,7 +270,7 @@ impl RunCluster {
         let log = self.dir.path().join(format!("node-{i}.log"));
         let proc = Proc::spawn(
             Command::new("ip")
-                .args(["netns", "exec", ns, &self.agent, "run"])
+                .args(["netns", "exec", ns, agent, "run"])
                 .arg("--cluster")
                 .arg(cluster)
                 .arg("--node")
@@ -254,23 +286,51 @@ impl RunCluster {
                 .stdout(Stdio::null())
                 .stderr(std::fs::File::create(&log).unwrap()),
         );
-        RunNode { proc, log }
+        RunNode {
+            proc,
+            log,
+            agent: agent.to_owned(),
+        }
     }
 
-    /// `keelson-agent status --json` of node `i` (null when it does not answer).
+    /// `keelson-agent status --json` of node `i`; panics when it does not answer
+    /// ([`status_at`]).
     pub fn status(&self, i: usize) -> serde_json::Value {
         status_at(&self.agent, &self.socket(i))
     }
 }
 
-/// `keelson-agent status --json` from the agent serving `socket` (null when none answers).
+/// `keelson-agent status --json` from the agent serving `socket`. Panics naming the socket
+/// and the error when no agent answers there or its answer is not a JSON document: a
+/// comparison of two statuses must never compare two failures.
 pub fn status_at(agent: &str, socket: &Path) -> serde_json::Value {
-    let out = Command::new(agent)
-        .args(["status", "--json", "--socket"])
-        .arg(socket)
+    try_status_at(agent, socket).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// [`status_at`] as a `Result`: the error names the socket, the exit status and what the
+/// command printed.
+pub fn try_status_at(agent: &str, socket: &Path) -> Result<serde_json::Value, String> {
+    let mut cmd = Command::new(agent);
+    cmd.args(["status", "--json", "--socket"]).arg(socket);
+    let out = cmd
         .output()
-        .unwrap();
-    serde_json::from_slice(&out.stdout).unwrap_or_default()
+        .map_err(|e| format!("{}: {e}", crate::cmd::describe(&cmd)))?;
+    let failed = |why: String| {
+        format!(
+            "{} {why}: {}{}",
+            crate::cmd::describe(&cmd),
+            String::from_utf8_lossy(&out.stderr).trim(),
+            String::from_utf8_lossy(&out.stdout).trim()
+        )
+    };
+    if !out.status.success() {
+        return Err(failed(format!("failed ({})", out.status)));
+    }
+    match serde_json::from_slice::<serde_json::Value>(&out.stdout) {
+        Ok(doc) if doc.is_object() => Ok(doc),
+        Ok(_) => Err(failed("printed no JSON object".into())),
+        Err(e) => Err(failed(format!("printed no JSON ({e})"))),
+    }
 }
 
 /// The member names in a status document.
@@ -301,6 +361,8 @@ pub struct RunNet {
     services: String,
     /// Node files other than the shared ones: `cluster.json` and TLS directory, by index.
     own_files: Vec<Option<(PathBuf, PathBuf)>>,
+    /// Node binaries other than the cluster's, by index.
+    own_agent: Vec<Option<String>>,
 }
 
 impl RunNet {
@@ -324,6 +386,7 @@ impl RunNet {
                 .collect(),
             services: services.to_owned(),
             own_files: nodes.iter().map(|_| None).collect(),
+            own_agent: nodes.iter().map(|_| None).collect(),
         }
     }
 
@@ -331,6 +394,12 @@ impl RunNet {
     /// instead of the shared ones.
     pub fn set_files(&mut self, i: usize, cluster: PathBuf, tls: PathBuf) {
         self.own_files[i] = Some((cluster, tls));
+    }
+
+    /// From its next start on, node `i` runs the binary `agent` instead of the cluster's
+    /// (a rolling upgrade: version N and N+1 side by side).
+    pub fn set_agent(&mut self, i: usize, agent: &str) {
+        self.own_agent[i] = Some(agent.to_owned());
     }
 
     /// Node `i`'s name.
@@ -346,7 +415,9 @@ impl RunNet {
             Some((c, t)) => (c.as_path(), t.as_path()),
             None => (self.files.cluster.as_path(), self.files.tls.as_path()),
         };
-        let node = self.files.start_with(
+        let agent = self.own_agent[i].as_deref().unwrap_or(&self.files.agent);
+        let node = self.files.start_as(
+            agent,
             &self.seg.nodes[i],
             i,
             (name, role, &address),
@@ -414,9 +485,15 @@ impl RunNet {
         t.elapsed()
     }
 
-    /// `keelson-agent status --json` of node `i` (null when it does not answer).
+    /// `keelson-agent status --json` of node `i`. Panics when the node is not running,
+    /// has died (naming how, with its log's tail) or does not answer.
     pub fn status(&self, i: usize) -> serde_json::Value {
-        self.files.status(i)
+        let node = self.nodes[i]
+            .as_ref()
+            .unwrap_or_else(|| panic!("{} is not running: no status to read", self.name(i)));
+        node.assert_alive();
+        // The node's own binary reads its socket, as on the node itself.
+        status_at(&node.agent, &self.files.socket(i))
     }
 
     /// The member names node `i` lists.
@@ -424,14 +501,16 @@ impl RunNet {
         member_names(&self.status(i))
     }
 
-    /// Prints the last 30 lines of every running node's log (on failure).
+    /// Prints the last 30 lines of every running node's log (on failure), and how each
+    /// that has died ended.
     pub fn dump(&self) {
         for (i, n) in self.nodes.iter().enumerate() {
             if let Some(n) = n {
                 eprintln!(
-                    "---- {} ({})\n{}",
+                    "---- {} ({}{})\n{}",
                     self.name(i),
                     n.log.display(),
+                    n.exited().map(|how| format!("; {how}")).unwrap_or_default(),
                     n.log_tail(30)
                 );
             }

@@ -87,30 +87,120 @@ impl Drop for Proc {
     }
 }
 
-/// The last line a child printed on stdout that parsed as JSON (`Null` before the first):
-/// the agent's one-shot subcommands print their state as a JSON line on every change.
-#[derive(Debug, Clone, Default)]
-pub struct JsonLines(Arc<Mutex<serde_json::Value>>);
+/// Why the child `pid` of this process is no longer running ("exited with status 1",
+/// "killed by SIGKILL", ...), or `None` while it runs (a stopped one, SIGSTOP, runs). The
+/// exit is peeked at, not reaped (`WNOWAIT`): the [`Proc`] that owns the child still reaps
+/// it. A child already reaped is reported as such: its pid may be another process's now.
+pub fn exited(pid: nix::unistd::Pid) -> Option<String> {
+    use nix::sys::wait::{Id, WaitPidFlag, WaitStatus, waitid};
+    let flags = WaitPidFlag::WEXITED | WaitPidFlag::WNOHANG | WaitPidFlag::WNOWAIT;
+    match waitid(Id::Pid(pid), flags) {
+        Ok(WaitStatus::StillAlive) => None,
+        Ok(WaitStatus::Exited(_, code)) => Some(format!("exited with status {code}")),
+        Ok(WaitStatus::Signaled(_, sig, _)) => Some(format!("killed by {sig}")),
+        Ok(other) => Some(format!("ended ({other:?})")),
+        Err(nix::errno::Errno::ECHILD) => Some("ended and was reaped".into()),
+        Err(e) => Some(format!("cannot be waited for ({e})")),
+    }
+}
+
+/// How many lines a [`JsonLines`] keeps with their arrival times.
+const HISTORY: usize = 4096;
+
+/// The JSON lines a child prints on stdout (the agent's one-shot subcommands print their
+/// state as one on every change), read as they come. Every read checks that the child
+/// still runs and still prints: the last line of a process that died says nothing of the
+/// present, so reading it panics, naming the process and how it ended.
+#[derive(Debug, Clone)]
+pub struct JsonLines {
+    lines: Arc<Mutex<Lines>>,
+    pid: nix::unistd::Pid,
+    what: Arc<str>,
+}
+
+#[derive(Debug, Default)]
+struct Lines {
+    /// The recent lines that parsed as JSON, with when each was read.
+    history: std::collections::VecDeque<(Instant, serde_json::Value)>,
+    /// Whether its stdout has closed (it exited, or stopped printing for good).
+    closed: bool,
+}
 
 impl JsonLines {
-    /// The latest JSON line.
+    /// The latest JSON line (`Null` before the first). Panics when the process has ended
+    /// or closed its stdout.
     pub fn latest(&self) -> serde_json::Value {
-        self.0.lock().unwrap_or_else(|p| p.into_inner()).clone()
+        let lines = self.alive_lines();
+        lines
+            .history
+            .back()
+            .map(|(_, v)| v.clone())
+            .unwrap_or_default()
+    }
+
+    /// When the first line read at or after `since` for which `matches` holds arrived, if
+    /// one has (among the last few thousand lines). Panics as [`JsonLines::latest`] does.
+    pub fn first_since(
+        &self,
+        since: Instant,
+        matches: impl Fn(&serde_json::Value) -> bool,
+    ) -> Option<Instant> {
+        let lines = self.alive_lines();
+        lines
+            .history
+            .iter()
+            .find(|(at, v)| *at >= since && matches(v))
+            .map(|(at, _)| *at)
+    }
+
+    /// The lines, once the process is known to run and print; panics naming it otherwise.
+    fn alive_lines(&self) -> std::sync::MutexGuard<'_, Lines> {
+        let lines = self.lines.lock().unwrap_or_else(|p| p.into_inner());
+        let ended = exited(self.pid).or_else(|| lines.closed.then(|| "closed its stdout".into()));
+        if let Some(how) = ended {
+            let last = lines.history.back().map(|(_, v)| v.to_string());
+            panic!(
+                "{} (pid {}) {how}: its output says nothing of the present (last line: {})",
+                self.what,
+                self.pid,
+                last.as_deref().unwrap_or("none")
+            );
+        }
+        lines
     }
 }
 
 /// Spawns `cmd` with stdout piped into a [`JsonLines`] (stderr as the caller set it).
 pub fn spawn_json_lines(cmd: &mut Command) -> (Proc, JsonLines) {
+    let what: Arc<str> = describe(cmd).into();
     let mut proc = Proc::spawn(cmd.stdout(Stdio::piped()));
     let stdout = proc.0.stdout.take().expect("piped");
-    let lines = JsonLines::default();
-    let latest = lines.0.clone();
+    let lines = JsonLines {
+        lines: Arc::default(),
+        pid: proc.pid(),
+        what,
+    };
+    let shared = lines.lines.clone();
     std::thread::spawn(move || {
         for line in BufReader::new(stdout).lines().map_while(Result::ok) {
             if let Ok(v) = serde_json::from_str(&line) {
-                *latest.lock().unwrap_or_else(|p| p.into_inner()) = v;
+                let mut l = shared.lock().unwrap_or_else(|p| p.into_inner());
+                if l.history.len() == HISTORY {
+                    l.history.pop_front();
+                }
+                l.history.push_back((Instant::now(), v));
             }
         }
+        shared.lock().unwrap_or_else(|p| p.into_inner()).closed = true;
     });
     (proc, lines)
+}
+
+/// A command as a reader would type it: the program and its arguments, no environment.
+pub fn describe(cmd: &Command) -> String {
+    std::iter::once(cmd.get_program())
+        .chain(cmd.get_args())
+        .map(|a| a.to_string_lossy())
+        .collect::<Vec<_>>()
+        .join(" ")
 }

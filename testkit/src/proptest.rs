@@ -1,8 +1,11 @@
-//! The configuration every property test uses, so that a failure can be rerun:
+//! The configuration every property test uses, so that a run can be repeated:
 //!
-//! - the seed is `PROPTEST_RNG_SEED` when set, a fresh random one otherwise, and is
-//!   printed (libtest shows it with a failure): `PROPTEST_RNG_SEED=<seed> cargo test ...`
-//!   generates the same cases again;
+//! - the seed is `PROPTEST_RNG_SEED` when set; otherwise, **with `CI` set** (`make test`),
+//!   a fixed seed per test (derived from its name): a submission is judged on the same
+//!   cases every time, and a rare input cannot fail one run and pass the next. Without
+//!   `CI`, or with `KEELSON_PROPTEST_EXPLORE` set (`make proptest-explore`), a fresh random
+//!   seed each run: that is where new cases are found. The seed is printed (libtest shows
+//!   it with a failure): `PROPTEST_RNG_SEED=<seed> cargo test ...` draws the same cases;
 //! - regression files committed under a crate's `proptest-regressions/` are replayed
 //!   first, as proptest does by default;
 //! - nothing is written: a new failure prints the line to add to that file instead of
@@ -27,26 +30,39 @@ use proptest::test_runner::{
 /// Where committed regression files live (proptest's default).
 const REGRESSIONS: &str = "proptest-regressions";
 
-/// The seed of this run: `PROPTEST_RNG_SEED`, or a random one.
-fn seed() -> u64 {
-    match std::env::var("PROPTEST_RNG_SEED") {
-        Ok(s) => s
+/// The seed of this run for `test`: `PROPTEST_RNG_SEED`; else, under `CI` and not
+/// exploring, the test's own fixed seed ([`fixed_seed`]); else a random one. The second
+/// value says which.
+fn seed(test: &str) -> (u64, &'static str) {
+    if let Ok(s) = std::env::var("PROPTEST_RNG_SEED") {
+        let seed = s
             .trim()
             .parse()
-            .unwrap_or_else(|_| panic!("PROPTEST_RNG_SEED={s:?}: expected a u64")),
-        Err(_) => {
-            use std::hash::{BuildHasher, Hasher};
-            // std's per-process random keys: no extra dependency for 64 random bits.
-            let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-            h.write_u128(
-                std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .map(|d| d.as_nanos())
-                    .unwrap_or_default(),
-            );
-            h.finish()
-        }
+            .unwrap_or_else(|_| panic!("PROPTEST_RNG_SEED={s:?}: expected a u64"));
+        return (seed, "from PROPTEST_RNG_SEED");
     }
+    let exploring = std::env::var_os("KEELSON_PROPTEST_EXPLORE").is_some();
+    if crate::need::ci() && !exploring {
+        return (fixed_seed(test), "fixed for this test, as CI is set");
+    }
+    use std::hash::{BuildHasher, Hasher};
+    // std's per-process random keys: no extra dependency for 64 random bits.
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or_default(),
+    );
+    (h.finish(), "random")
+}
+
+/// A test's fixed seed: FNV-1a of its name (the same on every machine and toolchain, unlike
+/// std's hashers), so each test has cases of its own and keeps them run after run.
+pub fn fixed_seed(test: &str) -> u64 {
+    test.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    })
 }
 
 /// The default configuration (256 cases, or `PROPTEST_CASES`) with the seed printed.
@@ -56,10 +72,10 @@ pub fn config() -> Config {
 
 /// [`config`] with `cases` cases (unless `PROPTEST_CASES` says otherwise).
 pub fn with_cases(cases: u32) -> Config {
-    let seed = seed();
     let thread = std::thread::current();
     let test = thread.name().unwrap_or("this test");
-    eprintln!("proptest: seed {seed}; rerun {test} with PROPTEST_RNG_SEED={seed}");
+    let (seed, why) = seed(test);
+    eprintln!("proptest: seed {seed} ({why}); rerun {test} with PROPTEST_RNG_SEED={seed}");
     let cases = std::env::var("PROPTEST_CASES")
         .ok()
         .and_then(|c| c.parse().ok())
@@ -127,6 +143,67 @@ mod tests {
         };
         assert_eq!(draw(7), draw(7));
         assert_ne!(draw(7), draw(8));
+    }
+
+    /// Under CI a test's seed is its own and the same every run; a seed given wins. In a
+    /// child process of this test binary, as the environment decides.
+    #[test]
+    fn ci_fixes_each_tests_seed() {
+        if std::env::var_os("KEELSON_TESTKIT_CHILD").is_some() {
+            let (a, _) = seed("some::test");
+            let (b, _) = seed("some::test");
+            let (other, _) = seed("some::other_test");
+            println!("SEEDS {a} {b} {other}");
+            return;
+        }
+        let run = |env: &[(&str, &str)]| {
+            let me = std::env::current_exe().unwrap();
+            let mut cmd = std::process::Command::new(me);
+            cmd.args([
+                "--exact",
+                "proptest::tests::ci_fixes_each_tests_seed",
+                "--nocapture",
+            ])
+            .env("KEELSON_TESTKIT_CHILD", "1")
+            .env_remove("CI")
+            .env_remove("PROPTEST_RNG_SEED")
+            .env_remove("KEELSON_PROPTEST_EXPLORE")
+            .envs(env.iter().copied());
+            let out = cmd.output().unwrap();
+            assert!(out.status.success(), "{out:?}");
+            let text = String::from_utf8_lossy(&out.stdout).into_owned();
+            let line = text
+                .lines()
+                .find_map(|l| l.strip_prefix("SEEDS "))
+                .unwrap_or_else(|| panic!("{text}"))
+                .to_owned();
+            line.split(' ')
+                .map(|s| s.parse().unwrap())
+                .collect::<Vec<u64>>()
+        };
+        let ci = run(&[("CI", "1")]);
+        assert_eq!(
+            ci,
+            vec![
+                fixed_seed("some::test"),
+                fixed_seed("some::test"),
+                fixed_seed("some::other_test")
+            ]
+        );
+        assert_ne!(ci[0], ci[2], "two tests, one seed");
+        assert_eq!(run(&[("CI", "1")]), ci, "another run, other seeds");
+        assert_eq!(
+            run(&[("CI", "1"), ("PROPTEST_RNG_SEED", "42")]),
+            vec![42, 42, 42]
+        );
+        let exploring = run(&[("CI", "1"), ("KEELSON_PROPTEST_EXPLORE", "1")]);
+        assert_ne!(
+            exploring[0], ci[0],
+            "exploring under CI kept the fixed seed"
+        );
+        assert_ne!(exploring[0], exploring[1], "exploring drew one seed twice");
+        let laptop = run(&[]);
+        assert_ne!(laptop[0], ci[0]);
     }
 
     #[test]

@@ -312,8 +312,31 @@ impl Segment {
         );
     }
 
+    /// Drops frames from node `from` to node `to` at the bridge, one way only: those that
+    /// match `what` (an nftables match such as `ip protocol 112`; empty: every frame, ARP
+    /// included). [`Segment::heal_one_way`] undoes it.
+    pub fn cut_one_way(&self, from: usize, to: usize, what: &str) {
+        nft(
+            &self.bridge,
+            &format!(
+                "table bridge oneway {{\n  chain forward {{\n    type filter hook forward priority -2; policy accept;\n    iifname \"{}\" oifname \"{}\" {what} drop\n  }}\n}}\n",
+                Self::port(from),
+                Self::port(to)
+            ),
+        );
+    }
+
+    /// Ends a [`Segment::cut_one_way`].
+    pub fn heal_one_way(&self) {
+        self.delete_bridge_table("oneway");
+    }
+
     /// Ends a [`Segment::partition`].
     pub fn heal(&self) {
+        self.delete_bridge_table("split");
+    }
+
+    fn delete_bridge_table(&self, table: &str) {
         sh(&[
             "ip",
             "netns",
@@ -323,7 +346,7 @@ impl Segment {
             "delete",
             "table",
             "bridge",
-            "split",
+            table,
         ]);
     }
 }
@@ -349,13 +372,11 @@ pub fn nft(ns: &str, rules: &str) {
     );
 }
 
-/// Whether namespace `ns` has `address` on `eth0`.
+/// Whether namespace `ns` has `address` on `eth0`. Panics when `ip` fails (a namespace or
+/// link gone, `ip` missing): "no holder" must come from a list `ip` printed, never from
+/// an `ip` that printed nothing.
 pub fn ns_holds(ns: &str, address: &str) -> bool {
-    let out = Command::new("ip")
-        .args(["-n", ns, "-o", "addr", "show", "dev", "eth0"])
-        .output()
-        .unwrap();
-    String::from_utf8_lossy(&out.stdout)
+    sh(&["ip", "-n", ns, "-o", "addr", "show", "dev", "eth0"])
         .split_whitespace()
         .any(|w| w.split('/').next() == Some(address))
 }

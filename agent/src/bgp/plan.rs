@@ -137,7 +137,14 @@ pub fn plan(cluster: &ClusterConfig, node: &NodeIdentity) -> Option<NodePlan> {
             name: inst.name.clone(),
             vip: inst.vip,
             prepend,
-            checks: inst.checks.iter().map(|c| expand_check(c, node)).collect(),
+            // Announced while every check passes: the required ones (a router that answers
+            // for the ingress VIP) are checks like the others here.
+            checks: inst
+                .checks
+                .iter()
+                .chain(&inst.required_checks)
+                .map(|c| expand_check(c, node))
+                .collect(),
         });
     }
     let mut peers = Vec::new();

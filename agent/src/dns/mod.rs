@@ -137,6 +137,10 @@ pub async fn listen(
     for _ in 0..10 {
         let udp = crate::net::listen::udp_one_family(addr)
             .with_context(|| format!("binding UDP {addr}"))?;
+        if addr.ip().is_unspecified() {
+            udp::report_destinations(&udp, addr.is_ipv6())
+                .with_context(|| format!("asking for destination addresses on UDP {addr}"))?;
+        }
         let bound = udp.local_addr()?;
         match crate::net::listen::tcp_one_family(bound) {
             Ok(tcp) => {
@@ -192,11 +196,16 @@ fn upstreams(cluster: &ClusterConfig, learned: &[IpAddr], ours: &[SocketAddr]) -
             out.push(sa);
         }
     }
-    // Never forward to ourselves: that would loop until the timeout.
+    // Never forward to ourselves: that would loop until the timeout. Nor to the cluster's
+    // VIPs: a network whose DHCP names the API VIP as its DNS server (so a booting node's
+    // initramfs resolves `api-int`, docs/own-ignition.md) would send every other name from
+    // the VIP's holder back to itself.
     out.retain(|u| {
         !ours
             .iter()
             .any(|o| o.port() == u.port() && (o.ip() == u.ip() || u.ip().is_loopback()))
+            && !cluster.api_vips.contains(&u.ip())
+            && !cluster.ingress_vips.contains(&u.ip())
     });
     out
 }
@@ -289,9 +298,12 @@ mod tests {
         let dns: keelson_cluster::cluster::DnsSettings = serde_json::from_value(json).unwrap();
         let mut cluster = crate::dns::tests::cluster_stub();
         cluster.dns = dns;
+        // DHCP may name the API VIP first (docs/own-ignition.md): never an upstream.
         let learned: Vec<IpAddr> = vec![
+            cluster.api_vips[0],
             "198.51.100.1".parse().unwrap(),
             "127.0.0.1".parse().unwrap(),
+            cluster.ingress_vips[0],
         ];
         let ours = vec!["0.0.0.0:53".parse().unwrap()];
         let ups = upstreams(&cluster, &learned, &ours);

@@ -29,6 +29,19 @@ pub fn write(path: &Path, zone: &str, upstreams: &[SocketAddr]) -> std::io::Resu
     std::fs::rename(&tmp, path)
 }
 
+/// Writes a resolv.conf of the network's own servers (DHCP's or `network_data.json`'s),
+/// for the boot before the agent's DNS runs: a pointer config that names a host (OpenShift's
+/// `api-int.<cluster>.<baseDomain>`, a hosted config's server) is looked up through them.
+pub fn write_network_servers(path: &Path, servers: &[std::net::IpAddr]) -> std::io::Result<()> {
+    let mut out = String::from("# Written by keelson-agent at boot: the network's DNS servers.\n");
+    for s in servers.iter().take(MAXNS) {
+        out.push_str(&format!("nameserver {s}\n"));
+    }
+    let tmp = path.with_extension("keelson-tmp");
+    std::fs::write(&tmp, out)?;
+    std::fs::rename(&tmp, path)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -4,7 +4,7 @@
 //! time (`udp`: no task and no system call per query; that is what keeps one thread fast);
 //! forwarded queries get a task each, so a slow upstream never holds up the zone.
 
-use std::net::SocketAddr;
+use std::net::IpAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -12,6 +12,7 @@ use std::time::Duration;
 use std::os::fd::AsRawFd;
 
 use hickory_proto::op::{Message, ResponseCode};
+use nix::sys::socket::SockaddrStorage;
 use tokio::io::{AsyncReadExt, AsyncWriteExt, Interest};
 use tokio::net::{TcpListener, TcpStream, UdpSocket};
 use tokio::sync::watch;
@@ -342,9 +343,10 @@ fn answer_batch(sock: &Arc<UdpSocket>, shared: &Shared, batch: &mut udp::Batch, 
             Outcome::Drop(_) => reply.clear(),
             Outcome::Forward(req) => {
                 reply.clear();
-                let Some(peer) = rx.peer.as_ref().and_then(udp::socket_addr) else {
+                let Some(peer) = rx.peer else {
                     continue;
                 };
+                let local = rx.local;
                 if let Some(bytes) = shared.answer_cached(&req) {
                     reply.extend_from_slice(&bytes);
                     continue;
@@ -362,7 +364,7 @@ fn answer_batch(sock: &Arc<UdpSocket>, shared: &Shared, batch: &mut udp::Batch, 
                 let shared = shared.clone();
                 tokio::spawn(async move {
                     let bytes = shared.forward(&req).await;
-                    send(&sock, &bytes, peer).await;
+                    send(&sock, &bytes, &peer, local).await;
                     drop(permit);
                 });
             }
@@ -389,19 +391,27 @@ async fn send_batch(sock: &UdpSocket, batch: &mut udp::Batch) {
     }
 }
 
-async fn send(sock: &UdpSocket, bytes: &[u8], peer: SocketAddr) {
+/// Sends a forwarded answer to `peer` from `local`, the address its query was sent to.
+async fn send(sock: &UdpSocket, bytes: &[u8], peer: &SockaddrStorage, local: Option<IpAddr>) {
     if bytes.is_empty() {
         return;
     }
-    // Fast path: the socket is almost always writable; fall back to awaiting.
-    match sock.try_send_to(bytes, peer) {
-        Ok(_) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-            if let Err(e) = sock.send_to(bytes, peer).await {
-                tracing::debug!(%peer, error = %e, "udp send failed");
+    let fd = sock.as_raw_fd();
+    loop {
+        match sock.try_io(Interest::WRITABLE, || {
+            udp::send_from(fd, bytes, peer, local)
+        }) {
+            Ok(_) => return,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                if sock.writable().await.is_err() {
+                    return;
+                }
+            }
+            Err(e) => {
+                tracing::debug!(peer = ?udp::socket_addr(peer), error = %e, "udp send failed");
+                return;
             }
         }
-        Err(e) => tracing::debug!(%peer, error = %e, "udp send failed"),
     }
 }
 

@@ -4,13 +4,20 @@
 //!
 //! The calls are nix's; this module owns the buffers they fill and read, reused from one
 //! batch to the next.
+//!
+//! A socket bound to the wildcard address answers from the address each query was sent to
+//! (`IP_PKTINFO` / `IPV6_PKTINFO` in, the same address as the source out): a query to the
+//! API VIP (a node's initramfs resolving `api-int`, docs/dns.md) or to any address but the
+//! interface's first would otherwise get its answer from another address, which resolvers
+//! drop as not from the server they asked.
 
 use std::io::{self, IoSlice, IoSliceMut};
-use std::net::SocketAddr;
-use std::os::fd::RawFd;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::os::fd::{AsFd, RawFd};
 
 use nix::sys::socket::{
-    ControlMessage, MsgFlags, MultiHeaders, SockaddrStorage, recvmmsg, sendmmsg,
+    ControlMessage, ControlMessageOwned, MsgFlags, MultiHeaders, SockaddrStorage, recvmmsg,
+    sendmmsg, sendmsg, setsockopt, sockopt,
 };
 
 /// Datagrams per system call.
@@ -28,6 +35,76 @@ pub struct Received {
     pub cut: bool,
     /// The sender.
     pub peer: Option<SockaddrStorage>,
+    /// The address it was sent to (once [`report_destinations`] is on for the socket).
+    pub local: Option<IpAddr>,
+}
+
+/// Asks the kernel to report each datagram's destination address on `sock` (a socket bound
+/// to `family`'s wildcard), so the replies can leave from it.
+pub fn report_destinations(sock: &impl AsFd, ipv6: bool) -> io::Result<()> {
+    if ipv6 {
+        setsockopt(sock, sockopt::Ipv6RecvPacketInfo, &true)?;
+    } else {
+        setsockopt(sock, sockopt::Ipv4PacketInfo, &true)?;
+    }
+    Ok(())
+}
+
+/// The control message that sends from `local`.
+enum Source {
+    V4(libc::in_pktinfo),
+    V6(libc::in6_pktinfo),
+}
+
+impl Source {
+    fn new(local: IpAddr) -> Self {
+        match local {
+            IpAddr::V4(a) => Source::V4(libc::in_pktinfo {
+                ipi_ifindex: 0,
+                ipi_spec_dst: libc::in_addr {
+                    s_addr: u32::from(a).to_be(),
+                },
+                ipi_addr: libc::in_addr { s_addr: 0 },
+            }),
+            IpAddr::V6(a) => Source::V6(libc::in6_pktinfo {
+                ipi6_addr: libc::in6_addr {
+                    s6_addr: a.octets(),
+                },
+                ipi6_ifindex: 0,
+            }),
+        }
+    }
+
+    fn message(&self) -> ControlMessage<'_> {
+        match self {
+            Source::V4(info) => ControlMessage::Ipv4PacketInfo(info),
+            Source::V6(info) => ControlMessage::Ipv6PacketInfo(info),
+        }
+    }
+}
+
+/// Sends `bytes` to `peer` from `local` (the wildcard socket's choice when `None`).
+pub fn send_from(
+    fd: RawFd,
+    bytes: &[u8],
+    peer: &SockaddrStorage,
+    local: Option<IpAddr>,
+) -> io::Result<usize> {
+    let iov = [IoSlice::new(bytes)];
+    let source = local.map(Source::new);
+    let cmsgs: Vec<ControlMessage<'_>> = source.iter().map(Source::message).collect();
+    Ok(sendmsg(
+        fd,
+        &iov,
+        &cmsgs,
+        MsgFlags::MSG_DONTWAIT,
+        Some(peer),
+    )?)
+}
+
+/// Room for one packet-info control message of either family (received).
+fn cmsg_buffer() -> Vec<u8> {
+    nix::cmsg_space!(libc::in6_pktinfo)
 }
 
 /// nix's preallocated `mmsghdr`s, kept from one batch to the next.
@@ -50,7 +127,12 @@ pub struct Batch {
     /// the caller's (short-lived) array, and `recvmmsg` would then write the next sender
     /// there instead of into the header's own slot.
     rx_headers: Headers,
+    /// One set of send headers per kind of control message: nix's `sendmmsg` hands the
+    /// kernel a header's whole control buffer, so its size must be exactly what is sent
+    /// (none, an IPv4 or an IPv6 packet info).
     tx_headers: Headers,
+    tx_headers_v4: Headers,
+    tx_headers_v6: Headers,
     /// The next reply [`Batch::send`] sends.
     next_send: usize,
 }
@@ -76,8 +158,16 @@ impl Batch {
             rx: (0..BATCH).map(|_| Box::new([0u8; RX_SIZE])).collect(),
             received: Vec::with_capacity(BATCH),
             replies: (0..BATCH).map(|_| Vec::with_capacity(512)).collect(),
-            rx_headers: Headers(MultiHeaders::preallocate(BATCH, None)),
+            rx_headers: Headers(MultiHeaders::preallocate(BATCH, Some(cmsg_buffer()))),
             tx_headers: Headers(MultiHeaders::preallocate(BATCH, None)),
+            tx_headers_v4: Headers(MultiHeaders::preallocate(
+                BATCH,
+                Some(nix::cmsg_space!(libc::in_pktinfo)),
+            )),
+            tx_headers_v6: Headers(MultiHeaders::preallocate(
+                BATCH,
+                Some(nix::cmsg_space!(libc::in6_pktinfo)),
+            )),
             next_send: 0,
         }
     }
@@ -100,10 +190,22 @@ impl Batch {
             None,
         )?;
         for r in results {
+            let local = r.cmsgs().ok().and_then(|mut c| {
+                c.find_map(|m| match m {
+                    ControlMessageOwned::Ipv4PacketInfo(i) => {
+                        Some(IpAddr::V4(Ipv4Addr::from(u32::from_be(i.ipi_addr.s_addr))))
+                    }
+                    ControlMessageOwned::Ipv6PacketInfo(i) => {
+                        Some(IpAddr::V6(Ipv6Addr::from(i.ipi6_addr.s6_addr)))
+                    }
+                    _ => None,
+                })
+            });
             self.received.push(Received {
                 len: r.bytes,
                 cut: r.flags.contains(MsgFlags::MSG_TRUNC),
                 peer: r.address,
+                local,
             });
         }
         Ok(self.received.len())
@@ -124,9 +226,11 @@ impl Batch {
                 self.next_send += 1;
                 continue;
             }
-            // The run of replies from here (drops and forwards, with no reply, end it).
+            // The run of replies from here to one local address (drops and forwards, with
+            // no reply, end it): one sendmmsg shares its control messages.
+            let local = self.received[self.next_send].local;
             let end = (self.next_send..n)
-                .find(|&i| self.replies[i].is_empty())
+                .find(|&i| self.replies[i].is_empty() || self.received[i].local != local)
                 .unwrap_or(n);
             match self.send_run(fd, self.next_send, end) {
                 Ok(sent) => self.next_send += sent,
@@ -149,10 +253,16 @@ impl Batch {
             .collect();
         let addrs: Vec<Option<SockaddrStorage>> =
             self.received[start..end].iter().map(|r| r.peer).collect();
-        let cmsgs: [ControlMessage<'_>; 0] = [];
+        let source = self.received[start].local.map(Source::new);
+        let cmsgs: Vec<ControlMessage<'_>> = source.iter().map(Source::message).collect();
+        let headers = match source {
+            None => &mut self.tx_headers.0,
+            Some(Source::V4(_)) => &mut self.tx_headers_v4.0,
+            Some(Source::V6(_)) => &mut self.tx_headers_v6.0,
+        };
         let sent = sendmmsg(
             fd,
-            &mut self.tx_headers.0,
+            headers,
             iovs.iter(),
             addrs,
             cmsgs,
@@ -239,12 +349,63 @@ mod tests {
         }
     }
 
+    /// A query to an address of the host that is not the one the kernel would pick as the
+    /// source (127.0.0.2 on loopback; a VIP on a NIC) is answered from that address: the
+    /// client, connected to it, takes nothing else.
+    #[test]
+    fn replies_leave_from_the_address_asked() {
+        let server = UdpSocket::bind("0.0.0.0:0").unwrap();
+        report_destinations(&server, false).unwrap();
+        let port = server.local_addr().unwrap().port();
+        let fd = server.as_raw_fd();
+        let mut batch = Batch::new();
+        for asked in ["127.0.0.2", "127.0.0.1", "127.0.0.3"] {
+            let client = UdpSocket::bind("127.0.0.1:0").unwrap();
+            client.connect((asked, port)).unwrap();
+            client.send(b"q").unwrap();
+            let n = wait_recv(&mut batch, fd);
+            assert_eq!(n, 1);
+            let (_, rx, reply) = batch.get(0);
+            assert_eq!(rx.local, Some(asked.parse().unwrap()));
+            reply.clear();
+            reply.extend_from_slice(b"a");
+            batch.send(fd).unwrap();
+            client
+                .set_read_timeout(Some(Duration::from_secs(2)))
+                .unwrap();
+            let mut buf = [0u8; 4];
+            assert_eq!(client.recv(&mut buf).unwrap(), 1, "no reply from {asked}");
+            // The forwarder's path: one reply at a time.
+            client.send(b"q").unwrap();
+            assert_eq!(wait_recv(&mut batch, fd), 1);
+            let (_, rx, _) = batch.get(0);
+            send_from(fd, b"f", rx.peer.as_ref().unwrap(), rx.local).unwrap();
+            assert_eq!(
+                client.recv(&mut buf).unwrap(),
+                1,
+                "no forwarded reply from {asked}"
+            );
+        }
+    }
+
     #[test]
     fn ipv6_senders() {
-        // Hosts without IPv6 on loopback have nothing to test here.
-        let Ok(server) = UdpSocket::bind("[::1]:0") else {
+        // IPv6 on loopback is a need like any other: under CI its absence fails the test.
+        let server = UdpSocket::bind("[::1]:0");
+        if !keelson_testkit::need::need(
+            server.is_ok(),
+            &format!(
+                "IPv6 on loopback (binding [::1]: {})",
+                server
+                    .as_ref()
+                    .err()
+                    .map(ToString::to_string)
+                    .unwrap_or_default()
+            ),
+        ) {
             return;
-        };
+        }
+        let server = server.unwrap();
         let client = UdpSocket::bind("[::1]:0").unwrap();
         client
             .send_to(b"six", server.local_addr().unwrap())

@@ -146,6 +146,17 @@ async fn boot() -> anyhow::Result<()> {
 
     match &metadata.user_data {
         Some(user_data) => {
+            // Pointers may name hosts: look them up through the network's servers until the
+            // agent's own DNS takes resolv.conf over.
+            let servers = dns_rx.borrow().clone();
+            if !servers.is_empty()
+                && let Err(e) = crate::dns::resolv::write_network_servers(
+                    Path::new(crate::dns::resolv::RESOLV_CONF),
+                    &servers,
+                )
+            {
+                log(&format!("{}: {e}", crate::dns::resolv::RESOLV_CONF));
+            }
             let applied = tokio::select! {
                 a = crate::apply::apply_user_data(user_data, Path::new("/")) => a?,
                 _ = stop.cancelled() => return Ok(()),
@@ -167,7 +178,13 @@ async fn boot() -> anyhow::Result<()> {
     let cluster_bytes = std::fs::read(CLUSTER_JSON)
         .with_context(|| format!("{CLUSTER_JSON} (user_data must provide it)"))?;
     let cluster = ClusterConfig::from_json(&cluster_bytes).context(CLUSTER_JSON)?;
-    let node = crate::node::from_system(&cluster, Path::new("/"), Some(&metadata))?;
+    let node = crate::node_address::from_system_waiting(
+        &cluster,
+        Path::new("/"),
+        Some(&metadata),
+        std::time::Duration::from_secs(60),
+    )
+    .await?;
     log(&format!(
         "node {} role {} on {}",
         node.name,

@@ -260,6 +260,16 @@ const FAMILIES: &[Family] = &[
         },
     ),
     gauge(
+        "keelson_node_address_problem",
+        "1 while the node's address cannot be followed (on no link, or on one nodeAddress.interface excludes).",
+        |st| one(none(), int(i64::from(st.node.address_problem.is_some()))),
+    ),
+    counter(
+        "keelson_node_address_moves",
+        "Times the node's address moved to another link and the services bound to it followed.",
+        |st| one(none(), count(st.node.address_moves)),
+    ),
+    gauge(
         "keelson_uptime_seconds",
         "Seconds since the agent started serving.",
         |st| one(none(), float(st.process.uptime_seconds)),
@@ -412,6 +422,16 @@ const FAMILIES: &[Family] = &[
         "keelson_vrrp_lone_claims",
         "Unicast: times the claim grace ran out with no peer heard and the VIP was claimed alone.",
         |st| per_vrrp(st, |v| Some(count(v.lone_claims))),
+    ),
+    counter(
+        "keelson_vrrp_claims_held",
+        "Times a silent master's VIP holder still answered ARP / neighbour solicitation, so this backup did not claim.",
+        |st| per_vrrp(st, |v| Some(count(v.claims_held))),
+    ),
+    counter(
+        "keelson_vrrp_deaf_yields",
+        "Times this master gave the VIP up to a router that could not hear its adverts.",
+        |st| per_vrrp(st, |v| Some(count(v.deaf_yields))),
     ),
     counter("keelson_vrrp_drops", "Packets dropped, by reason.", |st| {
         st.vrrp
@@ -1009,6 +1029,8 @@ mod tests {
                 interface: "eth0".into(),
                 addresses: vec!["10.0.0.11/24".parse().unwrap()],
                 cluster: "ocp4.example.com".into(),
+                address_problem: None,
+                address_moves: 1,
             },
             build: BuildInfo {
                 version: "0.1.0".into(),
@@ -1060,6 +1082,8 @@ mod tests {
                 arp_conflicts: 0,
                 conflict_yields: 0,
                 lone_claims: 0,
+                claims_held: 0,
+                deaf_yields: 0,
                 claim_gate: Default::default(),
                 destinations: vec!["10.0.0.11".parse().unwrap(), "10.0.0.12".parse().unwrap()],
                 drops: [("ttl".to_string(), 1)].into(),

@@ -67,7 +67,7 @@ pub struct OtherSections {
 }
 
 /// Who this node is.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct NodeStatus {
     /// Node name.
@@ -80,6 +80,24 @@ pub struct NodeStatus {
     pub addresses: Vec<IpNet>,
     /// The cluster zone (`<name>.<baseDomain>`).
     pub cluster: String,
+    /// Why the node's address cannot be followed now (docs/agent.md, "The node's
+    /// address"): it is on no link, or on one `nodeAddress.interface` excludes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub address_problem: Option<AddressProblem>,
+    /// Times the node's address moved to another link (or the addresses beside it changed)
+    /// and the services bound to the link followed.
+    #[serde(default)]
+    pub address_moves: u64,
+}
+
+/// A finding about the node's address.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AddressProblem {
+    /// What is wrong.
+    pub problem: String,
+    /// Seconds since it was found.
+    pub seconds: f64,
 }
 
 /// What was built.
@@ -189,6 +207,14 @@ pub struct VrrpInstance {
     /// Unicast: times the claim grace ran out with no peer heard (claimed alone).
     #[serde(default)]
     pub lone_claims: u64,
+    /// Times a silent master's VIP holder answered ARP / neighbour solicitation when
+    /// Master_Down ran out, so this backup did not claim (docs/vrrp.md, "Fast failover
+    /// without flapping").
+    #[serde(default)]
+    pub claims_held: u64,
+    /// Times this master gave the VIP up to a router that could not hear it.
+    #[serde(default)]
+    pub deaf_yields: u64,
     /// Unicast: whether this node may claim the VIP yet, and why (`notGated` for multicast).
     #[serde(default)]
     pub claim_gate: GateState,

@@ -66,6 +66,14 @@ pub fn summary(st: &AgentStatus) -> String {
         n.interface,
         join(&n.addresses)
     );
+    if let Some(p) = &n.address_problem {
+        let _ = writeln!(
+            o,
+            "  address problem for {}: {}",
+            duration(p.seconds),
+            p.problem
+        );
+    }
     let _ = writeln!(
         o,
         "keelson-agent {} ({}), up {}, {} resident, {} of {} fds, cpu {:.1} s",

@@ -15,6 +15,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::context::AgentContext;
+use crate::node::NodeIdentity;
 
 /// What a service's run returns: a future that ends when the service stops or fails.
 pub type ServiceFuture = Pin<Box<dyn Future<Output = anyhow::Result<()>> + Send + 'static>>;
@@ -22,6 +23,10 @@ pub type ServiceFuture = Pin<Box<dyn Future<Output = anyhow::Result<()>> + Send 
 /// A service's entry point (the `run(ctx, stop)` convention every module follows), with
 /// whatever else the run loop hands it captured.
 pub type ServiceFn = Arc<dyn Fn(AgentContext, CancellationToken) -> ServiceFuture + Send + Sync>;
+
+/// Whether a service bound to the node's link cares that the node's identity changed from
+/// the first to the second (and so is restarted on the new one).
+pub type Follows = fn(&NodeIdentity, &NodeIdentity) -> bool;
 
 /// Process ids the supervisor owns; PID 1's orphan reaper leaves them to tokio.
 static SUPERVISED: Mutex<BTreeSet<i32>> = Mutex::new(BTreeSet::new());
@@ -113,16 +118,64 @@ impl Supervisor {
         name: &'static str,
         run: impl Fn(AgentContext, CancellationToken) -> ServiceFuture + Send + Sync + 'static,
     ) {
+        self.spawn_service(name, None, run);
+    }
+
+    /// [`Supervisor::service`] for a service bound to the node's link or address: when the
+    /// address watcher publishes a new identity (`bus.node`) and `follows(old, new)` says
+    /// the service cares, it is stopped (cleanly, as at shutdown) and started again at once
+    /// with the new identity — no backoff, not counted as a restart.
+    pub fn service_following(
+        &mut self,
+        name: &'static str,
+        follows: Follows,
+        run: impl Fn(AgentContext, CancellationToken) -> ServiceFuture + Send + Sync + 'static,
+    ) {
+        self.spawn_service(name, Some(follows), run);
+    }
+
+    fn spawn_service(
+        &mut self,
+        name: &'static str,
+        follows: Option<Follows>,
+        run: impl Fn(AgentContext, CancellationToken) -> ServiceFuture + Send + Sync + 'static,
+    ) {
         let ctx = self.ctx.clone();
         let stop = self.stop.clone();
         let mut backoff = self.backoff.clone();
         self.tasks.spawn(async move {
             let mut restarts = 0u64;
+            let mut node_changes = ctx.bus.node.subscribe();
             loop {
                 let started = Instant::now();
                 let token = stop.child_token();
+                let node = ctx.current_node();
+                node_changes.borrow_and_update();
                 // Spawned, so a panic is a JoinError here instead of unwinding the supervisor.
-                let outcome = tokio::spawn(run(ctx.clone(), token)).await;
+                let mut task = tokio::spawn(run(ctx.with_node(node.clone()), token.clone()));
+                let outcome = loop {
+                    tokio::select! {
+                        outcome = &mut task => break Some(outcome),
+                        changed = node_changes.changed(), if follows.is_some() => {
+                            let now = ctx.current_node();
+                            if changed.is_ok() && follows.is_some_and(|f| f(&node, &now)) {
+                                tracing::info!(
+                                    "service {name}: the node's address is now on {} {:?}; restarting it there",
+                                    now.interface, now.addresses
+                                );
+                                token.cancel();
+                                let _ = task.await;
+                                break None;
+                            }
+                        }
+                    }
+                };
+                let Some(outcome) = outcome else {
+                    if stop.is_cancelled() {
+                        return;
+                    }
+                    continue;
+                };
                 let reason = match outcome {
                     Ok(Ok(())) if stop.is_cancelled() => {
                         tracing::info!("service {name} stopped");

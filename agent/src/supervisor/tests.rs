@@ -163,3 +163,66 @@ async fn processes_restart_by_policy_and_are_killed_on_stop() {
     );
     assert!(!is_supervised(pid));
 }
+
+/// A service bound to the node's link is stopped cleanly and started again at once on the
+/// identity the address watcher published, when its predicate cares; not counted as a
+/// restart. One that does not care keeps running.
+#[tokio::test]
+async fn a_service_following_the_node_restarts_on_its_new_link() {
+    let ctx = context();
+    let stop = CancellationToken::new();
+    let (seen_tx, mut seen) = tokio::sync::mpsc::unbounded_channel::<(String, bool)>();
+    let mut sup = Supervisor::new(ctx.clone(), stop.clone()).with_backoff(fast());
+    let tx = seen_tx.clone();
+    sup.service_following(
+        "bound",
+        |old, new| old.interface != new.interface,
+        move |c, s| {
+            let tx = tx.clone();
+            boxed(async move {
+                let _ = tx.send((c.node.interface.clone(), false));
+                s.cancelled().await;
+                let _ = tx.send((c.node.interface.clone(), true));
+                Ok(())
+            })
+        },
+    );
+    let tx = seen_tx.clone();
+    sup.service_following(
+        "indifferent",
+        |_, _| false,
+        move |c, s| {
+            let tx = tx.clone();
+            boxed(async move {
+                let _ = tx.send((format!("indifferent {}", c.node.interface), false));
+                s.cancelled().await;
+                Ok(())
+            })
+        },
+    );
+    let mut next = async || {
+        tokio::time::timeout(Duration::from_secs(5), seen.recv())
+            .await
+            .unwrap()
+            .unwrap()
+    };
+    let mut first = vec![next().await, next().await];
+    first.sort();
+    assert_eq!(
+        first,
+        [("indifferent lo".to_string(), false), ("lo".into(), false)]
+    );
+    let moved = NodeIdentity {
+        interface: "br-ex".into(),
+        ..(*ctx.node).clone()
+    };
+    ctx.bus.node.send_replace(Some(std::sync::Arc::new(moved)));
+    // Stopped on the old link (cleanly: it saw its token), started on the new one.
+    assert_eq!(next().await, ("lo".into(), true));
+    assert_eq!(next().await, ("br-ex".into(), false));
+    assert!(ctx.bus.restarts.borrow().is_empty(), "not a restart");
+    assert_eq!(ctx.current_node().interface, "br-ex");
+    stop.cancel();
+    assert!(sup.wait(Duration::from_secs(5)).await);
+    assert_eq!(next().await, ("br-ex".into(), true));
+}

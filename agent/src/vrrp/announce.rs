@@ -5,6 +5,7 @@
 
 use std::io;
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddrV6};
+use std::os::fd::AsRawFd;
 
 use socket2::{Domain, Protocol, SockAddr, Socket, Type};
 
@@ -121,6 +122,7 @@ impl ArpSocket {
         if rc < 0 {
             return Err(io::Error::last_os_error());
         }
+        nix::sys::socket::setsockopt(&sock, nix::sys::socket::sockopt::ReceiveTimestampns, &true)?;
         Ok(Self {
             fd: super::socket::register(sock)?,
             ifindex,
@@ -149,23 +151,158 @@ impl ArpSocket {
         Ok(())
     }
 
-    /// The next ARP frame on the interface (Ethernet header included).
-    pub async fn recv(&self) -> io::Result<Vec<u8>> {
-        let mut buf = [std::mem::MaybeUninit::<u8>::uninit(); 128];
-        loop {
-            let mut guard = self.fd.readable().await?;
-            match guard.try_io(|s| s.get_ref().recv(&mut buf)) {
-                Ok(Ok(n)) => {
-                    // SAFETY: recv initialised the first `n` bytes of `buf`.
-                    let bytes = unsafe { std::slice::from_raw_parts(buf.as_ptr().cast::<u8>(), n) };
-                    return Ok(bytes.to_vec());
-                }
-                Ok(Err(e)) => return Err(e),
-                Err(_would_block) => continue,
-            }
-        }
+    /// The next ARP frame on the interface (Ethernet header included), with how long
+    /// before it was read the kernel received it.
+    pub async fn recv(&self) -> io::Result<(Vec<u8>, std::time::Duration)> {
+        super::socket::recv_stamped_async(&self.fd, 128).await
+    }
+
+    /// A frame already queued, without waiting (`Ok(None)` when none is).
+    pub fn try_recv(&self) -> io::Result<Option<(Vec<u8>, std::time::Duration)>> {
+        super::socket::try_recv_stamped(&self.fd, 128)
     }
 }
+
+/// A neighbour solicitation for `target` from `mac` (source link-layer address option),
+/// checksum left to the kernel: the IPv6 counterpart of an ARP probe of the VIP.
+pub fn ns_message(mac: [u8; 6], target: Ipv6Addr) -> [u8; 32] {
+    let mut m = [0u8; 32];
+    m[0] = 135; // Neighbor Solicitation
+    m[8..24].copy_from_slice(&target.octets());
+    m[24] = 1; // Source Link-Layer Address option
+    m[25] = 1; // length in units of 8 bytes
+    m[26..32].copy_from_slice(&mac);
+    m
+}
+
+/// The solicited-node multicast address of `a` (RFC 4291 §2.7.1), where a neighbour
+/// solicitation for it goes.
+pub fn solicited_node(a: Ipv6Addr) -> Ipv6Addr {
+    let o = a.octets();
+    Ipv6Addr::new(
+        0xff02,
+        0,
+        0,
+        0,
+        0,
+        1,
+        0xff00 | u16::from(o[13]),
+        u16::from_be_bytes([o[14], o[15]]),
+    )
+}
+
+/// What a neighbour advertisement says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NeighbourAdvert {
+    /// The address it answers for.
+    pub target: Ipv6Addr,
+    /// The target link-layer address option, if present.
+    pub mac: Option<[u8; 6]>,
+}
+
+/// Parses an ICMPv6 message as a neighbour advertisement (RFC 4861 §4.4); `None` for
+/// anything else or anything malformed.
+pub fn parse_na(m: &[u8]) -> Option<NeighbourAdvert> {
+    if m.len() < 24 || m[0] != 136 || m[1] != 0 {
+        return None;
+    }
+    let mut t = [0u8; 16];
+    t.copy_from_slice(&m[8..24]);
+    let mut mac = None;
+    let mut opts = &m[24..];
+    while opts.len() >= 2 {
+        let len = usize::from(opts[1]) * 8;
+        if len == 0 || len > opts.len() {
+            return None;
+        }
+        if opts[0] == 2 && len >= 8 {
+            let mut a = [0u8; 6];
+            a.copy_from_slice(&opts[2..8]);
+            mac = Some(a);
+        }
+        opts = &opts[len..];
+    }
+    Some(NeighbourAdvert {
+        target: Ipv6Addr::from(t),
+        mac,
+    })
+}
+
+/// An ICMPv6 socket on one interface for the IPv6 VIP's second path: sends neighbour
+/// solicitations for the VIP and receives the neighbour advertisements that answer them
+/// (the kernel filters everything else out, `ICMP6_FILTER`).
+#[derive(Debug)]
+pub struct NdSocket {
+    fd: tokio::io::unix::AsyncFd<Socket>,
+    ifindex: u32,
+    mac: [u8; 6],
+}
+
+impl NdSocket {
+    /// Opens the socket on interface `iface` (index `ifindex`), soliciting from `src` (the
+    /// node's address on it; a link-local one is scoped to the interface).
+    pub fn open(iface: &str, ifindex: u32, src: Ipv6Addr, mac: [u8; 6]) -> io::Result<Self> {
+        let sock = Socket::new(Domain::IPV6, Type::RAW, Some(Protocol::ICMPV6))?;
+        sock.bind_device(Some(iface.as_bytes()))?;
+        sock.set_nonblocking(true)?;
+        sock.set_multicast_hops_v6(255)?;
+        sock.set_unicast_hops_v6(255)?;
+        sock.set_multicast_if_v6(ifindex)?;
+        sock.set_multicast_loop_v6(false)?;
+        // Block every ICMPv6 type but 136 (RFC 3542 §3.2: a set bit blocks).
+        let mut filter = [u32::MAX; 8];
+        filter[136 >> 5] &= !(1u32 << (136 & 31));
+        // SAFETY: `filter` is a live, initialised icmp6_filter (8 x u32) whose size we
+        // pass; the descriptor is open.
+        let rc = unsafe {
+            libc::setsockopt(
+                sock.as_raw_fd(),
+                libc::IPPROTO_ICMPV6,
+                ICMP6_FILTER,
+                filter.as_ptr().cast(),
+                std::mem::size_of_val(&filter) as libc::socklen_t,
+            )
+        };
+        if rc < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        nix::sys::socket::setsockopt(&sock, nix::sys::socket::sockopt::ReceiveTimestampns, &true)?;
+        let scope = if src.segments()[0] & 0xffc0 == 0xfe80 {
+            ifindex
+        } else {
+            0
+        };
+        sock.bind(&SockAddr::from(SocketAddrV6::new(src, 0, 0, scope)))?;
+        Ok(Self {
+            fd: super::socket::register(sock)?,
+            ifindex,
+            mac,
+        })
+    }
+
+    /// Sends a neighbour solicitation for `target` to its solicited-node group.
+    pub fn send_probe(&self, target: Ipv6Addr) -> io::Result<()> {
+        let dst = SocketAddrV6::new(solicited_node(target), 0, 0, self.ifindex);
+        self.fd
+            .get_ref()
+            .send_to(&ns_message(self.mac, target), &SockAddr::from(dst))?;
+        Ok(())
+    }
+
+    /// The next neighbour advertisement (the ICMPv6 message), with how long before it was
+    /// read the kernel received it.
+    pub async fn recv(&self) -> io::Result<(Vec<u8>, std::time::Duration)> {
+        super::socket::recv_stamped_async(&self.fd, 256).await
+    }
+
+    /// An advertisement already queued, without waiting (`Ok(None)` when none is).
+    pub fn try_recv(&self) -> io::Result<Option<(Vec<u8>, std::time::Duration)>> {
+        super::socket::try_recv_stamped(&self.fd, 256)
+    }
+}
+
+/// `ICMP6_FILTER` (linux/icmpv6.h), which the libc crate does not name.
+const ICMP6_FILTER: libc::c_int = 1;
 
 #[cfg(test)]
 mod tests {
@@ -181,6 +318,50 @@ mod tests {
         assert_eq!(&f[22..28], &mac);
         assert_eq!(&f[28..32], &[10, 0, 0, 5]);
         assert_eq!(&f[38..42], &[10, 0, 0, 5]);
+    }
+
+    #[test]
+    fn ns_layout_and_solicited_node_group() {
+        let vip: Ipv6Addr = "fd00::1:2:3:abcd".parse().unwrap();
+        let m = ns_message([2, 0, 0, 0, 0, 1], vip);
+        assert_eq!(m[0], 135);
+        assert_eq!(&m[8..24], &vip.octets());
+        assert_eq!(&m[24..26], &[1, 1], "source link-layer option");
+        assert_eq!(&m[26..32], &[2, 0, 0, 0, 0, 1]);
+        assert_eq!(
+            solicited_node(vip),
+            "ff02::1:ff03:abcd".parse::<Ipv6Addr>().unwrap()
+        );
+    }
+
+    #[test]
+    fn an_advertisement_parses_with_and_without_its_link_layer_option() {
+        let vip: Ipv6Addr = "fd00::5".parse().unwrap();
+        let mac = [2, 0, 0, 0, 0, 9];
+        let na = parse_na(&na_message(mac, vip)).unwrap();
+        assert_eq!(
+            na,
+            NeighbourAdvert {
+                target: vip,
+                mac: Some(mac)
+            }
+        );
+        let bare = parse_na(&na_message(mac, vip)[..24]).unwrap();
+        assert_eq!(bare.mac, None);
+        // A solicitation is not an advertisement; a zero-length option is malformed.
+        assert_eq!(parse_na(&ns_message(mac, vip)), None);
+        let mut bad = na_message(mac, vip);
+        bad[25] = 0;
+        assert_eq!(parse_na(&bad), None);
+        assert_eq!(parse_na(&bad[..23]), None);
+    }
+
+    proptest::proptest! {
+        #![proptest_config(keelson_testkit::proptest::config())]
+        #[test]
+        fn na_parser_never_panics(bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..80)) {
+            let _ = parse_na(&bytes);
+        }
     }
 
     #[test]

@@ -56,9 +56,17 @@ pub struct Params {
 }
 
 /// The most routers that wait behind others after a goodbye: the last of them waits two
-/// Master_Adver_Intervals more than the first, and with the address tie-break (under 0.16
-/// of an interval) that stays inside Master_Down_Interval, the bound of a failover.
+/// rank steps more than the first, and at advert intervals of [`RANK_STEP_MIN`] and more
+/// that, with the address tie-break (under 0.16 of a step), stays inside
+/// Master_Down_Interval, the bound of a failover.
 pub const MAX_GOODBYE_RANK: u32 = 2;
+
+/// The least one rank is worth, whatever the advert interval ([`Machine::rank_step`]): a
+/// backup ranked behind another must still be waiting when the other's first advert as
+/// master arrives, and that takes a loaded or virtualised host's scheduling delay as well
+/// as the network's (0.3 s between two claims in the QEMU cluster under TCG). At 1 s adverts
+/// a step is the interval, as before; at 100 ms adverts it is this.
+pub const RANK_STEP_MIN: Duration = Duration::from_millis(500);
 
 /// One virtual router's state machine.
 #[derive(Debug, Clone)]
@@ -84,6 +92,8 @@ pub struct Machine {
     /// a goodbye's wait does, and so does the extension a ranked backup takes once when
     /// Master_Down runs out.
     ranked: bool,
+    /// A router this backup follows whatever its priority ([`Machine::defer_to`]).
+    deferred: Option<IpAddr>,
 }
 
 fn cs(c: u64) -> Duration {
@@ -105,6 +115,7 @@ impl Machine {
             transitions: 0,
             rivals: BTreeMap::new(),
             ranked: false,
+            deferred: None,
         }
     }
 
@@ -126,6 +137,30 @@ impl Machine {
     /// How many times the state changed.
     pub fn transitions(&self) -> u64 {
         self.transitions
+    }
+
+    /// Master_Adver_Interval: ours while master, else the one the master we follow
+    /// advertises.
+    pub fn master_interval(&self) -> Duration {
+        cs(self.master_interval_cs.into())
+    }
+
+    /// One rank's wait: Master_Adver_Interval, and at least [`RANK_STEP_MIN`].
+    pub fn rank_step(&self) -> Duration {
+        self.master_interval().max(RANK_STEP_MIN)
+    }
+
+    /// A router whose adverts this backup follows (refreshing Master_Down) even when it
+    /// could preempt it, or `None`: a router that cannot hear this one (adverts lost one
+    /// way), to which it gave the VIP up ([`Machine::give_way`]). Preempting it would only
+    /// make two holders again: it never hears the preemption.
+    pub fn defer_to(&mut self, router: Option<IpAddr>) {
+        self.deferred = router;
+    }
+
+    /// The router this backup defers to ([`Machine::defer_to`]).
+    pub fn deferred(&self) -> Option<IpAddr> {
+        self.deferred
     }
 
     /// In Backup: the master we followed, if nothing has come from it for three of its
@@ -193,21 +228,28 @@ impl Machine {
     /// Master_Down_Interval whatever the rank. A leaving keelson master keeps the VIP
     /// until its successor's first advert, so the wait costs clients nothing.
     pub fn goodbye_wait(&self, leaving: IpAddr) -> Duration {
-        let interval_us = u64::from(self.master_interval_cs) * 10_000;
-        self.skew()
-            + Duration::from_micros(u64::from(self.goodbye_rank(leaving)) * interval_us)
-            + self.tiebreak()
+        self.skew() + self.rank_step() * self.goodbye_rank(leaving) + self.tiebreak()
     }
 
-    /// The address tie-break: 0-15.5 % of an advert interval by the low bits of our
-    /// address, higher addresses first.
+    /// The longest any backup waits after this router's goodbye (a leaving master keeps
+    /// the VIP that long at most for a successor to advertise): the longest Skew_Time
+    /// (priority 1), [`MAX_GOODBYE_RANK`] rank steps and the longest tie-break, and never
+    /// less than Master_Down_Interval.
+    pub fn successor_bound(&self) -> Duration {
+        let step = self.rank_step();
+        let longest =
+            self.master_interval() * 255 / 256 + step * MAX_GOODBYE_RANK + step * 31 / 200;
+        longest.max(self.master_down_interval())
+    }
+
+    /// The address tie-break: 0-15.5 % of a rank step by the low bits of our address,
+    /// higher addresses first.
     fn tiebreak(&self) -> Duration {
         let low = match self.params.primary {
             IpAddr::V4(a) => a.octets()[3],
             IpAddr::V6(a) => a.octets()[15],
         };
-        let interval_us = u64::from(self.master_interval_cs) * 10_000;
-        Duration::from_micros(u64::from(31 - low % 32) * interval_us / 200)
+        self.rank_step() * u32::from(31 - low % 32) / 200
     }
 
     /// In Backup, when Master_Down has just run out: how much longer this backup waits
@@ -232,10 +274,7 @@ impl Machine {
         }
         let (master, _) = self.master?;
         let rank = self.goodbye_rank(master);
-        (rank > 0).then(|| {
-            Duration::from_micros(u64::from(rank) * u64::from(self.master_interval_cs) * 10_000)
-                + self.tiebreak()
-        })
+        (rank > 0).then(|| self.rank_step() * rank + self.tiebreak())
     }
 
     /// Master_Down_Interval = 3 * Master_Adver_Interval + Skew_Time.
@@ -345,7 +384,10 @@ impl Machine {
                     // wait and the address tie-break.
                     self.master_down_at = Some(now + self.goodbye_wait(src));
                     self.ranked = true;
-                } else if !self.params.preempt || advert.priority >= self.priority {
+                } else if !self.params.preempt
+                    || advert.priority >= self.priority
+                    || self.deferred == Some(src)
+                {
                     self.master_interval_cs = advert.interval_cs;
                     self.master_down_at = Some(now + self.master_down_interval());
                     self.ranked = false;
@@ -408,10 +450,32 @@ impl Machine {
     /// A backup starts its Master_Down wait afresh at `now` (a peer just became known in
     /// unicast mode: its adverts get a whole interval to arrive before we claim).
     pub fn restart_master_down(&mut self, now: Duration) {
+        self.hold_until(now + self.master_down_interval());
+    }
+
+    /// A backup does not claim before `at` (the master is silent but its death is not
+    /// confirmed: the VIP's holder answered); then it decides again.
+    pub fn hold_until(&mut self, at: Duration) {
         if self.state == State::Backup {
-            self.master_down_at = Some(now + self.master_down_interval());
+            self.master_down_at = Some(at);
             self.ranked = false;
         }
+    }
+
+    /// A master that another router, `src`, keeps contesting as if it never heard us (its
+    /// adverts as master go on after ours answered them): it cannot hear us, and as long as
+    /// it cannot, it never yields. This router gives the VIP up to it at once (the other
+    /// one has announced it, and goes on announcing it; nothing would tell hosts to come
+    /// back here) and follows it as a backup.
+    pub fn give_way(&mut self, now: Duration, src: IpAddr, advert: &Advert) -> Vec<Action> {
+        if self.state != State::Master || src == self.params.primary {
+            return Vec::new();
+        }
+        self.master_interval_cs = advert.interval_cs;
+        self.master = Some((src, advert.priority));
+        self.master_heard = Some(now);
+        self.become_backup(now);
+        vec![Action::RemoveVip]
     }
 
     /// Changes the effective priority (health weights moved). The owner priority 255 is

@@ -9,18 +9,30 @@
 //! - [`portsec`]: cloud port security that drops the VIP or VRRP itself (pure), with
 //!   [`reach`], the connects the holder's check makes.
 //! - [`handback`]: connections across a clean hand-over (nftables rules, pure script).
-//! - [`instance`]: one virtual router wiring them together, with health weights.
+//! - [`confirm`]: no claim on a silent master before a second path (ARP / neighbour
+//!   solicitation for the VIP) confirms its death (pure).
+//! - [`spec`]: an instance resolved from the config, and the checks a packet passes (pure).
+//! - [`router`]: one virtual router's decisions around the state machine: peers, timers,
+//!   the confirmation, the ARP yield, the port check (pure).
+//! - [`instance`]: the I/O runner of one virtual router: sockets, VIP, health weights.
+//! - [`status`]: what the instances report.
+//! - [`participation`]: an instance with required checks runs only while they pass.
 
 pub mod announce;
 pub mod codec;
+pub mod confirm;
 pub mod conflict;
 pub mod fsm;
 pub mod gate;
 pub mod handback;
 pub mod instance;
+pub mod participation;
 pub mod portsec;
 pub mod reach;
+pub mod router;
 pub mod socket;
+pub mod spec;
+pub mod status;
 pub mod vip;
 
 use std::path::PathBuf;
@@ -34,7 +46,7 @@ use crate::context::AgentContext;
 /// The instances this node takes part in, resolved against its identity: those whose
 /// priorities name this node's role and whose VIP family the node has an address in, and
 /// that are not announced by BGP (`cluster.json` `bgp.vips`).
-pub async fn specs(ctx: &AgentContext) -> anyhow::Result<Vec<instance::Spec>> {
+pub async fn specs(ctx: &AgentContext) -> anyhow::Result<Vec<spec::Spec>> {
     let node = &ctx.node;
     let mut out = Vec::new();
     for cfg in &ctx.cluster.vrrp.instances {
@@ -66,7 +78,7 @@ pub async fn specs(ctx: &AgentContext) -> anyhow::Result<Vec<instance::Spec>> {
         } else {
             addr
         };
-        out.push(instance::Spec {
+        out.push(spec::Spec {
             config: cfg.clone(),
             base,
             iface: node.interface.clone(),
@@ -91,14 +103,14 @@ async fn wait_link_local(iface: &str) -> anyhow::Result<std::net::Ipv6Addr> {
 /// Runs every VRRP instance of this node until `stop` is cancelled; then each master sends
 /// priority 0 and every VIP is removed.
 pub async fn run(ctx: AgentContext, stop: CancellationToken) -> anyhow::Result<()> {
-    run_with(ctx, stop, instance::StatusMap::default()).await
+    run_with(ctx, stop, status::StatusMap::default()).await
 }
 
 /// [`run`] keeping the instances' status in `status`.
 pub async fn run_with(
     ctx: AgentContext,
     stop: CancellationToken,
-    status: instance::StatusMap,
+    status: status::StatusMap,
 ) -> anyhow::Result<()> {
     let specs = specs(&ctx).await?;
     let _view = {
@@ -113,9 +125,12 @@ pub async fn run_with(
         let name = spec.config.name.clone();
         let (ctx, status, stop) = (ctx.clone(), status.clone(), stop.clone());
         tasks.spawn(async move {
-            instance::run(spec, ctx, status, stop)
-                .await
-                .with_context(|| format!("vrrp instance {name}"))
+            if spec.config.required_checks.is_empty() {
+                instance::run(spec, ctx, status, stop).await
+            } else {
+                participation::run(spec, ctx, status, stop).await
+            }
+            .with_context(|| format!("vrrp instance {name}"))
         });
     }
     ctx.bus.mark_ready("vrrp");
@@ -163,7 +178,7 @@ pub async fn cli(args: VrrpArgs) -> anyhow::Result<()> {
     let node = crate::node::NodeIdentity::load(&args.node)?;
     let ctx = AgentContext::new(cluster, node);
     let stop = CancellationToken::new();
-    let status = instance::StatusMap::default();
+    let status = status::StatusMap::default();
     let mut changes = status.subscribe();
     let printer = {
         let status = status.clone();

@@ -179,23 +179,8 @@ fn is_link_local(a: Ipv6Addr) -> bool {
 
 /// IPv4 raw sockets hand us the IP header: TTL, addresses and total length come from it.
 fn recv_v4(fd: std::os::fd::RawFd) -> io::Result<Option<Received>> {
-    let mut buf = [0u8; 2048];
-    let mut cmsg = nix::cmsg_space!(nix::sys::time::TimeSpec);
-    let mut iov = [io::IoSliceMut::new(&mut buf)];
-    let msg = nix::sys::socket::recvmsg::<SockaddrStorage>(
-        fd,
-        &mut iov,
-        Some(&mut cmsg),
-        MsgFlags::empty(),
-    )?;
-    let n = msg.bytes;
-    let mut age = Duration::ZERO;
-    for c in msg.cmsgs()? {
-        if let ControlMessageOwned::ScmTimestampns(ts) = c {
-            age = age_of(ts);
-        }
-    }
-    let b = &buf[..n];
+    let (b, age) = recv_stamped(fd, 2048)?;
+    let n = b.len();
     if n < 20 || b[0] >> 4 != 4 {
         return Ok(None);
     }
@@ -247,6 +232,56 @@ fn recv_v6(fd: std::os::fd::RawFd) -> io::Result<Option<Received>> {
         payload: buf[..n].to_vec(),
         age,
     }))
+}
+
+/// The next datagram or frame of a registered socket with `SO_TIMESTAMPNS` on
+/// ([`recv_stamped`]), waiting for one.
+pub(crate) async fn recv_stamped_async(
+    fd: &AsyncFd<Socket>,
+    max: usize,
+) -> io::Result<(Vec<u8>, Duration)> {
+    loop {
+        let mut guard = fd.readable().await?;
+        match guard.try_io(|s| recv_stamped(s.get_ref().as_raw_fd(), max)) {
+            Ok(r) => return r,
+            Err(_would_block) => continue,
+        }
+    }
+}
+
+/// One already queued ([`recv_stamped`]), without waiting: `Ok(None)` when none is.
+pub(crate) fn try_recv_stamped(
+    fd: &AsyncFd<Socket>,
+    max: usize,
+) -> io::Result<Option<(Vec<u8>, Duration)>> {
+    match recv_stamped(fd.get_ref().as_raw_fd(), max) {
+        Ok(f) => Ok(Some(f)),
+        Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// One datagram or frame from a socket with `SO_TIMESTAMPNS` on, at most `max` bytes, and
+/// how long before now the kernel received it (zero without a timestamp).
+pub(crate) fn recv_stamped(fd: std::os::fd::RawFd, max: usize) -> io::Result<(Vec<u8>, Duration)> {
+    let mut buf = vec![0u8; max];
+    let mut cmsg = nix::cmsg_space!(nix::sys::time::TimeSpec);
+    let mut iov = [io::IoSliceMut::new(&mut buf)];
+    let msg = nix::sys::socket::recvmsg::<SockaddrStorage>(
+        fd,
+        &mut iov,
+        Some(&mut cmsg),
+        MsgFlags::empty(),
+    )?;
+    let n = msg.bytes;
+    let mut age = Duration::ZERO;
+    for c in msg.cmsgs()? {
+        if let ControlMessageOwned::ScmTimestampns(ts) = c {
+            age = age_of(ts);
+        }
+    }
+    buf.truncate(n);
+    Ok((buf, age))
 }
 
 /// How long ago the kernel's receive timestamp `ts` (CLOCK_REALTIME) was, capped at

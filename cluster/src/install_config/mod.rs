@@ -14,8 +14,9 @@ use serde_norway::Value;
 
 use crate::cluster::{
     ApiSettings, BackendCheck, CLUSTER_JSON_VERSION, ClusterConfig, DnsSettings, HealthCheckConfig,
-    HealthCheckKind, IgnitionServerSettings, MembersSettings, MembersTransport, RolePriorities,
-    VrrpInstanceConfig, VrrpSettings, VrrpTransport, VrrpVersion, default_vrids,
+    HealthCheckKind, IgnitionServerSettings, LoadBalancerSettings, LoadBalancerType,
+    MembersSettings, MembersTransport, RolePriorities, VrrpInstanceConfig, VrrpSettings,
+    VrrpTransport, VrrpVersion, default_vrids,
 };
 
 /// An install-config error: the field path and what was expected.
@@ -69,6 +70,9 @@ pub struct InstallConfig {
     pub api_floating_ip: Option<IpAddr>,
     /// The platform's key (`openstack`, `baremetal`, `none`...).
     pub platform: String,
+    /// `platform.<name>.loadBalancer.type`: `UserManaged` means an external load balancer
+    /// owns the VIPs (docs/cluster-json.md, "`loadBalancer`").
+    pub load_balancer: LoadBalancerType,
     /// Fields present but not used by keelson, one line each.
     pub notes: Vec<String>,
 }
@@ -283,15 +287,49 @@ struct PlatformVips {
     api_floating_ip: Option<Checked<Ip>>,
     #[serde(default, rename = "lbFloatingIP")]
     lb_floating_ip: Option<Checked<Ip>>,
+    #[serde(default, rename = "loadBalancer")]
+    load_balancer: Option<LoadBalancerSection>,
 }
 
-/// The platform keys keelson reads.
+/// `platform.<name>.loadBalancer` (OpenShift 4.13+ on bare metal, OpenStack, vSphere...).
+#[derive(Deserialize)]
+struct LoadBalancerSection {
+    #[serde(default, rename = "type")]
+    kind: Option<Checked<LoadBalancerKind>>,
+}
+
+/// `loadBalancer.type`: `OpenShiftManagedDefault` or `UserManaged`.
+struct LoadBalancerKind(LoadBalancerType);
+impl Leaf for LoadBalancerKind {
+    fn expected() -> String {
+        "OpenShiftManagedDefault or UserManaged".into()
+    }
+    fn from_value(v: &Value) -> Option<Self> {
+        match v.as_str()? {
+            "OpenShiftManagedDefault" => Some(LoadBalancerKind(LoadBalancerType::Keelson)),
+            "UserManaged" => Some(LoadBalancerKind(LoadBalancerType::UserManaged)),
+            _ => None,
+        }
+    }
+}
+
 /// Weight of the API instance's `local-apiserver` check: a master whose own kube-apiserver
 /// is dead (refused, failing, or silent for 10 s) falls 20 below the masters whose
 /// apiservers answer, so one of them takes the VIP; below the bootstrap's lead over a master
 /// (70 − 40 = 30), so the bootstrap keeps the VIP while it serves Ignition.
 pub const LOCAL_APISERVER_WEIGHT: i32 = 20;
 
+/// The advert interval `keelson build` writes for every VRRP instance: 100 ms. Between
+/// keelson peers a backup then asks for a silent master's VIP by ARP 130 ms after its last
+/// advert and claims at Master_Down (353 ms) if nobody answered, so a client sees the API
+/// again 0.3-0.4 s after its holder died (docs/vrrp.md, "Fast failover without flapping");
+/// at 1 s adverts it took 3.5 s. What keeps it from moving a live VIP is the confirmation,
+/// not a slow timer. It costs 10 adverts a second from each master to each peer (a minimal
+/// 60-byte frame: 4.8 kbit/s a peer). A keepalived router in the same VRID sets its own interval
+/// (`advert_int`): set this to it (VRRPv2 drops adverts of another interval).
+pub const ADVERT_INTERVAL_MS: u32 = 100;
+
+/// The platform keys keelson reads.
 const USED_PLATFORM: &[&str] = &[
     "apiVIPs",
     "apiVIP",
@@ -299,6 +337,7 @@ const USED_PLATFORM: &[&str] = &[
     "ingressVIP",
     "apiFloatingIP",
     "lbFloatingIP",
+    "loadBalancer",
 ];
 
 /// `T` from `v` through serde; an error names the field path below `prefix`.
@@ -374,14 +413,21 @@ fn machine_networks(networking: Option<Networking>) -> Result<Vec<IpNet>, Instal
     Ok(out)
 }
 
-/// The platform's key, API VIPs, ingress VIPs and floating IP.
-type PlatformFields = (String, Vec<IpAddr>, Vec<IpAddr>, Option<IpAddr>);
+/// The platform's key, API VIPs, ingress VIPs, floating IP and who owns the VIPs.
+type PlatformFields = (
+    String,
+    Vec<IpAddr>,
+    Vec<IpAddr>,
+    Option<IpAddr>,
+    LoadBalancerType,
+);
 
 /// The key of the first platform with a mapping, its API and ingress VIPs checked against
 /// the machine networks, the floating IP; notes for the platform keys keelson does not read.
 fn platform(
     doc: &Value,
     machine_networks: &[IpNet],
+    given: &GivenVips,
     notes: &mut Vec<String>,
 ) -> Result<PlatformFields, InstallConfigError> {
     let platform = doc
@@ -402,24 +448,46 @@ fn platform(
         .ok_or_else(|| field_err("platform", "a mapping such as openstack: {...}", platform))?;
     let base = format!("platform.{pname}");
     let vips: PlatformVips = typed(p.clone(), &base)?;
-    let pick = |list: Option<List<Ip>>, one: Option<Checked<Ip>>, plural: &str| match (list, one) {
+    let pick = |list: Option<List<Ip>>,
+                one: Option<Checked<Ip>>,
+                given: &[IpAddr],
+                plural: &str| match (list, one) {
+        _ if !given.is_empty() => Ok(given.to_vec()),
         (Some(List(l)), _) => Ok(l.into_iter().map(|Ip(a)| a).collect::<Vec<_>>()),
         (None, Some(Checked(Ip(a)))) => Ok(vec![a]),
+        (None, None) if pname == "none" => Err(InstallConfigError::Field {
+            field: format!("{base}.{plural}"),
+            expected: "the VIPs on keelson's command line (--api-vip, --ingress-vip): \
+                       platform none has no VIP fields, and openshift-install refuses unknown ones"
+                .into(),
+            got: "nothing".into(),
+        }),
         (None, None) => Err(field_err(
             &format!("{base}.{plural}"),
             "a list with the VIP",
             &Value::Null,
         )),
     };
-    let api_vips = pick(vips.api_vips, vips.api_vip, "apiVIPs")?;
-    let ingress_vips = pick(vips.ingress_vips, vips.ingress_vip, "ingressVIPs")?;
+    let api_vips = pick(vips.api_vips, vips.api_vip, &given.api, "apiVIPs")?;
+    let ingress_vips = pick(
+        vips.ingress_vips,
+        vips.ingress_vip,
+        &given.ingress,
+        "ingressVIPs",
+    )?;
+    // Errors name where the VIPs came from: the command line's flag, or the platform's field.
+    let label = |field: &str| match field {
+        "apiVIPs" if !given.api.is_empty() => "--api-vip".to_owned(),
+        "ingressVIPs" if !given.ingress.is_empty() => "--ingress-vip".to_owned(),
+        _ => format!("{base}.{field}"),
+    };
     for (field, list) in [("apiVIPs", &api_vips), ("ingressVIPs", &ingress_vips)] {
         if list.is_empty()
             || list.len() > 2
             || (list.len() == 2 && list[0].is_ipv4() == list[1].is_ipv4())
         {
             return Err(InstallConfigError::Field {
-                field: format!("{base}.{field}"),
+                field: label(field),
                 expected: "one VIP, or one IPv4 and one IPv6".into(),
                 got: format!("{list:?}"),
             });
@@ -427,7 +495,7 @@ fn platform(
         for (i, vip) in list.iter().enumerate() {
             if !machine_networks.iter().any(|n| n.contains(vip)) {
                 return Err(InstallConfigError::Field {
-                    field: format!("{base}.{field}[{i}]"),
+                    field: format!("{}[{i}]", label(field)),
                     expected: format!(
                         "an address inside the machine network ({})",
                         machine_networks
@@ -443,7 +511,7 @@ fn platform(
     }
     if let Some(same) = api_vips.iter().find(|v| ingress_vips.contains(v)) {
         return Err(InstallConfigError::Field {
-            field: format!("{base}.ingressVIPs"),
+            field: label("ingressVIPs"),
             expected: "a VIP different from the API VIP".into(),
             got: same.to_string(),
         });
@@ -452,13 +520,34 @@ fn platform(
         .api_floating_ip
         .or(vips.lb_floating_ip)
         .map(|Checked(Ip(a))| a);
+    let load_balancer = vips
+        .load_balancer
+        .and_then(|l| l.kind)
+        .map(|Checked(LoadBalancerKind(k))| k)
+        .unwrap_or_default();
     notes.extend(unused_keys(p, USED_PLATFORM, &format!("{base}.")));
-    Ok((pname, api_vips, ingress_vips, floating))
+    Ok((pname, api_vips, ingress_vips, floating, load_balancer))
+}
+
+/// VIPs given on keelson's command line (`--api-vip`, `--ingress-vip`): they take the place
+/// of the platform's, and are how `platform: none` (OpenShift's UPI, whose install-config
+/// has no VIP fields) gets them.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct GivenVips {
+    /// API VIPs (one, or one per family).
+    pub api: Vec<IpAddr>,
+    /// Ingress VIPs.
+    pub ingress: Vec<IpAddr>,
 }
 
 impl InstallConfig {
     /// Parses install-config.yaml text.
     pub fn parse(text: &str) -> Result<Self, InstallConfigError> {
+        Self::parse_with(text, &GivenVips::default())
+    }
+
+    /// Parses install-config.yaml text with VIPs given on the command line.
+    pub fn parse_with(text: &str, given: &GivenVips) -> Result<Self, InstallConfigError> {
         let doc: Value =
             serde_norway::from_str(text).map_err(|e| InstallConfigError::Yaml(e.to_string()))?;
         if !doc.is_mapping() {
@@ -508,8 +597,8 @@ impl InstallConfig {
                 .sum(),
         };
         let machine_networks = machine_networks(d.networking)?;
-        let (platform, api_vips, ingress_vips, api_floating_ip) =
-            platform(&doc, &machine_networks, &mut notes)?;
+        let (platform, api_vips, ingress_vips, api_floating_ip, load_balancer) =
+            platform(&doc, &machine_networks, given, &mut notes)?;
         Ok(InstallConfig {
             name,
             base_domain,
@@ -521,6 +610,7 @@ impl InstallConfig {
             ssh_keys: d.ssh_key.map(|Checked(SshKeys(k))| k).unwrap_or_default(),
             api_floating_ip,
             platform,
+            load_balancer,
             notes,
         })
     }
@@ -536,7 +626,7 @@ impl InstallConfig {
 
     /// The agent's `cluster.json` with OpenShift's defaults (docs/vrrp.md): VRIDs from
     /// Fletcher-8 of `<name>-api`/`-ingress`, API priorities bootstrap 70 / masters 40 with
-    /// the proxy, Ignition and local-apiserver checks, ingress on the workers at 20, 1 s adverts, VRRPv3
+    /// the proxy, Ignition and local-apiserver checks, ingress on the workers at 20, 100 ms adverts ([`ADVERT_INTERVAL_MS`]), VRRPv3
     /// unicast with unicast members (OpenShift's default since 4.11; docs/decisions.md),
     /// garp refresh 60 s.
     // Over 100 lines on purpose: one struct literal, OpenShift's defaults field by field, read top to bottom against docs/cluster-json.md.
@@ -553,7 +643,7 @@ impl InstallConfig {
                 vip: *vip,
                 vrid: api_vrid,
                 version: VrrpVersion::V3,
-                advert_interval_ms: 1000,
+                advert_interval_ms: ADVERT_INTERVAL_MS,
                 transport: VrrpTransport::Unicast,
                 unicast_peers: vec![],
                 claim_grace_ms: None,
@@ -599,6 +689,7 @@ impl InstallConfig {
                         timeout_ms: Some(10_000),
                     },
                 ],
+                required_checks: vec![],
             });
         }
         for (i, vip) in self.ingress_vips.iter().enumerate() {
@@ -611,7 +702,7 @@ impl InstallConfig {
                 vip: *vip,
                 vrid: ingress_vrid,
                 version: VrrpVersion::V3,
-                advert_interval_ms: 1000,
+                advert_interval_ms: ADVERT_INTERVAL_MS,
                 transport: VrrpTransport::Unicast,
                 unicast_peers: vec![],
                 claim_grace_ms: None,
@@ -619,14 +710,18 @@ impl InstallConfig {
                 preempt: true,
                 garp_refresh_secs: 60,
                 handback_secs: self.handback_secs(),
+                // Every node that runs a router takes part, masters included (routers
+                // are scheduled there when the cluster has no workers, or by the
+                // operator's choice); a node whose router does not answer its readiness
+                // probe (the router's stats port, as OpenShift's keepalived asks) never
+                // holds the VIP (docs/vrrp.md, "Ingress follows the routers").
                 priorities: RolePriorities {
                     bootstrap: None,
-                    master: if self.workers == 0 { Some(20) } else { None },
+                    master: Some(20),
                     worker: Some(20),
                 },
-                // As OpenShift's keepalived: the node whose router answers its readiness
-                // probe (the router's stats port) gets the ingress VIP.
-                checks: vec![HealthCheckConfig {
+                checks: vec![],
+                required_checks: vec![HealthCheckConfig {
                     name: "ingress-router".into(),
                     check: HealthCheckKind::Http {
                         url: "http://127.0.0.1:1936/healthz/ready".into(),
@@ -635,10 +730,15 @@ impl InstallConfig {
                     interval_ms: 1000,
                     rise: 1,
                     fall: 3,
-                    weight: 50,
+                    weight: 0,
                     timeout_ms: None,
                 }],
             });
+        }
+        // An external load balancer owns the VIPs: no virtual routers (the operator may
+        // still add some with a patch).
+        if self.load_balancer == LoadBalancerType::UserManaged {
+            instances.clear();
         }
         ClusterConfig {
             version: CLUSTER_JSON_VERSION,
@@ -693,6 +793,10 @@ impl InstallConfig {
             ssh_authorized_keys: self.ssh_keys.clone(),
             bgp: None,
             services: vec![],
+            node_address: Default::default(),
+            load_balancer: LoadBalancerSettings {
+                kind: self.load_balancer,
+            },
         }
     }
 }

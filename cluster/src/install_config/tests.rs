@@ -196,3 +196,56 @@ fn hand_backs_are_on_where_a_node_may_forward_a_clients_frames() {
         assert_eq!(back.instance("api").unwrap().handback_secs, 30);
     }
 }
+
+#[test]
+fn user_managed_load_balancer_leaves_the_vips_to_it() {
+    let plain = InstallConfig::parse(EXAMPLE).unwrap();
+    assert_eq!(plain.load_balancer, LoadBalancerType::Keelson);
+    assert!(!plain.cluster_config().load_balancer.user_managed());
+    let managed = InstallConfig::parse(&with(
+        "    cloud: openstack",
+        "    cloud: openstack\n    loadBalancer:\n      type: UserManaged",
+    ))
+    .unwrap();
+    assert!(managed.notes.iter().all(|n| !n.contains("loadBalancer")));
+    let cluster = managed.cluster_config();
+    cluster.check().unwrap();
+    assert!(cluster.load_balancer.user_managed());
+    assert!(
+        cluster.vrrp.instances.is_empty(),
+        "no VRRP for VIPs it owns"
+    );
+    // DNS still names the VIPs.
+    assert_eq!(cluster.api_vips, plain.api_vips);
+    let json = String::from_utf8(cluster.to_json()).unwrap();
+    assert!(json.contains("\"type\": \"userManaged\""), "{json}");
+    // OpenShift's default spelled out is keelson's default.
+    let default = InstallConfig::parse(&with(
+        "    cloud: openstack",
+        "    cloud: openstack\n    loadBalancer:\n      type: OpenShiftManagedDefault",
+    ))
+    .unwrap();
+    assert_eq!(default.cluster_config(), plain.cluster_config());
+    assert_eq!(
+        err(&with(
+            "    cloud: openstack",
+            "    cloud: openstack\n    loadBalancer:\n      type: External"
+        )),
+        "platform.openstack.loadBalancer.type: expected OpenShiftManagedDefault or UserManaged, got \"External\""
+    );
+}
+
+#[test]
+fn ingress_is_every_router_node_and_only_those() {
+    let cluster = InstallConfig::parse(EXAMPLE).unwrap().cluster_config();
+    let ingress = cluster.instance("ingress").unwrap();
+    assert_eq!(ingress.priorities.master, Some(20), "masters take part too");
+    assert_eq!(ingress.priorities.worker, Some(20));
+    assert_eq!(ingress.priorities.bootstrap, None);
+    assert!(ingress.checks.is_empty());
+    assert_eq!(ingress.required_checks.len(), 1);
+    assert!(matches!(
+        &ingress.required_checks[0].check,
+        HealthCheckKind::Http { url, .. } if url == "http://127.0.0.1:1936/healthz/ready"
+    ));
+}

@@ -7,6 +7,10 @@
 //! struct order, no timestamps), which is what lets a node's Ignition server serve exactly
 //! what `keelson render` prints.
 
+pub mod convert;
+pub mod merge;
+pub mod openshift;
+pub mod operator;
 pub mod v22;
 
 use std::io::Write;
@@ -53,10 +57,18 @@ pub struct NodeAssets {
     pub agent_sha512: String,
     /// Where nodes fetch the agent; `None` for the appliance (the image already has it).
     pub agent_url: Option<String>,
+    /// The agent itself, written inline into the bootstrap's config when it has no
+    /// `agent_url` yet is not the appliance: the RHCOS bootstrap beside openshift-install,
+    /// whose config is hosted anyway (docs/own-ignition.md).
+    pub agent_inline: Option<std::sync::Arc<[u8]>>,
     /// Membership key files by name (`membership.key`, and during a rotation
     /// `membership.previous.key` / `membership.next.key`), written to every node's
     /// `/etc/keelson/tls/` (mode 0600).
     pub membership_keys: std::collections::BTreeMap<String, String>,
+    /// The operator's own configs by role (`keelson build --merge`), merged into that
+    /// role's full config; the master and worker ones also travel to the nodes that serve
+    /// them (docs/own-ignition.md).
+    pub operator: operator::OperatorConfigs,
 }
 
 /// Errors rendering a config.
@@ -84,6 +96,9 @@ pub enum RenderError {
         /// What to do.
         why: String,
     },
+    /// The operator's config for the role cannot be merged into keelson's.
+    #[error(transparent)]
+    Operator(#[from] operator::OperatorConfigError),
 }
 
 /// A file's contents.
@@ -209,6 +224,15 @@ pub fn full_model(cluster: &ClusterConfig, role: Role, assets: &NodeAssets) -> M
             assets.server_key_pem.as_bytes(),
         ));
     }
+    // The nodes that serve configs keep the operator's master and worker configs, which
+    // their Ignition server merges into what it renders (docs/own-ignition.md).
+    if role != Role::Worker {
+        for pool in [Role::Master, Role::Worker] {
+            if let Some(op) = assets.operator.get(&pool) {
+                files.push(inline(&operator::merge_path(pool), 0o600, &op.to_bytes()));
+            }
+        }
+    }
     let mut units = Vec::new();
     // Masters and workers fetch the agent from the Ignition server; the RHCOS bootstrap from
     // `--agent-url`; the appliance bootstrap (no URL) already runs it as PID 1.
@@ -216,14 +240,19 @@ pub fn full_model(cluster: &ClusterConfig, role: Role, assets: &NodeAssets) -> M
         Role::Bootstrap => assets.agent_url.clone(),
         _ => agent_asset_url(cluster).ok(),
     };
-    if let Some(url) = agent_url {
+    let agent_contents = match (agent_url, role, &assets.agent_inline) {
+        (Some(url), _, _) => Some(Contents::Remote {
+            url,
+            sha512: assets.agent_sha512.clone(),
+        }),
+        (None, Role::Bootstrap, Some(bytes)) => Some(Contents::Inline(bytes.to_vec())),
+        _ => None,
+    };
+    if let Some(contents) = agent_contents {
         files.push(FileSpec {
             path: unit::AGENT_PATH.into(),
             mode: 0o755,
-            contents: Contents::Remote {
-                url,
-                sha512: assets.agent_sha512.clone(),
-            },
+            contents,
         });
         units.push(UnitSpec {
             name: unit::AGENT_UNIT_NAME.into(),
@@ -235,8 +264,10 @@ pub fn full_model(cluster: &ClusterConfig, role: Role, assets: &NodeAssets) -> M
     // server they come from is the one the bootstrap itself is about to start.
     if role != Role::Bootstrap {
         for svc in cluster.services.iter().filter(|s| s.runs_on(role)) {
+            // Two services may run one executable (one asset, one path): fetched once.
             if let Some(asset) = &svc.asset
                 && let Ok(url) = asset_url(cluster, &asset.name)
+                && !files.iter().any(|f| f.path == svc.path)
             {
                 files.push(FileSpec {
                     path: svc.path.clone(),
@@ -302,14 +333,24 @@ pub fn pointer_model(
     })
 }
 
-/// Renders the full config of `role` in `spec`.
+/// Renders the full config of `role` in `spec`: keelson's own, with the operator's config
+/// for the role merged in when the build has one.
 pub fn render_full(
     cluster: &ClusterConfig,
     role: Role,
     spec: SpecVersion,
     assets: &NodeAssets,
 ) -> Result<Vec<u8>, RenderError> {
-    write(&full_model(cluster, role, assets), spec)
+    let own = write(&full_model(cluster, role, assets), spec)?;
+    match assets.operator.get(&role) {
+        None => Ok(own),
+        Some(op) => Ok(operator::merge_into(
+            &own,
+            &format!("keelson's {role} config"),
+            op,
+            spec,
+        )?),
+    }
 }
 
 /// Renders the pointer config of `role` in `spec`.

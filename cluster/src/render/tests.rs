@@ -15,11 +15,13 @@ fn assets(agent_url: Option<&str>) -> NodeAssets {
         server_key_pem: "-----BEGIN PRIVATE KEY-----\nMIIBkey\n-----END PRIVATE KEY-----\n".into(),
         agent_sha512: "ab".repeat(64),
         agent_url: agent_url.map(str::to_owned),
+        agent_inline: None,
         membership_keys: [(
             "membership.key".to_string(),
             "AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8=\n".to_string(),
         )]
         .into(),
+        operator: Default::default(),
     }
 }
 
@@ -215,6 +217,21 @@ fn service_assets_go_to_the_roles_that_run_them_but_not_the_bootstrap() {
         standin(Role::Bootstrap).is_none(),
         "the bootstrap cannot fetch from itself"
     );
+    // A second service running the same executable: fetched once (Ignition refuses a path
+    // twice).
+    let mut two = c.clone();
+    let mut router = two.services[0].clone();
+    router.name = "router".into();
+    two.services.push(router);
+    let bytes = render_full(&two, Role::Master, SpecVersion::V3_2, &assets(None)).unwrap();
+    let doc: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
+    let copies = doc["storage"]["files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|f| f["path"] == "/usr/local/bin/kube-standin")
+        .count();
+    assert_eq!(copies, 1);
 }
 
 /// After the pivot the masters serve the workers' assets too: a worker-only service's

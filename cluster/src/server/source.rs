@@ -77,8 +77,10 @@ impl RenderSource {
         Self { cluster, assets }
     }
 
-    /// Reads the TLS files from `tls_dir` (`ca.crt`, `server.crt`, `server.key`) and hashes
-    /// `agent` (the binary served as `/assets/keelson-agent`).
+    /// Reads the TLS files from `tls_dir` (`ca.crt`, `server.crt`, `server.key`), the
+    /// operator's master and worker configs from `merge/` beside it (`/etc/keelson/merge/`
+    /// on a node, `out/merge/` for `keelson serve`; docs/own-ignition.md) and hashes `agent`
+    /// (the binary served as `/assets/keelson-agent`).
     pub fn from_files(
         cluster: crate::ClusterConfig,
         tls_dir: &std::path::Path,
@@ -109,6 +111,25 @@ impl RenderSource {
             )
             .into());
         }
+        let mut operator = crate::render::operator::OperatorConfigs::new();
+        let merge_dir = tls_dir
+            .parent()
+            .unwrap_or(std::path::Path::new("/"))
+            .join("merge");
+        for pool in [Role::Master, Role::Worker] {
+            let path = merge_dir.join(format!("{}.ign", pool.as_str()));
+            match std::fs::read(&path) {
+                Ok(bytes) => {
+                    let shown = path.display().to_string();
+                    let config =
+                        crate::render::operator::OperatorConfig::from_node_file(&shown, &bytes)
+                            .map_err(|e| format!("{shown}: {e}"))?;
+                    operator.insert(pool, config);
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(format!("{}: {e}", path.display()).into()),
+            }
+        }
         use sha2::Digest;
         Ok(Self::new(
             cluster,
@@ -118,7 +139,9 @@ impl RenderSource {
                 server_key_pem: read(crate::tls_files::SERVER_KEY)?,
                 agent_sha512: hex::encode(sha2::Sha512::digest(&agent_bytes)),
                 agent_url: None,
+                agent_inline: None,
                 membership_keys,
+                operator,
             },
         ))
     }

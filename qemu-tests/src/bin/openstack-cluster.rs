@@ -258,7 +258,12 @@ fn run(subset: bool, work: &Path, summary: &Path) -> Result<()> {
         },
         work.display()
     );
-    let out = build(work, Config::Unicast, master_image)?;
+    let out = build(
+        work,
+        Config::Unicast,
+        master_image,
+        keelson_qemu_tests::cluster::Payload::Keelson,
+    )?;
     let rhcos_disk = match master_image {
         ImageKind::Standin => Some(keelson_qemu_tests::standin::disk(&standin()?)?),
         ImageKind::Appliance => None,

@@ -73,14 +73,24 @@ fn run(config: Config, segment: MulticastSegment) -> Result<()> {
     );
     // The procedures run in systemd nodes through their guest agent: the stand-in.
     let masters = ImageKind::Standin;
-    let out = build(&work, config, masters)?;
+    // Day 2 is keelson's own cluster: its steps fetch the agent from keelson's :22623.
+    let payload = keelson_qemu_tests::cluster::Payload::Keelson;
+    let out = build(&work, config, masters, payload)?;
     let image = out.join("keelson.qcow2");
     let plan: Vec<_> = cluster::plan(masters)
         .into_iter()
         .filter(|n| n.role != "worker")
         .collect();
-    let mut cluster =
-        Cluster::with_segment(&work, &out, &image, config, segment, plan, Some(standin()?))?;
+    let mut cluster = Cluster::with_segment(
+        &work,
+        &out,
+        &image,
+        config,
+        segment,
+        payload,
+        plan,
+        Some(standin()?),
+    )?;
     eprintln!("qemu-day2: segment: {}", cluster.segment_text());
     let mut report = Report::new("qemu-day2");
     let all = ["bootstrap", "master-0", "master-1", "master-2"];

@@ -289,6 +289,9 @@ pub struct BootSpec {
     /// `/boot/ignition.firstboot` exists; QEMU boots the stand-in's kernel directly, so the
     /// harness plays GRUB and adds it only for a fresh disk).
     pub first_boot: bool,
+    /// DNS servers for a static network (`nameserver=`, as the bare-metal installs of
+    /// OpenShift give them): the initramfs resolves what pointers name through them.
+    pub nameservers: Vec<Ipv4Addr>,
 }
 
 /// The kernel command line of one boot. Permanent arguments, as on RHCOS: the root, the
@@ -325,6 +328,11 @@ pub fn cmdline(boot: &BootSpec) -> String {
         }
         NodeNetwork::Dhcp => "ip=dhcp".into(),
     });
+    if matches!(boot.network, NodeNetwork::Static { .. }) {
+        for ns in &boot.nameservers {
+            args.push(format!("nameserver={ns}"));
+        }
+    }
     if boot.first_boot {
         args.push("ignition.firstboot".into());
     }
@@ -345,6 +353,7 @@ mod tests {
             hostname: "master-0".into(),
             network,
             first_boot,
+            nameservers: vec![Ipv4Addr::new(10, 0, 0, 5)],
         }
     }
 
