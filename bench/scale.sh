@@ -32,9 +32,14 @@
 # Usage (root): bench/scale.sh [MEMBERS] (default 1000)
 # Env: BURST (100), BURST_GAP seconds between bursts (3), REST_SECS (30), LEAVE (100),
 #      FLOOD (300), STORM (100), ROUNDS (3), CONVERGE_TIMEOUT seconds (300),
-#      KEELSON_AGENT (default the static release agent of `make agent`),
+#      KEELSON_AGENT (default the static release agent of `make agent`; the agent of
+#        `make agent AGENT_PROFILE=ci-release`, target/x86_64-unknown-linux-gnu/ci-release/
+#        keelson-agent, measures the same code without LTO),
 #      KEELSON (default target/release/keelson, else target/debug/keelson),
-#      MEMBER_LOAD (default: built here, `cargo build --profile ci-release --example member_load`).
+#      MEMBER_LOAD (default: built here beside the agent, same target and RUSTFLAGS as
+#        `make agent`, so it reuses that build's dependencies: ci-release --example member_load).
+# Needs: root, ip (iproute2), dig (bind9-dnsutils), dnsperf, nsd, nginx, curl, jq, bc,
+# python3 (the stand-in router: Debian packages of the same names).
 # The neighbour table is one for all namespaces of a host: the script raises the host's
 # net.ipv4.neigh.default.gc_thresh1/2/3 to OpenShift's node values (8192/32768/65536) while
 # it runs when they are lower, and puts them back.
@@ -70,13 +75,14 @@ HZ=$(getconf CLK_TCK)
 [[ $(id -u) == 0 ]] || { echo "needs root" >&2; exit 1; }
 [[ -x $AGENT ]] || { echo "build first: make agent ($AGENT)" >&2; exit 1; }
 [[ -x $KEELSON ]] || { echo "build first: cargo build -p keelson ($KEELSON)" >&2; exit 1; }
-for c in ip dig dnsperf nsd nginx curl jq bc; do
-    command -v $c >/dev/null || { echo "$c not installed (scripts/setup.sh)" >&2; exit 1; }
+for c in ip dig dnsperf nsd nginx curl jq bc python3 mkfifo shuf; do
+    command -v $c >/dev/null || { echo "$c not installed (scripts/setup.sh; Debian: apt-get install dnsperf nsd nginx bind9-dnsutils jq bc python3)" >&2; exit 1; }
 done
 ((MEMBERS <= 60000)) || { echo "at most 60000 members (addresses 10.86.1.0 on)" >&2; exit 1; }
 if [[ -z ${MEMBER_LOAD:-} ]]; then
-    (cd "$ROOT" && nice cargo build -q --profile ci-release -p keelson-agent --example member_load)
-    MEMBER_LOAD=$ROOT/target/ci-release/examples/member_load
+    (cd "$ROOT" && RUSTFLAGS="-C target-feature=+crt-static" nice cargo build -q --profile ci-release \
+        --target x86_64-unknown-linux-gnu -p keelson-agent --example member_load)
+    MEMBER_LOAD=$ROOT/target/x86_64-unknown-linux-gnu/ci-release/examples/member_load
 fi
 
 ns_m() { echo "$P-m$1"; }
@@ -177,6 +183,13 @@ start_agent() { # namespace name role address only
     echo $! >"$d/pid"
 }
 for m in 0 1 2; do start_agent "$(ns_m $m)" "master-$m" master "$(ip_m $m)" members,ignition,dns,vrrp,proxy; done
+# The ingress instance takes part only while the node's router answers its readiness
+# (requiredChecks, docs/vrrp.md "Ingress follows the routers"): a stand-in router on the
+# real worker, so that it runs the instance with every member eligible.
+mkdir -p "$WORK/router/healthz"
+: >"$WORK/router/healthz/ready"
+ip netns exec $WORKER python3 -m http.server --bind 127.0.0.1 --directory "$WORK/router" 1936 \
+    >/dev/null 2>"$WORK/router.log" &
 start_agent $WORKER worker-real worker 10.86.0.20 members,dns,vrrp
 MPIDS=()
 for m in 0 1 2; do MPIDS+=("$(cat "$WORK/run/$(ns_m $m)/pid")"); done
@@ -299,8 +312,9 @@ VIEW_MIN=$(tail -1 <<<"$REST_STATS" | grep -o 'view_min=[0-9]*' | cut -d= -f2)
 ADV_RX=$(awk '{for (i = 1; i <= NF; i++) if ($i ~ /^adverts=/) {split($i, a, "="); s += a[2]}} END {printf "%.0f", s / NR}' <<<"$REST_STATS")
 ADV_DSTS=$(tail -1 <<<"$REST_STATS" | grep -o 'advert_dsts=[0-9]*' | cut -d= -f2)
 ADV_S=$(echo "scale=0; ($ADV1 - $ADV0) / $REST_SECS" | bc)
-INGRESS_DSTS=$(metric_sum 10.86.0.20 '^keelson_vrrp_unicast_destinations\\{vrrp_instance="ingress"')
+INGRESS_DSTS=$(metric_sum 10.86.0.20 '^keelson_vrrp_advert_destinations\\{vrrp_instance="ingress"')
 INGRESS_STATE=$(metrics 10.86.0.20 | awk '/^keelson_vrrp_state\{vrrp_instance="ingress",state="master"\}/ {print ($2 == 1) ? "master" : "backup"}')
+INGRESS_STATE=${INGRESS_STATE:-"not taking part"}
 
 # --- DNS: every member's name, every master ---------------------------------------------
 DNS_MISSING=0
