@@ -299,9 +299,9 @@ for i in 0 1 2; do
     REST_RSS+=("$(echo "scale=1; $(rss_kib "${MPIDS[$i]}") / 1024" | bc)")
     REST_HWM+=("$(echo "scale=1; $(hwm_kib "${MPIDS[$i]}") / 1024" | bc)")
 done
-W_CPU=$(echo "scale=2; ($(ticks "$WPID") - W_TICKS) * 100 / $HZ / $REST_SECS" | bc)
+W_CPU=$(echo "scale=2; ($(ticks "$WPID") - $W_TICKS) * 100 / $HZ / $REST_SECS" | bc)
 W_RSS=$(echo "scale=1; $(rss_kib "$WPID") / 1024" | bc)
-L_CPU=$(echo "scale=1; ($(ticks "$LPID") - LOAD_TICKS) * 100 / $HZ / $REST_SECS" | bc)
+L_CPU=$(echo "scale=1; ($(ticks "$LPID") - $LOAD_TICKS) * 100 / $HZ / $REST_SECS" | bc)
 WIRE_KBS=$(echo "scale=1; ($RX1 - $RX0 + $TX1 - $TX0) / 1024 / $REST_SECS" | bc)
 WIRE_PPS=$(echo "scale=0; ($RXP1 - $RXP0 + $TXP1 - $TXP0) / $REST_SECS" | bc)
 REST_STATS=$(tail -n +"$((stats_from + 1))" "$WORK/load.out" | grep '^stats' | tail -n "$REST_SECS")
