@@ -433,6 +433,11 @@ const FAMILIES: &[Family] = &[
         "Times this master gave the VIP up to a router that could not hear its adverts.",
         |st| per_vrrp(st, |v| Some(count(v.deaf_yields))),
     ),
+    counter(
+        "keelson_vrrp_heard_forgotten",
+        "Routers heard that were forgotten early to keep at most 256 (the one heard longest ago first).",
+        |st| per_vrrp(st, |v| Some(count(v.heard_forgotten))),
+    ),
     counter("keelson_vrrp_drops", "Packets dropped, by reason.", |st| {
         st.vrrp
             .iter()
@@ -1084,6 +1089,7 @@ mod tests {
                 lone_claims: 0,
                 claims_held: 0,
                 deaf_yields: 0,
+                heard_forgotten: 0,
                 claim_gate: Default::default(),
                 destinations: vec!["10.0.0.11".parse().unwrap(), "10.0.0.12".parse().unwrap()],
                 drops: [("ttl".to_string(), 1)].into(),

@@ -215,6 +215,9 @@ pub struct VrrpInstance {
     /// Times this master gave the VIP up to a router that could not hear it.
     #[serde(default)]
     pub deaf_yields: u64,
+    /// Routers heard that were forgotten early to keep the list within its bound.
+    #[serde(default)]
+    pub heard_forgotten: u64,
     /// Unicast: whether this node may claim the VIP yet, and why (`notGated` for multicast).
     #[serde(default)]
     pub claim_gate: GateState,

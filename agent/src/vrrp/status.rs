@@ -41,6 +41,9 @@ pub struct Counters {
     /// Times this master gave the VIP up to a router that could not hear it (its adverts
     /// as master went on after ours).
     pub deaf_yields: u64,
+    /// Routers heard that were forgotten before their retention ran out, to keep at most
+    /// [`super::router::MAX_HEARD`] (the one heard longest ago first).
+    pub heard_forgotten: u64,
 }
 
 /// What an instance publishes for `status`.
@@ -110,6 +113,7 @@ impl InstanceStatus {
             lone_claims: c.lone_claims,
             claims_held: c.claims_held,
             deaf_yields: c.deaf_yields,
+            heard_forgotten: c.heard_forgotten,
             claim_gate: self.claim_gate,
             destinations: self.destinations.clone(),
             drops: c.drops.iter().map(|(k, v)| (k.to_string(), *v)).collect(),
