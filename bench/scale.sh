@@ -383,7 +383,7 @@ dropped_after() { # expected count, timeout s -> seconds until every master list
     while (($(now_ms) - t0 < $2 * 1000)); do
         ok=1
         for m in 0 1 2; do [[ $(members_at "$(ip_m $m)") == "$want" ]] || { ok=0; break; }; done
-        ((ok)) && { echo "scale=1; ($(now_ms) - t0) / 1000" | bc; return; }
+        ((ok)) && { echo "scale=1; ($(now_ms) - $t0) / 1000" | bc; return; }
         sleep 0.5
     done
     echo never
@@ -401,7 +401,7 @@ FLOOD_TICKS=(); for p in "${MPIDS[@]}"; do FLOOD_TICKS+=("$(ticks "$p")"); done
 tf=$(now_ms)
 cmd flood "$FLOOD"
 until grep -q '^ok flood' "$WORK/load.out"; do sleep 0.5; done
-FLOOD_SECS=$(echo "scale=2; ($(now_ms) - tf) / 1000" | bc)
+FLOOD_SECS=$(echo "scale=2; ($(now_ms) - $tf) / 1000" | bc)
 FLOOD_LINE=$(grep '^ok flood' "$WORK/load.out" | tail -1)
 R1=0; for m in 0 1 2; do R1=$((R1 + $(refused_sum "$(ip_m $m)"))); done
 FLOOD_CPU=()
@@ -459,7 +459,7 @@ storm() { # port -> seconds until every client has both files
         pids+=($!)
     done
     wait "${pids[@]}" || true
-    out=$(echo "scale=2; ($(now_ms) - t0) / 1000" | bc)
+    out=$(echo "scale=2; ($(now_ms) - $t0) / 1000" | bc)
     local good
     good=$(grep -c -e "^200 $CFG_BYTES\$" -e "^200 $BIN_BYTES\$" "$SD/out.$1" || true)
     ((good == 2 * STORM)) || echo "storm on :$1: $good of $((2 * STORM)) fetches complete" >&2
