@@ -394,6 +394,9 @@ pub fn source_matches(source: IpAddr, addresses: &[IpAddr]) -> bool {
     addresses.contains(&source.to_canonical())
 }
 
+/// One node's records accepted last: (sequence number, MAC, time), newest last.
+type Accepted = std::collections::VecDeque<(u64, String, u64)>;
+
 /// What a receiver keeps: the keys (none: records are not authenticated), the window, the
 /// last sequence number accepted per node, and the drop counters.
 #[derive(Debug)]
@@ -403,7 +406,7 @@ pub struct Verifier {
     /// Per node: the records accepted last (sequence number, MAC and time), newest last.
     /// Nodes whose newest record is older than the window are forgotten once more than
     /// [`TRACKED`] are kept: any record of theirs is stale by then.
-    last: Mutex<HashMap<String, std::collections::VecDeque<(u64, String, u64)>>>,
+    last: Mutex<HashMap<String, Accepted>>,
     /// When a stale record was last logged as a warning.
     stale_warned: Mutex<Option<SystemTime>>,
     /// When a record signed with a key this node does not hold was last logged.
