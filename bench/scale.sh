@@ -115,6 +115,8 @@ done
 ulimit -n 1048576 2>/dev/null || ulimit -n "$(ulimit -Hn)"
 
 # --- keelson build for this network -------------------------------------------------
+# A machine pool holds at most 1000 replicas (keelson build's install-config check), so the
+# workers come in pools of 1000.
 mkdir -p "$WORK/build"
 cat >"$WORK/build/install-config.yaml" <<EOF
 apiVersion: v1
@@ -125,8 +127,9 @@ controlPlane:
   name: master
   replicas: 3
 compute:
-- name: worker
-  replicas: $MEMBERS
+$(for ((left = MEMBERS, pool = 0; left > 0; left -= 1000, pool++)); do
+    printf -- '- name: worker%d\n  replicas: %d\n' "$pool" $((left < 1000 ? left : 1000))
+done)
 networking:
   networkType: OVNKubernetes
   clusterNetwork:
