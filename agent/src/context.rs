@@ -326,6 +326,7 @@ mod tests {
             refused: 0,
             registries: Default::default(),
             auth: None,
+            registry: None,
         });
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("s.sock");

@@ -37,6 +37,10 @@ pub const DEFAULT_WINDOW: Duration = Duration::from_secs(120);
 /// again (rather than as replays).
 pub const RECENT: usize = 4;
 
+/// Nodes whose last records a verifier keeps before it forgets those no longer within the
+/// window (a cluster's every node, with room to spare).
+pub const TRACKED: usize = super::table::MAX_MEMBERS;
+
 /// How often at most a node warns about records dropped as stale (a clock problem).
 const STALE_WARNING_EVERY: Duration = Duration::from_secs(60);
 
@@ -390,14 +394,19 @@ pub fn source_matches(source: IpAddr, addresses: &[IpAddr]) -> bool {
     addresses.contains(&source.to_canonical())
 }
 
+/// One node's records accepted last: (sequence number, MAC, time), newest last.
+type Accepted = std::collections::VecDeque<(u64, String, u64)>;
+
 /// What a receiver keeps: the keys (none: records are not authenticated), the window, the
 /// last sequence number accepted per node, and the drop counters.
 #[derive(Debug)]
 pub struct Verifier {
     keys: Option<std::sync::Arc<Keys>>,
     window: Duration,
-    /// Per node: the records accepted last (sequence number and MAC), newest last.
-    last: Mutex<HashMap<String, std::collections::VecDeque<(u64, String)>>>,
+    /// Per node: the records accepted last (sequence number, MAC and time), newest last.
+    /// Nodes whose newest record is older than the window are forgotten once more than
+    /// [`TRACKED`] are kept: any record of theirs is stale by then.
+    last: Mutex<HashMap<String, Accepted>>,
     /// When a stale record was last logged as a warning.
     stale_warned: Mutex<Option<SystemTime>>,
     /// When a record signed with a key this node does not hold was last logged.
@@ -479,12 +488,12 @@ impl Verifier {
         };
         if recent
             .iter()
-            .any(|(seq, mac)| *seq == proof.seq && *mac == proof.mac)
+            .any(|(seq, mac, _)| *seq == proof.seq && *mac == proof.mac)
         {
             return Ok(Fresh::Duplicate);
         }
         match recent.back() {
-            Some((newest, _)) if proof.seq <= *newest => Err(Reject::Replay),
+            Some((newest, _, _)) if proof.seq <= *newest => Err(Reject::Replay),
             _ => Ok(Fresh::New),
         }
     }
@@ -532,11 +541,19 @@ impl Verifier {
             return;
         };
         let mut last = self.last.lock().unwrap_or_else(|e| e.into_inner());
-        let recent = last.entry(name.to_ascii_lowercase()).or_default();
-        if recent.back().is_some_and(|(newest, _)| p.seq <= *newest) {
+        let key = name.to_ascii_lowercase();
+        if !last.contains_key(&key) && last.len() >= TRACKED {
+            // A record signed before now - window is refused as stale whatever its sequence
+            // number: what was kept about nodes last heard before that guards nothing.
+            let horizon = unix_ms(SystemTime::now())
+                .saturating_sub(self.window.as_millis().min(u128::from(u64::MAX)) as u64);
+            last.retain(|_, r| r.back().is_some_and(|(_, _, t)| *t >= horizon));
+        }
+        let recent = last.entry(key).or_default();
+        if recent.back().is_some_and(|(newest, _, _)| p.seq <= *newest) {
             return;
         }
-        recent.push_back((p.seq, p.mac.clone()));
+        recent.push_back((p.seq, p.mac.clone(), p.time_ms));
         while recent.len() > RECENT {
             recent.pop_front();
         }

@@ -13,6 +13,7 @@
 //! this node included, other clusters' members never.
 
 pub mod auth;
+pub mod limits;
 pub mod mdns;
 pub mod mdns_net;
 pub mod registry;
@@ -80,6 +81,7 @@ impl Counters {
                 .unwrap_or_else(|e| e.into_inner())
                 .clone(),
             auth: None,
+            registry: None,
         }
     }
 }
@@ -136,6 +138,10 @@ pub async fn run_with(
         ctx.bus.views.discovery.install(move || {
             let mut st = counters.status(transport);
             st.auth = registry.auth_status();
+            if transport == MembersTransport::Unicast {
+                st.received = registry.registrations();
+                st.registry = Some(registry.registry_status());
+            }
             st
         })
     };

@@ -9,6 +9,7 @@
 //! last heard anywhere, however often the others gossip about it.
 
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant, SystemTime};
 
@@ -19,6 +20,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
 use super::auth::{Fields, Fresh, Op, Proof, Reject, Verifier, source_matches};
+use super::limits::{MEMBERS_PER_ADDRESS, SourceLimiter};
 use super::table::{MAX_MEMBERS, Table};
 use crate::dns_label::DnsLabel;
 use crate::member::Member;
@@ -69,6 +71,59 @@ pub struct Entry {
     pub age_ms: u64,
 }
 
+/// Why a registry refused a registration before believing it (counted,
+/// `keelson_members_registry_refused_total`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Refusal {
+    /// A new member while the registry holds [`MAX_MEMBERS`] (503).
+    Full,
+    /// A new member from an address [`MEMBERS_PER_ADDRESS`] live members already list (409).
+    Address,
+    /// More registrations from one address than [`super::limits`] allows (429).
+    Rate,
+}
+
+impl Refusal {
+    /// Every reason, in counter order.
+    pub const ALL: [Refusal; 3] = [Refusal::Full, Refusal::Address, Refusal::Rate];
+
+    /// The counter label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Refusal::Full => "full",
+            Refusal::Address => "address",
+            Refusal::Rate => "rate",
+        }
+    }
+}
+
+/// What a registry counts (status `discovery.registry`, `/metrics`).
+#[derive(Debug, Default)]
+struct Counts {
+    registrations: AtomicU64,
+    refused: [AtomicU64; 3],
+    merge_skipped: AtomicU64,
+    answers: AtomicU64,
+    answer_bytes: AtomicU64,
+}
+
+/// The last answer built, served again while nothing changed for [`Registry::cache_for`].
+#[derive(Debug)]
+struct CachedAnswer {
+    /// The change counter ([`Registry::subscribe`]) it was built at.
+    generation: u64,
+    built: Instant,
+    body: Bytes,
+}
+
+/// The longest a registry serves the same answer: every registration is answered with the
+/// whole list (N entries for N members, N registrations per renewal interval), so building
+/// it once per window rather than per request takes the serialisation out of the renewal
+/// cost. Ages in a reused answer are stated this much older than they were when it was
+/// built: a record only ever looks older than it is, never younger (a relayed record that
+/// grew younger at each hop kept a dead node alive, docs/members.md "Wire format").
+const ANSWER_CACHE_FOR: Duration = Duration::from_millis(250);
+
 /// The registry of one node.
 #[derive(Debug)]
 pub struct Registry {
@@ -78,6 +133,13 @@ pub struct Registry {
     changed: watch::Sender<u64>,
     /// `None` until the members service loaded the keys (registrations wait: 503).
     verifier: RwLock<Option<Arc<Verifier>>>,
+    limiter: Mutex<SourceLimiter>,
+    counts: Counts,
+    cache: Mutex<Option<CachedAnswer>>,
+    /// How long one answer is served again (shorter for short expiries).
+    cache_for: Duration,
+    /// When a refusal was last logged as a warning.
+    refusal_warned: Mutex<Option<Instant>>,
 }
 
 impl Registry {
@@ -90,7 +152,20 @@ impl Registry {
             table: Mutex::new(Table::new(expiry)),
             changed: watch::Sender::new(0),
             verifier: RwLock::new(Some(Arc::new(Verifier::new(None)))),
+            // `keelson build`'s renewal interval until `with_renewal` says otherwise.
+            limiter: Mutex::new(SourceLimiter::new(Duration::from_secs(10))),
+            counts: Counts::default(),
+            cache: Mutex::new(None),
+            cache_for: ANSWER_CACHE_FOR.min(expiry / 20),
+            refusal_warned: Mutex::new(None),
         }
+    }
+
+    /// Limits each address's registrations for members that renew every `renew`
+    /// ([`super::limits`]).
+    pub fn with_renewal(self, renew: Duration) -> Self {
+        *self.limiter.lock().unwrap_or_else(|e| e.into_inner()) = SourceLimiter::new(renew);
+        self
     }
 
     /// The registry of `node` in `cluster`: entries expire after `members.expiryS`, the
@@ -99,7 +174,10 @@ impl Registry {
     /// it) and `ignition_server` (which serves it).
     pub fn for_node(cluster: &ClusterConfig, node: &NodeIdentity) -> Self {
         let expiry = Duration::from_secs(u64::from(cluster.members.expiry_secs.max(1)));
-        let registry = Self::new(&cluster.zone(), expiry).with_own(Member::of(node));
+        let renew = Duration::from_secs(u64::from(cluster.members.renew_interval_secs.max(1)));
+        let registry = Self::new(&cluster.zone(), expiry)
+            .with_own(Member::of(node))
+            .with_renewal(renew);
         if cluster.members.key_id.is_some() {
             registry.awaiting_keys()
         } else {
@@ -139,6 +217,56 @@ impl Registry {
             authenticated: v.enabled(),
             drops: v.drops.counts(),
         })
+    }
+
+    /// What this registry holds, took and refused (for `status`).
+    pub fn registry_status(&self) -> crate::status::model::RegistryStatus {
+        let g = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        crate::status::model::RegistryStatus {
+            entries: self.table().len() as u64,
+            limit: MAX_MEMBERS as u64,
+            registrations: g(&self.counts.registrations),
+            refused: Refusal::ALL
+                .iter()
+                .enumerate()
+                .map(|(i, r)| (r.as_str().to_string(), g(&self.counts.refused[i])))
+                .collect(),
+            merge_skipped: g(&self.counts.merge_skipped),
+            answers: g(&self.counts.answers),
+            answer_bytes: g(&self.counts.answer_bytes),
+            sources: self.limiter.lock().unwrap_or_else(|e| e.into_inner()).len() as u64,
+        }
+    }
+
+    /// Registrations received (every `POST`, refused or not).
+    pub fn registrations(&self) -> u64 {
+        self.counts.registrations.load(Ordering::Relaxed)
+    }
+
+    fn count_refusal(&self, r: Refusal, peer: SocketAddr, name: &str) {
+        let i = Refusal::ALL.iter().position(|x| *x == r).unwrap_or(0);
+        let n = self.counts.refused[i].fetch_add(1, Ordering::Relaxed) + 1;
+        tracing::debug!(%peer, member = name, reason = r.as_str(), "members: registration refused");
+        // Said, but at most once a minute: a flood must not flood the log.
+        let now = Instant::now();
+        let mut last = self
+            .refusal_warned
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        if last.is_none_or(|t| now.saturating_duration_since(t) >= Duration::from_secs(60)) {
+            *last = Some(now);
+            tracing::warn!(
+                "members: refused a registration of {name} from {} ({}; {n} so far for that \
+                 reason, counted in keelson_members_registry_refused_total; docs/members.md, \
+                 \"Bounds\")",
+                peer.ip(),
+                match r {
+                    Refusal::Full => "the registry is full",
+                    Refusal::Address => "too many members at that address",
+                    Refusal::Rate => "too many registrations from that address",
+                },
+            );
+        }
     }
 
     /// Lists `own` (the node serving this registry) in every answer, always fresh: a node
@@ -214,6 +342,7 @@ impl Registry {
                     continue;
                 }
                 if !t.has_room_for(&e.member.name) {
+                    self.counts.merge_skipped.fetch_add(1, Ordering::Relaxed);
                     continue;
                 }
                 taken += 1;
@@ -230,14 +359,74 @@ impl Registry {
         self.notify(changed);
     }
 
-    fn answer(&self) -> (StatusCode, Bytes) {
-        let now = Instant::now();
+    /// Housekeeping (every second): drops what expired and forgets the addresses that have
+    /// been quiet long enough ([`SourceLimiter::forget_quiet`]).
+    pub fn tidy(&self, now: Instant) {
         self.expire(now);
-        let body = serde_json::to_vec(&self.entries(now)).unwrap_or_default();
-        (StatusCode::OK, Bytes::from(body))
+        self.limiter
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .forget_quiet(now);
+    }
+
+    fn answer(&self) -> (StatusCode, Bytes) {
+        let body = self.answer_body(Instant::now());
+        self.counts.answers.fetch_add(1, Ordering::Relaxed);
+        self.counts
+            .answer_bytes
+            .fetch_add(body.len() as u64, Ordering::Relaxed);
+        (StatusCode::OK, body)
+    }
+
+    /// The list as served at `now`: the one built last while nothing changed since and it
+    /// is younger than [`ANSWER_CACHE_FOR`], else a new one.
+    fn answer_body(&self, now: Instant) -> Bytes {
+        let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
+        let generation = *self.changed.borrow();
+        if let Some(c) = cache.as_ref()
+            && c.generation == generation
+            && now.saturating_duration_since(c.built) < self.cache_for
+        {
+            return c.body.clone();
+        }
+        self.expire(now);
+        let generation = *self.changed.borrow();
+        let mut entries = self.entries(now);
+        // Served for up to `cache_for` more: stated as old as they will be by then. This
+        // node's own entry is live whenever it answers.
+        let older = self.cache_for.as_millis() as u64;
+        for e in entries.iter_mut() {
+            if Some(e.member.name.as_str()) != self.own_name() {
+                e.age_ms = e.age_ms.saturating_add(older);
+            }
+        }
+        let body = Bytes::from(serde_json::to_vec(&entries).unwrap_or_default());
+        *cache = Some(CachedAnswer {
+            generation,
+            built: now,
+            body: body.clone(),
+        });
+        body
     }
 
     fn register(&self, body: &[u8], peer: SocketAddr) -> (StatusCode, Bytes) {
+        self.counts.registrations.fetch_add(1, Ordering::Relaxed);
+        // Before anything else: a flood from one address costs it no parsing, no MAC.
+        if !self
+            .limiter
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .allow(peer.ip(), Instant::now())
+        {
+            self.count_refusal(Refusal::Rate, peer, "?");
+            return (
+                StatusCode::TOO_MANY_REQUESTS,
+                Bytes::from(format!(
+                    "registration: too many registrations from {}\n",
+                    peer.ip().to_canonical()
+                )),
+            );
+        }
         let bad = |msg: String| (StatusCode::BAD_REQUEST, Bytes::from(msg + "\n"));
         let reg: Registration = match serde_json::from_slice(body) {
             Ok(r) => r,
@@ -290,10 +479,26 @@ impl Registry {
         if fresh == Fresh::New {
             let mut table = self.table();
             if !table.has_room_for(&reg.member.name) {
+                drop(table);
+                self.count_refusal(Refusal::Full, peer, &reg.member.name);
                 return (
                     StatusCode::SERVICE_UNAVAILABLE,
                     Bytes::from(format!(
                         "registration: the registry is full ({MAX_MEMBERS} members)\n"
+                    )),
+                );
+            }
+            let source = peer.ip().to_canonical();
+            if !table.contains(&reg.member.name)
+                && table.count_listing(source, &reg.member.name) >= MEMBERS_PER_ADDRESS
+            {
+                drop(table);
+                self.count_refusal(Refusal::Address, peer, &reg.member.name);
+                return (
+                    StatusCode::CONFLICT,
+                    Bytes::from(format!(
+                        "registration: {MEMBERS_PER_ADDRESS} live members already list \
+                         address {source}\n"
                     )),
                 );
             }
@@ -794,6 +999,168 @@ mod tests {
         // ...but last heard at the first, so a replay cannot keep a dead node alive.
         let age = r.entries(Instant::now())[0].age_ms;
         assert!(age >= 300, "renewed by a duplicate: age {age} ms");
+    }
+
+    fn reg_at(name: &str, addr: &str) -> Bytes {
+        Bytes::from(
+            serde_json::to_vec(&Registration {
+                cluster: "c.example".into(),
+                member: member(name, addr),
+                auth: None,
+            })
+            .unwrap(),
+        )
+    }
+
+    fn refused(r: &Registry, reason: &str) -> u64 {
+        r.registry_status().refused[reason]
+    }
+
+    /// A flood of new names from one address: two are believed (a node and its
+    /// replacement), the rest refused and counted, then the address is held to its rate;
+    /// other addresses and the members already listed are untouched.
+    #[test]
+    fn a_member_flood_from_one_address_is_refused_and_counted() {
+        let r = Registry::new("c.example", Duration::from_secs(35))
+            .with_renewal(Duration::from_secs(10));
+        let from: SocketAddr = "10.0.0.66:40000".parse().unwrap();
+        let post = |name: &str, addr: &str, peer: SocketAddr| {
+            r.handle(&Method::POST, MEMBERS_PATH, peer, reg_at(name, addr))
+                .unwrap()
+                .0
+        };
+        assert_eq!(
+            post("good", "10.0.0.7", "10.0.0.7:1".parse().unwrap()),
+            StatusCode::OK
+        );
+        let codes: Vec<StatusCode> = (0..100)
+            .map(|i| post(&format!("fake-{i}"), "10.0.0.66", from))
+            .collect();
+        let ok = codes.iter().filter(|c| **c == StatusCode::OK).count();
+        assert_eq!(ok, MEMBERS_PER_ADDRESS, "{codes:?}");
+        let by_address = codes.iter().filter(|c| **c == StatusCode::CONFLICT).count() as u64;
+        let by_rate = codes
+            .iter()
+            .filter(|c| **c == StatusCode::TOO_MANY_REQUESTS)
+            .count() as u64;
+        assert_eq!(
+            by_address,
+            u64::from(super::super::limits::BURST) - MEMBERS_PER_ADDRESS as u64
+        );
+        assert_eq!(by_address + by_rate, 100 - MEMBERS_PER_ADDRESS as u64);
+        assert_eq!(refused(&r, "address"), by_address);
+        assert_eq!(refused(&r, "rate"), by_rate);
+        assert_eq!(refused(&r, "full"), 0);
+        // Those believed renew as any member does; the rate limit refused them at once too
+        // (it comes first), so a flooder cannot keep many names alive either.
+        let names: Vec<String> = r.list().into_iter().map(|m| m.name.to_string()).collect();
+        assert_eq!(names, ["fake-0", "fake-1", "good"]);
+        // Another address is not held back.
+        assert_eq!(
+            post("other", "10.0.0.8", "10.0.0.8:1".parse().unwrap()),
+            StatusCode::OK
+        );
+        let st = r.registry_status();
+        assert_eq!(st.registrations, 102);
+        assert_eq!(st.entries, 4);
+        assert_eq!(st.sources, 3);
+    }
+
+    /// Records beyond the bound: a full registry refuses a new member (503, counted),
+    /// still renews those it holds, and skips (and counts) new entries of another
+    /// registry's answer.
+    #[test]
+    fn records_beyond_the_bound_are_refused_and_counted() {
+        let r = Registry::new("c.example", Duration::from_secs(35));
+        let now = Instant::now();
+        let entries: Vec<Entry> = (0..MAX_MEMBERS + 10)
+            .map(|i| Entry {
+                member: member(
+                    &format!("n{i}"),
+                    &std::net::Ipv4Addr::from(0x0a01_0000 + i as u32).to_string(),
+                ),
+                age_ms: 0,
+            })
+            .collect();
+        assert_eq!(r.merge(entries, now), MAX_MEMBERS);
+        let st = r.registry_status();
+        assert_eq!((st.entries, st.merge_skipped), (MAX_MEMBERS as u64, 10));
+        let (st, body) = r
+            .handle(
+                &Method::POST,
+                MEMBERS_PATH,
+                "10.9.0.1:1".parse().unwrap(),
+                reg_at("late", "10.9.0.1"),
+            )
+            .unwrap();
+        assert_eq!(st, StatusCode::SERVICE_UNAVAILABLE);
+        assert!(String::from_utf8_lossy(&body).contains("full"));
+        assert_eq!(refused(&r, "full"), 1);
+        // One it holds renews.
+        let (st, _) = r
+            .handle(
+                &Method::POST,
+                MEMBERS_PATH,
+                "10.1.0.5:1".parse().unwrap(),
+                reg_at("n5", "10.1.0.5"),
+            )
+            .unwrap();
+        assert_eq!(st, StatusCode::OK);
+        assert_eq!(r.list().len(), MAX_MEMBERS);
+    }
+
+    /// A reused answer states every entry at least as old as it is when served, and a
+    /// change (a new member) is in the very next answer.
+    #[test]
+    fn a_reused_answer_never_makes_a_member_younger() {
+        let r =
+            Registry::new("c.example", Duration::from_secs(35)).with_own(member("m1", "10.0.0.11"));
+        let post = |name: &str, addr: &str| {
+            let (st, body) = r
+                .handle(
+                    &Method::POST,
+                    MEMBERS_PATH,
+                    format!("{addr}:1").parse().unwrap(),
+                    reg_at(name, addr),
+                )
+                .unwrap();
+            assert_eq!(st, StatusCode::OK);
+            let list: Vec<Entry> = serde_json::from_slice(&body).unwrap();
+            list
+        };
+        let first = post("a", "10.0.0.1");
+        let registered = Instant::now();
+        assert_eq!(first.len(), 2);
+        std::thread::sleep(Duration::from_millis(60));
+        let get = || -> Vec<Entry> {
+            let (_, body) = r
+                .handle(&Method::GET, MEMBERS_PATH, peer(), Bytes::new())
+                .unwrap();
+            serde_json::from_slice(&body).unwrap()
+        };
+        for _ in 0..3 {
+            let list = get();
+            let a = list.iter().find(|e| e.member.name == "a").unwrap();
+            let true_age = registered.elapsed().as_millis() as u64;
+            assert!(
+                a.age_ms >= true_age.saturating_sub(1),
+                "a stated {} ms old, is {true_age}",
+                a.age_ms
+            );
+            let own = list.iter().find(|e| e.member.name == "m1").unwrap();
+            assert_eq!(
+                own.age_ms, 0,
+                "the registry's own node is live when it answers"
+            );
+            std::thread::sleep(Duration::from_millis(40));
+        }
+        // A new member is not held back by a reused answer.
+        let second = post("b", "10.0.0.2");
+        assert_eq!(second.len(), 3);
+        assert_eq!(get().len(), 3);
+        let st = r.registry_status();
+        assert_eq!(st.answers, 6);
+        assert!(st.answer_bytes > 0);
     }
 
     proptest::proptest! {

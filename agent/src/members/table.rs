@@ -1,6 +1,7 @@
 //! Soft state: members that registered, each dropped when it stops renewing.
 
 use std::collections::HashMap;
+use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
 use crate::dns_label::DnsLabel;
@@ -31,6 +32,19 @@ impl Table {
     /// ([`MAX_MEMBERS`]).
     pub fn has_room_for(&self, name: &str) -> bool {
         self.entries.contains_key(name) || self.entries.len() < MAX_MEMBERS
+    }
+
+    /// Whether it holds `name`.
+    pub fn contains(&self, name: &str) -> bool {
+        self.entries.contains_key(name)
+    }
+
+    /// How many members other than `except` list `address` among theirs.
+    pub fn count_listing(&self, address: IpAddr, except: &str) -> usize {
+        self.entries
+            .iter()
+            .filter(|(name, (m, _))| name.as_str() != except && m.addresses.contains(&address))
+            .count()
     }
 
     /// How many members it holds.

@@ -29,6 +29,7 @@ use super::seeds::{self, Seeds};
 use super::table::MAX_MEMBERS;
 use super::{Counters, own_member, publish};
 use crate::context::AgentContext;
+use crate::member::Member;
 use crate::net::http_client::{HttpClient, HttpError, Request, Trust};
 
 /// Where the cluster CA is on a node.
@@ -193,7 +194,7 @@ impl RegistrationError {
 }
 
 /// One registration's registry, when it began, and what it brought back.
-type Exchange = (SocketAddr, Instant, Result<Vec<Entry>, RegistrationError>);
+pub type Exchange = (SocketAddr, Instant, Result<Vec<Entry>, RegistrationError>);
 
 /// This node's address of `target`'s family, if it has one.
 fn source_for(own: &[IpAddr], target: SocketAddr) -> Option<IpAddr> {
@@ -210,9 +211,12 @@ fn other_key(headers: &http::HeaderMap, ours: Option<&[String]>) -> Option<Strin
     (!ours.iter().any(|k| k == theirs)).then(|| theirs.chars().take(32).collect())
 }
 
-/// Registers with `addr`, from this node's address of its family; `keys`: the IDs this
-/// node holds (authenticated clusters). Returns when the exchange began, with its outcome.
-async fn register_one(
+/// Registers with `addr` (verifying its certificate for `name`), from this node's address
+/// of its family, sending `body` ([`registration_body`]); `keys`: the IDs this node holds
+/// (authenticated clusters). Returns when the exchange began, with its outcome. The one
+/// registration exchange: the agent's rounds and the scale bench's load generator
+/// (`agent/examples/member_load.rs`) both go through it.
+pub async fn register_one(
     tls: Arc<rustls::ClientConfig>,
     own: Arc<Vec<IpAddr>>,
     name: IpAddr,
@@ -296,27 +300,7 @@ pub async fn run(
         Err(e) => tracing::warn!("members: ignoring what was remembered: {e}"),
     }
     // Signed afresh for every round: a new time and sequence number each time.
-    let registration = |now: SystemTime| -> Vec<u8> {
-        let auth = signer.as_ref().map(|s| {
-            s.sign(
-                &Fields {
-                    op: Op::Register,
-                    cluster: &zone,
-                    name: &me.name,
-                    role: Some(me.role),
-                    addresses: &me.addresses,
-                    version: &me.version,
-                },
-                now,
-            )
-        });
-        serde_json::to_vec(&Registration {
-            cluster: zone.clone(),
-            member: me.clone(),
-            auth,
-        })
-        .unwrap_or_default()
-    };
+    let registration = |now: SystemTime| registration_body(&zone, &me, signer.as_ref(), now);
     let mut changes = registry.subscribe();
     let mut vips = ctx.bus.vips_held.subscribe();
     publish(&ctx, &me, registry.list());
@@ -418,7 +402,7 @@ pub async fn run(
                 next_round = Instant::now();
             }
             _ = housekeeping.tick() => {
-                registry.expire(Instant::now());
+                registry.tidy(Instant::now());
                 // The live masters are heard now (the list only changes when one comes
                 // or goes, so `changes` alone would leave their sighting times behind).
                 let now = SystemTime::now();
@@ -437,20 +421,7 @@ pub async fn run(
     let goodbyes = answered.into_iter().map(|addr| {
         let tls = tls.clone();
         let path = path.clone();
-        let auth = signer.as_ref().map(|s| {
-            s.sign(
-                &Fields {
-                    op: Op::Delete,
-                    cluster: &zone,
-                    name: &me.name,
-                    role: None,
-                    addresses: &[],
-                    version: "",
-                },
-                SystemTime::now(),
-            )
-        });
-        let body = serde_json::to_vec(&Goodbye { auth }).unwrap_or_default();
+        let body = goodbye_body(&zone, &me.name, signer.as_ref(), SystemTime::now());
         let source = source_for(&me.addresses, addr);
         async move {
             let _ = tokio::time::timeout(
@@ -462,6 +433,54 @@ pub async fn run(
     });
     futures::future::join_all(goodbyes).await;
     Ok(())
+}
+
+/// The body of a registration of `me` in cluster `zone`, signed at `now` when `signer` is
+/// given (authenticated clusters): a new time and sequence number each call.
+pub fn registration_body(
+    zone: &str,
+    me: &Member,
+    signer: Option<&Signer>,
+    now: SystemTime,
+) -> Vec<u8> {
+    let auth = signer.map(|s| {
+        s.sign(
+            &Fields {
+                op: Op::Register,
+                cluster: zone,
+                name: &me.name,
+                role: Some(me.role),
+                addresses: &me.addresses,
+                version: &me.version,
+            },
+            now,
+        )
+    });
+    serde_json::to_vec(&Registration {
+        cluster: zone.to_owned(),
+        member: me.clone(),
+        auth,
+    })
+    .unwrap_or_default()
+}
+
+/// The body of node `name`'s goodbye (`DELETE /keelson/v1/members/<name>`), signed at
+/// `now` as a deletion when `signer` is given.
+pub fn goodbye_body(zone: &str, name: &str, signer: Option<&Signer>, now: SystemTime) -> Vec<u8> {
+    let auth = signer.map(|s| {
+        s.sign(
+            &Fields {
+                op: Op::Delete,
+                cluster: zone,
+                name,
+                role: None,
+                addresses: &[],
+                version: "",
+            },
+            now,
+        )
+    });
+    serde_json::to_vec(&Goodbye { auth }).unwrap_or_default()
 }
 
 /// Says which masters left the peer set and `members.json`, and why.

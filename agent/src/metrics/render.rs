@@ -11,7 +11,7 @@
 use crate::status::histogram::HistogramSnapshot;
 use crate::status::model::{
     AgentStatus, BackendSnapshot, DnsStatus, FrontendStatus, HealthCheck, MembersAuth,
-    VrrpInstance, VrrpState,
+    RegistryStatus, VrrpInstance, VrrpState,
 };
 
 /// The exposition formats.
@@ -398,6 +398,11 @@ const FAMILIES: &[Family] = &[
         "Adverts sent (one per destination).",
         |st| per_vrrp(st, |v| Some(count(v.adverts_sent))),
     ),
+    gauge(
+        "keelson_vrrp_advert_destinations",
+        "Where each advert goes: unicast peers (the fan-out), or 1 for the multicast group.",
+        |st| per_vrrp(st, |v| Some(count(v.destinations.len() as u64))),
+    ),
     counter(
         "keelson_vrrp_announcements",
         "Gratuitous ARPs / unsolicited neighbour advertisements sent for the VIP.",
@@ -432,6 +437,11 @@ const FAMILIES: &[Family] = &[
         "keelson_vrrp_foreign_adverts",
         "Adverts on the instance's VRID from another virtual router: a host that is not a member advertising other VIPs (another cluster uses the VRID).",
         |st| per_vrrp(st, |v| Some(count(v.foreign_adverts))),
+    ),
+    counter(
+        "keelson_vrrp_heard_forgotten",
+        "Routers heard that were forgotten early to keep at most 256 (the one heard longest ago first).",
+        |st| per_vrrp(st, |v| Some(count(v.heard_forgotten))),
     ),
     counter("keelson_vrrp_drops", "Packets dropped, by reason.", |st| {
         st.vrrp
@@ -741,6 +751,46 @@ const FAMILIES: &[Family] = &[
                 .collect()
         },
     ),
+    gauge(
+        "keelson_members_registry_entries",
+        "Unicast: members this node's registry holds (registered or merged; this node aside).",
+        |st| registry_one(st, |r| count(r.entries)),
+    ),
+    gauge(
+        "keelson_members_registry_limit",
+        "Unicast: the most members a registry holds.",
+        |st| registry_one(st, |r| count(r.limit)),
+    ),
+    counter(
+        "keelson_members_registry_refused",
+        "Unicast: registrations refused before they were believed: full, address (too many members at the sender's address), rate (too many registrations from it).",
+        |st| {
+            registries(st)
+                .flat_map(|r| r.refused.iter())
+                .map(|(reason, n)| (vec![("reason", reason.clone())], count(*n)))
+                .collect()
+        },
+    ),
+    counter(
+        "keelson_members_registry_merge_skipped",
+        "Unicast: entries of other registries' answers not taken because the registry was full.",
+        |st| registry_one(st, |r| count(r.merge_skipped)),
+    ),
+    counter(
+        "keelson_members_registry_answers",
+        "Unicast: member lists this registry served.",
+        |st| registry_one(st, |r| count(r.answers)),
+    ),
+    counter(
+        "keelson_members_registry_answer_bytes",
+        "Unicast: bytes of the member lists served (before TLS).",
+        |st| registry_one(st, |r| count(r.answer_bytes)),
+    ),
+    gauge(
+        "keelson_members_registry_sources",
+        "Unicast: addresses the per-address registration limit keeps.",
+        |st| registry_one(st, |r| count(r.sources)),
+    ),
     // The Ignition server.
     gauge(
         "keelson_cluster_server_up",
@@ -912,6 +962,15 @@ fn dns_by(
         .collect()
 }
 
+fn registries(st: &AgentStatus) -> impl Iterator<Item = &RegistryStatus> {
+    st.discovery.iter().filter_map(|d| d.registry.as_ref())
+}
+
+/// One unlabelled sample from the registry, when this node has one (unicast).
+fn registry_one(st: &AgentStatus, f: impl Fn(&RegistryStatus) -> Sample) -> Rows {
+    registries(st).map(|r| (none(), f(r))).collect()
+}
+
 fn members_auth(st: &AgentStatus) -> impl Iterator<Item = &MembersAuth> {
     st.discovery.iter().filter_map(|d| d.auth.as_ref())
 }
@@ -1037,8 +1096,9 @@ mod tests {
                 claims_held: 0,
                 deaf_yields: 0,
                 foreign_adverts: 7,
+                heard_forgotten: 0,
                 claim_gate: Default::default(),
-                destinations: vec![],
+                destinations: vec!["10.0.0.11".parse().unwrap(), "10.0.0.12".parse().unwrap()],
                 drops: [("ttl".to_string(), 1)].into(),
                 checks: vec![HealthCheck {
                     name: "proxy".into(),
@@ -1086,12 +1146,27 @@ mod tests {
                 etcd: None,
             }),
             discovery: Some(DiscoveryStatus {
-                transport: "mdns".into(),
+                transport: "unicast".into(),
                 received: 3,
                 drops: [("malformed".to_string(), 1)].into(),
                 refused: 0,
                 registries: Default::default(),
                 auth: None,
+                registry: Some(RegistryStatus {
+                    entries: 5,
+                    limit: 4096,
+                    registrations: 3,
+                    refused: [
+                        ("full".to_string(), 0),
+                        ("address".to_string(), 1),
+                        ("rate".to_string(), 2),
+                    ]
+                    .into(),
+                    merge_skipped: 0,
+                    answers: 3,
+                    answer_bytes: 900,
+                    sources: 2,
+                }),
             }),
             ignition: Some(IgnitionStatus {
                 tls: None,
@@ -1133,6 +1208,9 @@ mod tests {
             "keelson_proxy_frontend_refused_total{frontend=\"[::]:9445\",kind=\"node\"} 1",
             "keelson_dns_queries_total{qtype=\"A\"} 4",
             "keelson_members{role=\"master\",source=\"self\"} 1",
+            "keelson_members_registry_refused_total{reason=\"rate\"} 2",
+            "keelson_members_registry_entries 5",
+            "keelson_vrrp_advert_destinations{vrrp_instance=\"api\"} 2",
             "keelson_cluster_requests_total{route=\"config\",pool=\"master\",spec=\"3.2.0\",code=\"200\"} 2",
             "keelson_build_info{version=\"0.1.0\",commit=\"abc\"} 1",
             "process_cpu_seconds_total 0.25",

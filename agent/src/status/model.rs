@@ -221,6 +221,9 @@ pub struct VrrpInstance {
     /// Adverts on this VRID from another virtual router (not a member, other VIPs).
     #[serde(default)]
     pub foreign_adverts: u64,
+    /// Routers heard that were forgotten early to keep the list within its bound.
+    #[serde(default)]
+    pub heard_forgotten: u64,
     /// Unicast: whether this node may claim the VIP yet, and why (`notGated` for multicast).
     #[serde(default)]
     pub claim_gate: GateState,
@@ -457,6 +460,32 @@ pub struct DiscoveryStatus {
     /// Authenticated membership (docs/members.md): absent until the keys are loaded.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub auth: Option<MembersAuth>,
+    /// Unicast: this node's registry (docs/members.md, "Bounds").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub registry: Option<RegistryStatus>,
+}
+
+/// A unicast members registry: what it holds, what it took in and refused, what it served.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RegistryStatus {
+    /// Members held (registered here or merged from other registries; this node aside).
+    pub entries: u64,
+    /// The most it holds.
+    pub limit: u64,
+    /// Registrations received.
+    pub registrations: u64,
+    /// Registrations refused before they were believed, by reason (`full`, `address`,
+    /// `rate`).
+    pub refused: BTreeMap<String, u64>,
+    /// Entries of other registries' answers not taken because the registry was full.
+    pub merge_skipped: u64,
+    /// Member lists served (answers to registrations and `GET`s).
+    pub answers: u64,
+    /// Their bytes (the body, before TLS).
+    pub answer_bytes: u64,
+    /// Addresses the per-address rate limit keeps.
+    pub sources: u64,
 }
 
 /// Authenticated membership: whether records are signed and checked, and what was dropped.

@@ -277,6 +277,13 @@ pub struct ForeignRouter {
     pub adverts: u64,
 }
 
+/// The most routers heard that an instance keeps (each a destination of its adverts and a
+/// rival for the VIP for the retention). Any address on the segment can send an advert that
+/// passes [`Spec::validate`], so without a bound every source ever seen would be kept and
+/// sent 10 adverts a second; a real segment has one master advertising, a few contenders
+/// for an election's length, and the nodes that may take part are also reached as members.
+pub const MAX_HEARD: usize = 256;
+
 /// What the runner resolves for the core at start.
 #[derive(Debug, Clone)]
 pub struct Setup {
@@ -855,6 +862,27 @@ impl Router {
         );
     }
 
+    /// Records that `src` advertised `priority` at `at`, within [`MAX_HEARD`]: the routers
+    /// past the retention go first, then the one heard longest ago (counted).
+    fn remember_heard(&mut self, src: IpAddr, at: Duration, priority: u8) {
+        if !self.heard.contains_key(&src) && self.heard.len() >= MAX_HEARD {
+            let retention = self.heard_retention;
+            self.heard
+                .retain(|_, (t, _)| at.saturating_sub(*t) <= retention);
+            if self.heard.len() >= MAX_HEARD
+                && let Some(oldest) = self
+                    .heard
+                    .iter()
+                    .min_by_key(|(_, (t, _))| *t)
+                    .map(|(a, _)| *a)
+            {
+                self.heard.remove(&oldest);
+                self.counters.heard_forgotten += 1;
+            }
+        }
+        self.heard.insert(src, (at, priority));
+    }
+
     /// A valid advert from `src` that arrived at `at`.
     pub fn on_advert(&mut self, at: Duration, src: IpAddr, advert: &Advert) -> Vec<Effect> {
         let mut out = Vec::new();
@@ -868,7 +896,7 @@ impl Router {
         } else if self.master_left == Some(src) {
             self.master_left = None;
         }
-        self.heard.insert(src, (at, advert.priority));
+        self.remember_heard(src, at, advert.priority);
         self.last_other_advert = Some((at, advert.priority == 0));
         if advert.priority > 0 {
             // A router advertises: nobody is silent.

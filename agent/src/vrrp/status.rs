@@ -44,6 +44,9 @@ pub struct Counters {
     /// Adverts on our VRID from another virtual router (a host that is neither a member
     /// nor a static peer, advertising other VIPs, version or authentication).
     pub foreign_adverts: u64,
+    /// Routers heard that were forgotten before their retention ran out, to keep at most
+    /// [`super::router::MAX_HEARD`] (the one heard longest ago first).
+    pub heard_forgotten: u64,
 }
 
 /// What an instance publishes for `status`.
@@ -135,6 +138,7 @@ impl InstanceStatus {
             claims_held: c.claims_held,
             deaf_yields: c.deaf_yields,
             foreign_adverts: c.foreign_adverts,
+            heard_forgotten: c.heard_forgotten,
             claim_gate: self.claim_gate,
             destinations: self.destinations.clone(),
             drops: c.drops.iter().map(|(k, v)| (k.to_string(), *v)).collect(),

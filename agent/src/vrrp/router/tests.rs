@@ -558,3 +558,26 @@ proptest::proptest! {
 }
 
 mod sim;
+
+/// Adverts from more addresses than [`MAX_HEARD`]: the router keeps the newest, forgets
+/// (and counts) the oldest, and its fan-out stays within the bound; past the retention a
+/// new router takes the place of stale ones without counting.
+#[test]
+fn routers_heard_are_bounded() {
+    let mut r = router(0, 100, VrrpTransport::Unicast);
+    let src = |i: usize| IpAddr::from([10, 1, (i / 256) as u8, (i % 256) as u8]);
+    let n = MAX_HEARD + 10;
+    for i in 0..n {
+        r.on_advert(ms(i as u64), src(i), &adv(100, 100));
+    }
+    let now = ms(n as u64);
+    let dsts = r.destinations(now);
+    assert_eq!(dsts.len(), MAX_HEARD);
+    assert!(!dsts.contains(&src(0)) && !dsts.contains(&src(9)));
+    assert!(dsts.contains(&src(10)) && dsts.contains(&src(n - 1)));
+    assert_eq!(r.snapshot(now).counters.heard_forgotten, 10);
+    let later = now + Duration::from_secs(31);
+    r.on_advert(later, src(n), &adv(100, 100));
+    assert_eq!(r.destinations(later), vec![src(n)]);
+    assert_eq!(r.snapshot(later).counters.heard_forgotten, 10);
+}
