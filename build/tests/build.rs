@@ -1150,3 +1150,10 @@ fn vrids_scan_lists_the_virtual_routers_on_a_segment() {
         String::from_utf8_lossy(&e.stderr)
     );
 }
+
+/// `--version` names the release and the commit it was built from (or `unknown`).
+#[test]
+fn version_names_the_release_and_the_commit() {
+    let out = ok(&keelson(&["--version"]));
+    keelson_testkit::cmd::check_version_line(&out, "keelson", env!("CARGO_PKG_VERSION"));
+}
