@@ -23,6 +23,7 @@ pub mod node_address;
 pub mod proxy;
 pub mod retry;
 pub mod run;
+pub mod signals;
 pub mod status;
 pub mod supervisor;
 pub mod vrrp;
