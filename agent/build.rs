@@ -1,6 +1,6 @@
 //! Records the git commit the agent is built from, for `--version`, `keelson_build_info` and
-//! `status`. Only the commit goes in, never a dirty flag or a time, so the same source gives
-//! the same binary.
+//! `status`; `keelson` (build/) runs this same script for its own `--version`. Only the
+//! commit goes in, never a dirty flag or a time, so the same source gives the same binary.
 //!
 //! Cargo rebuilds the agent whenever this script runs again, even when it prints the same
 //! commit (the static LTO build takes minutes), so it asks to run again only when the commit

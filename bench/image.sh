@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # bench/image.sh: appliance image sizes and the time from QEMU start to the agent's
 # `keelson-agent ready:` line under TCG, SeaBIOS and OVMF, one VM at a time.
-# Bars (issue 8): qcow2 <= 40 MiB; ready <= 10 s under TCG.
+# Bars: qcow2 <= 40 MiB; ready <= 10 s under TCG.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RUNS=${RUNS:-3}

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # New connections per second through the API VIP as a cluster routes them (docs/proxy.md,
-# "Issue 29: between hosts, and kernel forwarding weighed"): clients, VIP holder and backend each in a network namespace of its own, joined
+# between hosts, with kernel forwarding weighed beside the proxies): clients, VIP holder and
+# backend each in a network namespace of its own, joined
 # by veth pairs (client i 10.77.i.2 — holder 10.77.i.1, VIP 10.77.0.100, 10.77.200.1 —
 # backend 10.77.200.2, nginx serving a small file on :6443), where bench/proxy_vs_haproxy.sh
 # puts all of them on loopback. Separate stacks matter for connection rates: on loopback a

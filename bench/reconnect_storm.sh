@@ -282,8 +282,9 @@ for stack in $STACKS; do
 done
 echo "load at end: $(cut -d' ' -f1-3 /proc/loadavg)"
 
-# The goals of issue 29, printed (not an exit status: the figures swing with the machine's
-# load, and the first-back time includes each stack's VRRP failover).
+# The proxy's goals against OpenShift's haproxy, printed (not an exit status: the
+# figures swing with the machine's load, and the first-back time includes each stack's
+# VRRP failover).
 med() { jq -r --arg s "$1" "select(.stack==\$s) | $2" "$RESULTS" | median; }
 goal() { # description keelson-value openshift-value awk-condition-on-k-and-o
     local verdict=FAIL

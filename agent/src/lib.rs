@@ -24,6 +24,7 @@ pub mod operator;
 pub mod proxy;
 pub mod retry;
 pub mod run;
+pub mod signals;
 pub mod status;
 pub mod supervisor;
 pub mod vrrp;

@@ -237,21 +237,6 @@ pub async fn run_node(
     Ok(())
 }
 
-/// Cancels `stop` on SIGTERM or SIGINT.
-pub fn stop_on_signals(stop: CancellationToken) -> anyhow::Result<()> {
-    use tokio::signal::unix::{SignalKind, signal};
-    let mut term = signal(SignalKind::terminate())?;
-    let mut int = signal(SignalKind::interrupt())?;
-    tokio::spawn(async move {
-        tokio::select! {
-            _ = term.recv() => tracing::info!("SIGTERM"),
-            _ = int.recv() => tracing::info!("SIGINT"),
-        }
-        stop.cancel();
-    });
-    Ok(())
-}
-
 /// Runs `keelson-agent run`.
 pub async fn cli(args: RunArgs) -> anyhow::Result<()> {
     let bytes = std::fs::read(&args.cluster)
@@ -294,6 +279,6 @@ pub async fn cli(args: RunArgs) -> anyhow::Result<()> {
         state_dir: args.state_dir,
     });
     let stop = CancellationToken::new();
-    stop_on_signals(stop.clone())?;
+    crate::signals::cancel_on_stop_signal(stop.clone())?;
     run_node(ctx, &args.only, args.status_socket, stop).await
 }

@@ -1,4 +1,4 @@
-//! Issue 30, day-2 operations with real agents (`keelson-agent run`: VRRP, members, the
+//! Day-2 operations with real agents (`keelson-agent run`: VRRP, members, the
 //! Ignition server and its registry, DNS, the proxy) in namespaces on a bridge that drops
 //! multicast (unicast VRRP and members, `keelson build`'s defaults; timers shortened):
 //!
@@ -51,8 +51,8 @@ fn cluster_json() -> serde_json::Value {
     let mut c = keelson_testkit::agent::example_cluster_json(1000, RENEW_S, EXPIRY_S);
     for inst in c["vrrp"]["instances"].as_array_mut().unwrap() {
         // No health checks: a check that times out on a loaded machine changes a
-        // priority and moves the VIP (issue 27's ground); here the VIP moves only when
-        // membership or a stop moves it, which is what these tests watch.
+        // priority and moves the VIP (vrrp_slow_apiserver's ground); here the VIP moves
+        // only when membership or a stop moves it, which is what these tests watch.
         inst["checks"] = serde_json::json!([]);
     }
     c["members"]["forgetAfterSecs"] = FORGET_S.into();

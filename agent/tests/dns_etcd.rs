@@ -1,4 +1,4 @@
-//! Issue 26: the etcd names of the 4.2 era, proven with the real client. Three masters in
+//! The etcd names of the 4.2 era, proven with the real client. Three masters in
 //! network namespaces on a bridge run `keelson-agent run --only members,dns` with the
 //! cluster.json of `examples/install-config-4.2.yaml` built for Ignition spec 2.2 (where
 //! the etcd names are on by default); each runs Debian's etcd 3.4 with `--discovery-srv

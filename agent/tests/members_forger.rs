@@ -1,4 +1,4 @@
-//! Issue 19: a forger on the machine network, without the membership key, tries to join a
+//! A forger on the machine network, without the membership key, tries to join a
 //! cluster whose member records are authenticated (`keelson build`'s cluster.json for the
 //! example install-config, with its `members.keyId` and `tls/membership.key`), over both
 //! transports:

@@ -407,7 +407,7 @@ fn avahi_interop_both_ways() {
     drop(seg);
 }
 
-/// Issue 31: a node named with an A-label (`xn--...`: RFC 5890's ASCII form of an
+/// A node named with an A-label (`xn--...`: RFC 5890's ASCII form of an
 /// internationalised name, which OpenShift node names may be) is a member like any other:
 /// two `keelson-agent run` nodes (members over mDNS with signed records, and the cluster
 /// DNS) list each other, and each one's DNS answers the other's name. `xn--cwl6ngym1` is

@@ -137,7 +137,7 @@ fn dhcp_lease_renew_and_release_against_dnsmasq() {
     });
 }
 
-/// Issue 19: the DHCP client's interface is deleted under it (netlink calls fail, sends fail
+/// The DHCP client's interface is deleted under it (netlink calls fail, sends fail
 /// with ENODEV) and comes back later with the same MAC: the client looks for it by MAC and
 /// gets a lease again, instead of ending and leaving the node without an address.
 #[test]

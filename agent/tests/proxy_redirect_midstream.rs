@@ -1,4 +1,4 @@
-//! Issue 27: the VIP redirect must not reset connections opened before it. A node that has
+//! The VIP redirect must not reset connections opened before it. A node that has
 //! just taken the API VIP over serves `VIP:6443` from the wildcard listener (kube-apiserver
 //! on an RHCOS master) until the proxy's nftables redirect lands. In a namespace where
 //! nothing made the kernel track connections before, conntrack starts with that table and

@@ -127,3 +127,10 @@ fn bad_cluster_json_is_a_clear_error() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("cluster.json"), "{err}");
 }
+
+/// `--version` names the release and the commit it was built from (or `unknown`).
+#[test]
+fn version_names_the_release_and_the_commit() {
+    let out = String::from_utf8(output_ok(Command::new(BIN).arg("--version")).stdout).unwrap();
+    keelson_testkit::cmd::check_version_line(&out, "keelson-agent", env!("CARGO_PKG_VERSION"));
+}

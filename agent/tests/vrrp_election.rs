@@ -498,7 +498,7 @@ fn freeze_past_first_claim(nodes: &[Option<RunNode>], others: &[usize], before: 
     }
 }
 
-/// Issue 30: a clean stop of the VIP holder among masters of equal priority moves the VIP
+/// A clean stop of the VIP holder among masters of equal priority moves the VIP
 /// to exactly one of the others. Their Skew_Time is the same, and the addresses here
 /// (.10, .42, .74: equal modulo 32) get the same address tie-break too, as a loaded or
 /// virtualised host's jitter (0.3 s in the QEMU cluster) makes of the few milliseconds it

@@ -130,7 +130,7 @@ fn pair(tag: &str) -> RunNet {
     net
 }
 
-/// Protocol 112 blocked on a cluster that runs as it should (issue 25's P2, alone): the
+/// Protocol 112 blocked on a cluster that runs as it should (a cloud port that drops VRRP): the
 /// backup must not claim the VIP its holder keeps answering ARP for.
 #[test]
 fn a_backup_never_claims_beside_a_holder_whose_adverts_are_dropped() {
@@ -197,9 +197,9 @@ fn vrrp_blocked(net: &RunNet, holder: usize, backup: usize) {
     // No advert arrives anywhere. The backup's Master_Down runs out as if the master had
     // died, but the master still answers the ARP probes the backup sends once adverts go
     // quiet: the backup must not claim the VIP at all (not even for a moment: two holders
-    // is the split brain this exists to prevent), holds its claim and reports. Before
-    // issue 25's fix it claimed at the first Master_Down and the ARP conflict rule then
-    // left the VIP with the lower MAC, on a real OpenStack the bootstrap's.
+    // is the split brain this exists to prevent), holds its claim and reports. A backup that
+    // claimed at the first Master_Down would leave the VIP, by the ARP conflict rule, with
+    // the lower MAC: on OpenStack often the bootstrap's.
     let before = vrrp_api(net, backup);
     for ns in &net.seg.nodes {
         nft(

@@ -1,4 +1,4 @@
-//! Issue 27: a preemption among masters of equal priority moves the VIP once. Three
+//! A preemption among masters of equal priority moves the VIP once. Three
 //! `keelson-agent run` nodes (members and VRRP, unicast as `keelson build` writes, 1 s
 //! adverts) in network namespaces on a bridge, the API instance with one HTTP check of
 //! the node's own stand-in (a local server), as the `localApiserver` check is in a real

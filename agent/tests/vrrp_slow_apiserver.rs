@@ -1,4 +1,4 @@
-//! Issue 27: slow is not dead. Three masters in namespaces on a bridge, each running
+//! Slow is not dead. Three masters in namespaces on a bridge, each running
 //! `keelson-agent run` (members, vrrp, proxy, the Ignition server) with the `cluster.json` `keelson build` writes
 //! (unicast VRRP, authenticated members, the API instance's checks as built: the proxy's
 //! healthy backend, and this node's kube-apiserver's `/readyz` with a 10 s timeout), only

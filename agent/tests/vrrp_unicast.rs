@@ -1,4 +1,4 @@
-//! Issue 22: a network that blocks multicast. A bootstrap and three masters in namespaces
+//! A network that blocks multicast. A bootstrap and three masters in namespaces
 //! on a bridge whose nftables rule drops every multicast frame (the test checks that it
 //! does), each running `keelson-agent run` with vrrp, members and the Ignition server and
 //! the `cluster.json` `keelson build` writes for the example install-config (unicast VRRP

@@ -14,7 +14,10 @@ use clap::{Parser, Subcommand};
 
 /// keelson: Ignition payloads, cluster CA and appliance image for a cluster.
 #[derive(Debug, Parser)]
-#[command(version, about)]
+#[command(
+    version = concat!(env!("CARGO_PKG_VERSION"), " (", env!("KEELSON_COMMIT"), ")"),
+    about
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,

@@ -98,18 +98,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
             .unwrap_or_default()
     );
     let stop = CancellationToken::new();
-    tokio::spawn({
-        let stop = stop.clone();
-        async move {
-            let mut term =
-                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
-            tokio::select! {
-                _ = tokio::signal::ctrl_c() => {}
-                _ = async { match term.as_mut() { Some(t) => { t.recv().await; } None => std::future::pending().await } } => {}
-            }
-            stop.cancel();
-        }
-    });
+    keelson_agent::signals::cancel_on_stop_signal(stop.clone())?;
     bound.serve(stop).await?;
     Ok(())
 }

@@ -1270,3 +1270,10 @@ fn a_bootstrap_over_the_limit_is_written_and_boots_from_a_pointer() {
         String::from_utf8_lossy(&refused.stderr)
     );
 }
+
+/// `--version` names the release and the commit it was built from (or `unknown`).
+#[test]
+fn version_names_the_release_and_the_commit() {
+    let out = ok(&keelson(&["--version"]));
+    keelson_testkit::cmd::check_version_line(&out, "keelson", env!("CARGO_PKG_VERSION"));
+}

@@ -16,7 +16,7 @@
 //! (at most 10 s) to hand the VIP over, drain the proxy and stop the processes it
 //! supervises itself; only what is left when it exits is killed. With the default
 //! (`control-group`) systemd's SIGTERM also reached the `nft` the stopping agent was
-//! running to rewrite its redirect (qemu-day2 run 12: "nft -f - failed (signal: 15)").
+//! running to rewrite its redirect, and the redirect failed ("nft -f - failed (signal: 15)").
 
 /// Where RHCOS configs install the agent binary.
 pub const AGENT_PATH: &str = "/usr/local/bin/keelson-agent";

@@ -6,7 +6,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-/// The modules the appliance needs (docs/image.md, issue 8): virtio, the block drivers a config
+/// The modules the appliance needs (docs/image.md): virtio, the block drivers a config
 /// drive arrives on, common NICs, the ACPI power button and its input events, and VLAN/bond
 /// support for `network_data.json` links. Names as `modprobe` takes them.
 pub const WANTED: &[&str] = &[

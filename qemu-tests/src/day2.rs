@@ -1,4 +1,4 @@
-//! The day-2 scenarios of `make qemu-day2` (issue 30, docs/operations.md): a rolling agent
+//! The day-2 scenarios of `make qemu-day2` (docs/operations.md): a rolling agent
 //! upgrade of the masters through the API VIP with a client counting failed requests, and a
 //! master replaced by a new one at another address. Each step is the one docs/operations.md
 //! tells an operator to take, run inside the RHCOS stand-in masters through their guest agent,
@@ -410,8 +410,9 @@ fn journal_counts(c: &Cluster, pattern: &str) -> std::collections::BTreeMap<Stri
 
 /// The port-security findings (docs/vrrp.md, "Port security") of every running node over
 /// the whole run: the segment has no port security and no security group, so any finding
-/// is false, and each made its node give the VIP away (priority 1). A hand-back once made
-/// every new holder find its port dropping the VIP (run 12's roll).
+/// is false, and each made its node give the VIP away (priority 1). A hand-back that
+/// forwarded the port check's own answers to the old holder made every new holder find
+/// its port dropping the VIP during a roll: this keeps that from coming back.
 pub fn no_port_findings(c: &mut Cluster) -> Result<String> {
     let findings = [
         ("does not leave this node", "VIP dropped by the port"),

@@ -1,5 +1,5 @@
 //! A two-rack leaf-spine fabric in network namespaces, for the BGP VIP test and
-//! `bench/bgp_failover.sh` (issue 21, docs/bgp.md).
+//! `bench/bgp_failover.sh` (docs/bgp.md).
 //!
 //! ```text
 //!                 spine (AS 65000, the client sits here)

@@ -1,6 +1,7 @@
-//! The scenarios of `make qemu-cluster` (issue 9), in order; each later one builds on the
-//! state the earlier ones left. Each returns a one-line detail with what it measured, or an
-//! error; the runner prints a table and, for a failure, the consoles of the nodes involved.
+//! The scenarios of `make qemu-cluster` (docs/qemu-cluster.md), in order; each later one
+//! builds on the state the earlier ones left. Each returns a one-line detail with what it
+//! measured, or an error; the runner prints a table and, for a failure, the consoles of
+//! the nodes involved.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};

@@ -209,8 +209,8 @@ pub trait Testbed {
     }
 
     /// Waits (up to `timeout`) until exactly one node answers ARP for `vip`, twice in a row
-    /// a second apart; returns it, or fails naming every holder (several holders is the
-    /// failure of issue 22: every node holding the VIP).
+    /// a second apart; returns it, or fails naming every holder (several holders is how a
+    /// network that drops VRRP fails: every node claims the VIP).
     fn sole_holder(&self, vip: &str, timeout: Duration) -> Result<String> {
         let start = Instant::now();
         let mut last = Vec::new();

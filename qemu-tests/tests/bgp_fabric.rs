@@ -1,4 +1,4 @@
-//! VIPs by BGP through a real routing daemon (issue 21, docs/bgp.md), in namespaces: two
+//! VIPs by BGP through a real routing daemon (docs/bgp.md), in namespaces: two
 //! racks behind top-of-rack routers with BGP and BFD, a spine with the client, three
 //! masters (two in rack A, one in rack B) each running keelson-agent and a stand-in
 //! apiserver. See `keelson_qemu_tests::fabric` for the topology. Once with BIRD 2 on every

@@ -204,3 +204,21 @@ pub fn describe(cmd: &Command) -> String {
         .collect::<Vec<_>>()
         .join(" ")
 }
+
+/// Checks what `<binary> --version` printed: `<binary> <version> (<commit>)`, the commit a
+/// git hash or `unknown` (a build outside a checkout). Returns the commit.
+pub fn check_version_line(stdout: &str, binary: &str, version: &str) -> String {
+    let expected = format!("{binary} {version} (");
+    let commit = stdout
+        .trim_end()
+        .strip_prefix(&expected)
+        .and_then(|rest| rest.strip_suffix(')'))
+        .unwrap_or_else(|| {
+            panic!("`{binary} --version` printed {stdout:?}, not `{expected}<commit>)`")
+        });
+    assert!(
+        commit == "unknown" || (commit.len() >= 7 && commit.bytes().all(|b| b.is_ascii_hexdigit())),
+        "`{binary} --version`: commit {commit:?} is neither a git hash nor `unknown`"
+    );
+    commit.to_string()
+}

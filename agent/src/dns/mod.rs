@@ -103,8 +103,8 @@ async fn serve_cli(args: DnsArgs) -> anyhow::Result<()> {
     let stop = CancellationToken::new();
     let bound = listen(args.listen, &shared, &stop).await?;
     println!("keelson-agent dns: listening on {bound}");
-    tokio::signal::ctrl_c().await?;
-    stop.cancel();
+    crate::signals::cancel_on_stop_signal(stop.clone())?;
+    stop.cancelled().await;
     Ok(())
 }
 

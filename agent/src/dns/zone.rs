@@ -360,7 +360,8 @@ pub(crate) mod tests {
     const AAAA: u16 = rtype::AAAA;
     const IN: u16 = CLASS_IN;
 
-    /// A-labels are served as any node name (issue 31), whatever the case asked.
+    /// A-labels (`xn--...`, the ASCII form OpenShift node names may take) are served as any
+    /// node name, whatever the case asked.
     #[test]
     fn a_label_node_names_are_answered() {
         let z = zone();

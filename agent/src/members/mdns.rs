@@ -958,8 +958,8 @@ mod tests {
         assert!(!a.is_asked(&q));
     }
 
-    /// A-labels are node names like any other (issue 31: `xn--cwl6ngym1` was refused on
-    /// the way out, as hickory ran IDNA over it).
+    /// A-labels are node names like any other (`xn--cwl6ngym1` must not be refused on the
+    /// way out, as it was while hickory ran IDNA over it).
     #[test]
     fn a_labels_are_announced_and_heard() {
         for name in ["xn--cwl6ngym1", "xn--bcher-kva", "XN--Bcher-KVA"] {

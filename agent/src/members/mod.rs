@@ -244,10 +244,9 @@ pub async fn cli(args: MembersArgs) -> anyhow::Result<()> {
     });
     let opts = RunOptions { ca_path: Some(ca) };
     let mut task = tokio::spawn(run_with(ctx, registry, stop.clone(), opts));
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    crate::signals::cancel_on_stop_signal(stop.clone())?;
     let result = tokio::select! {
-        _ = tokio::signal::ctrl_c() => None,
-        _ = term.recv() => None,
+        _ = stop.cancelled() => None,
         r = &mut task => Some(r),
     };
     stop.cancel();

@@ -769,7 +769,8 @@ mod tests {
         );
     }
 
-    /// A-labels register and are listed like any node name (issue 31).
+    /// A-labels (`xn--...`, the ASCII form OpenShift node names may take) register and are
+    /// listed like any node name.
     #[test]
     fn a_label_names_register() {
         let r = Registry::new("c.example", Duration::from_secs(10));

@@ -862,18 +862,7 @@ pub async fn cli(args: ProxyArgs) -> anyhow::Result<()> {
         proxy.monitor_addr()
     );
     let stop = CancellationToken::new();
-    {
-        let stop = stop.clone();
-        tokio::spawn(async move {
-            let mut term =
-                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
-            tokio::select! {
-                _ = tokio::signal::ctrl_c() => {}
-                _ = async { match term.as_mut() { Some(t) => { t.recv().await; } None => std::future::pending().await } } => {}
-            }
-            stop.cancel();
-        });
-    }
+    crate::signals::cancel_on_stop_signal(stop.clone())?;
     proxy.serve(stop).await
 }
 

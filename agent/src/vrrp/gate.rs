@@ -4,7 +4,8 @@
 //! With multicast every router hears every other one, so RFC 5798's Master_Down is enough
 //! before a backup claims the VIP. With unicast a router hears only the routers that know
 //! its address, and at start it may know nobody: claiming after Master_Down would make
-//! every node that has not yet learned its peers a holder (issue 22). So a unicast
+//! every node that has not yet learned its peers a holder (on a network that drops
+//! multicast, all of them at once). So a unicast
 //! instance does not leave Backup until the gate is open, which it is once
 //!
 //! - a valid advert was heard (a peer knows us, and VRRP takes it from there), or

@@ -18,8 +18,8 @@
 //! forwarded: they answer connections this node opened *from* the VIP (the port check of
 //! [`super::portsec`] does, every 10 s while master), which no client opened and no old
 //! holder knows. Forwarded, the port check's SYN-ACKs went to the old holder, the check
-//! took the VIP for dropped by the port, and the node gave the VIP up (qemu-day2 run 12's
-//! roll: a VIP move under load).
+//! took the VIP for dropped by the port, and the node gave the VIP up (a VIP move that
+//! nothing called for, under a rolling upgrade's load).
 //! The old holder's side is in [`super::vip::VipManager::retire`].
 
 use std::net::IpAddr;

@@ -219,23 +219,7 @@ pub async fn cli(args: VrrpArgs) -> anyhow::Result<()> {
             }
         })
     };
-    let signals = {
-        let stop = stop.clone();
-        tokio::spawn(async move {
-            use tokio::signal::unix::{SignalKind, signal};
-            let (Ok(mut term), Ok(mut int)) = (
-                signal(SignalKind::terminate()),
-                signal(SignalKind::interrupt()),
-            ) else {
-                return;
-            };
-            tokio::select! {
-                _ = term.recv() => {}
-                _ = int.recv() => {}
-            }
-            stop.cancel();
-        })
-    };
+    let signals = crate::signals::cancel_on_stop_signal(stop.clone())?;
     let res = run_with(ctx, stop, status).await;
     signals.abort();
     printer.abort();

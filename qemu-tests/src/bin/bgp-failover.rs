@@ -1,7 +1,7 @@
 //! `bgp-failover`: the client-seen outage when an API VIP holder dies, BGP anycast (this
 //! repository's fabric, `keelson_qemu_tests::fabric`) against VRRP (`bench/vrrp_failover.sh`'s
-//! two-node segment, keelson and keepalived), side by side in one run (issue 21's bar: BGP
-//! at most 0.35 x keepalived). Run by `bench/bgp_failover.sh`.
+//! two-node segment, keelson and keepalived), side by side in one run (the bar docs/bgp.md
+//! sets: BGP at most 0.35 x keepalived). Run by `bench/bgp_failover.sh`.
 //!
 //! Every round, for each setup: a client opens a new connection to `VIP:6443` every 50 ms
 //! (each with a 1 s limit, a `GET /version`), a holder dies — its link cut on the switch
@@ -423,7 +423,7 @@ fn main() -> Result<()> {
         if let Setup::Bgp(_) = setup {
             let ratio = median(outages) / keepalived;
             println!(
-                "bar (issue 21): {} outage <= 0.35 x keepalived: {:.2} -> {}",
+                "bar (docs/bgp.md): {} outage <= 0.35 x keepalived: {:.2} -> {}",
                 setup.label(),
                 ratio,
                 if ratio <= 0.35 { "met" } else { "NOT met" }

@@ -1,4 +1,4 @@
-//! `qemu-day2`: the QEMU cluster's day-2 operations (`make qemu-day2`, issue 30,
+//! `qemu-day2`: the QEMU cluster's day-2 operations (`make qemu-day2`,
 //! docs/operations.md): boots the control plane as `qemu-cluster` does (bootstrap, three
 //! masters on the RHCOS stand-in, no workers: their agent is PID 1 of the appliance, which
 //! docs/operations.md reprovisions rather than restarts), pivots, then runs
