@@ -208,7 +208,7 @@ async fn respond(
 pub fn targets(own: &AgentStatus, machine: &[ipnet::IpNet]) -> Vec<(String, Option<IpAddr>)> {
     own.members
         .iter()
-        .filter(|m| m.name.to_string() != own.node.name)
+        .filter(|m| m.name != own.node.name)
         .map(|m| {
             let address = m
                 .addresses

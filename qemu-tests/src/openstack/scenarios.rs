@@ -855,7 +855,9 @@ pub fn bad_input(c: &mut OpenStackCluster) -> Result<String> {
         &bootstrap_port,
         SPARE_FIP,
     ])?;
-    let cases: Vec<(&str, Vec<(&str, String)>, &str)> = vec![
+    // (name, the environment it runs the script with, what its refusal must say)
+    type Case<'a> = (&'a str, Vec<(&'a str, String)>, &'a str);
+    let cases: Vec<Case> = vec![
         (
             "collision",
             vec![("CLUSTER", OTHER_CLUSTER.to_owned())],
