@@ -415,20 +415,8 @@ fn a_dead_holder_is_replaced_within_the_bound_and_once() {
     }
 }
 
-/// The configuration of the simulated properties: proptest's, with the seed fixed under CI
-/// (`CI` set and no `PROPTEST_RNG_SEED`), so a CI run is the same run every time.
-fn sim_config(cases: u32) -> proptest::test_runner::Config {
-    let mut c = keelson_testkit::proptest::with_cases(cases);
-    if std::env::var_os("CI").is_some() && std::env::var_os("PROPTEST_RNG_SEED").is_none() {
-        const FIXED: u64 = 0x6b65_656c_736f_6e00;
-        c.rng_seed = proptest::test_runner::RngSeed::Fixed(FIXED);
-        eprintln!("proptest: CI: seed fixed at {FIXED}");
-    }
-    c
-}
-
 proptest::proptest! {
-    #![proptest_config(sim_config(6))]
+    #![proptest_config(keelson_testkit::proptest::with_cases(6))]
 
     /// The soaks of bench/vip_soak.sh, simulated: 10 % loss and 0-100 ms of delay on every
     /// link, and the holder's agent stalled 300 ms every 10 s (its kernel runs on): in
