@@ -240,11 +240,15 @@ fn the_holders_address_moves_onto_an_ovs_br_ex_and_the_agent_follows_it() {
         "three masters listing each other",
         Duration::from_secs(60),
         || {
+            // A node serves its status once it is ready: ask only then.
+            if !nodes.iter().all(RunNode::is_ready) {
+                return Err("not every node ready".into());
+            }
             let lists: Vec<usize> = masters
                 .iter()
                 .map(|&i| member_names(&files.status(i)).len())
                 .collect();
-            if nodes.iter().all(RunNode::is_ready) && lists == [3, 3, 3] {
+            if lists == [3, 3, 3] {
                 Ok(())
             } else {
                 Err(format!("members {lists:?}"))
