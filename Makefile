@@ -26,9 +26,13 @@ all: build
 setup:
 	@./scripts/setup.sh
 
+# Stripped here as well as by the profile's `strip = true`: with a profile override of its own
+# (the agent's opt-level "s", Cargo.toml) cargo's release build kept the symbol table, and the
+# static agent is held to a stripped size bar (docs/architecture.md, "Bars").
 agent:
 	RUSTFLAGS="-C target-feature=+crt-static" cargo build --profile $(AGENT_PROFILE) --target $(TARGET) \
 	  -p keelson-agent -p keelson-qemu-tests --bin keelson-agent --bin kube-standin
+	strip --strip-all $(AGENT_BIN)
 
 build: setup agent
 	cargo build --release -p keelson

@@ -101,6 +101,8 @@ REQUIRED=(
   "ethtool ethtool"
   # PROFILE=1 of bench/dns_vs_nsd.sh: system calls per query and a profile.
   "perf linux-perf"
+  # `make agent` strips the static agent itself (below the size bar, docs/architecture.md).
+  "strip binutils"
 )
 # Files (not commands) the image builder and the UEFI boot test read: "path package".
 REQUIRED_FILES=(
