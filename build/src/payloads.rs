@@ -256,6 +256,24 @@ pub fn load_assets(paths: &[PathBuf]) -> anyhow::Result<Vec<Asset>> {
     Ok(out)
 }
 
+/// What `keelson build` and `keelson render` both start from: the Ignition spec (the given
+/// one, or the one beside openshift-install's output), the composition with it, and the
+/// cluster.json with the operator's patch and explicit VRIDs applied.
+fn resolve(
+    ic: &InstallConfig,
+    own: &OwnIgnitionArgs,
+    spec: Option<SpecVersion>,
+    patch: Option<&Path>,
+    assets: &[Asset],
+    vrids: &[crate::vrids::VridArg],
+) -> anyhow::Result<(SpecVersion, Composition, ClusterConfig)> {
+    let spec = own.spec(spec)?;
+    let composition = own.composition(spec)?;
+    let cluster = cluster_config(ic, spec, &composition, patch, assets)?;
+    let cluster = crate::vrids::apply(cluster, vrids)?;
+    Ok((spec, composition, cluster))
+}
+
 /// The cluster.json a build writes: the install-config's defaults, the Ignition spec of the
 /// build, what running beside openshift-install changes, then the operator's merge patch,
 /// in which a service's `"asset": "NAME"` is shorthand for the asset of that name with its
@@ -399,16 +417,14 @@ pub fn validate(args: ConfigArgs) -> anyhow::Result<()> {
 pub fn render_cmd(args: RenderArgs) -> anyhow::Result<()> {
     let ic = load_install_config(&args.config, &args.own.vips.given())?;
     let assets = load_assets(&args.assets)?;
-    let spec = args.own.spec(args.spec)?;
-    let composition = args.own.composition(spec)?;
-    let cluster = cluster_config(
+    let (spec, composition, cluster) = resolve(
         &ic,
-        spec,
-        &composition,
+        &args.own,
+        args.spec,
         args.cluster_patch.as_deref(),
         &assets,
+        &args.vrids,
     )?;
-    let cluster = crate::vrids::apply(cluster, &args.vrids)?;
     let tls = args.dir.join("tls");
     let pki = pki::load_or_create(&tls, &cluster, source_date_epoch())?;
     let cluster = with_membership_key(cluster, &pki);
@@ -557,16 +573,14 @@ pub fn build(args: BuildArgs) -> anyhow::Result<()> {
         say(&format!("note: {note}"));
     }
     let assets = load_assets(&args.assets)?;
-    let spec = args.own.spec(args.spec)?;
-    let composition = args.own.composition(spec)?;
-    let cluster = cluster_config(
+    let (spec, composition, cluster) = resolve(
         &ic,
-        spec,
-        &composition,
+        &args.own,
+        args.spec,
         args.cluster_patch.as_deref(),
         &assets,
+        &args.vrids,
     )?;
-    let cluster = crate::vrids::apply(cluster, &args.vrids)?;
     // A warning, shown with --quiet too: a VRID shared with a neighbour breaks both.
     if let Some(w) = crate::vrids::warning(&cluster, &args.vrids) {
         eprintln!("keelson: warning: {w}");
