@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# The previous version's agent (version N) for the upgrade test (qemu-tests/tests/
-# agent_upgrade.rs, docs/testing.md "The upgrade from the previous version"): built from git
-# at PREVIOUS_COMMIT, cached, and its path printed on stdout.
+# The previous version (version N) for the upgrade test (qemu-tests/tests/agent_upgrade.rs,
+# docs/testing.md "The upgrade from the previous version"): its agent, its `keelson` (the
+# test builds the cluster's files with it, as the user did when they installed N) and its
+# examples/install-config.yaml, built from git at PREVIOUS_COMMIT, cached; the agent's path
+# is printed on stdout, the other two sit beside it (`keelson`, `install-config.yaml`).
 #
-#   scripts/previous-agent.sh            build it unless cached; print its path
+#   scripts/previous-agent.sh            build them unless cached; print the agent's path
 #   KEELSON_PREVIOUS_COMMIT=<rev> ...    another version N (a tag, once there is one)
 #
 # N is the newest commit before the last change of an on-the-wire format of
@@ -12,9 +14,9 @@
 # `vrrp.handbackSecs`. So N really speaks the formats the current agent changed last. Once a
 # release is tagged, N is that tag.
 #
-# Cheap: a debug build of the `keelson-agent` binary alone (dynamically linked: the test
-# runs it in network namespaces on this host), from `git archive` of that commit (no
-# checkout, no worktree), `--locked` to that commit's Cargo.lock. The binary is kept in
+# Cheap: a debug build of the `keelson-agent` and `keelson` binaries alone (dynamically
+# linked: the test runs them on this host), from `git archive` of that commit (no
+# checkout, no worktree), `--locked` to that commit's Cargo.lock. The binaries are kept in
 # ~/.cache/keelson/previous-agent/<commit>/ (PREVIOUS_AGENT_CACHE=DIR elsewhere), shared by
 # every clone like the RHCOS stand-in. The build's source and target directories are
 # removed after it (the target directory is about 1 GiB; N changes once a release).
@@ -31,7 +33,9 @@ commit=$(git rev-parse --verify --quiet "$rev^{commit}") ||
 cache=${PREVIOUS_AGENT_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/keelson/previous-agent}
 dir=$cache/$commit
 bin=$dir/keelson-agent
-if [ -x "$bin" ] && [ -e "$dir/.done" ]; then
+# .done-2: the cache holds the agent, `keelson` and the example (a cache of the agent alone,
+# `.done`, is rebuilt).
+if [ -x "$bin" ] && [ -e "$dir/.done-2" ]; then
   echo "$bin"
   exit 0
 fi
@@ -39,13 +43,13 @@ fi
 mkdir -p "$cache"
 exec 9>"$cache/.lock"
 flock 9
-if [ -x "$bin" ] && [ -e "$dir/.done" ]; then
+if [ -x "$bin" ] && [ -e "$dir/.done-2" ]; then
   echo "$bin"
   exit 0
 fi
 
 short=${commit:0:12}
-echo "previous-agent: building keelson-agent at $short (debug; once per machine, cached in $dir)" >&2
+echo "previous-agent: building keelson-agent and keelson at $short (debug; once per machine, cached in $dir)" >&2
 t=$SECONDS
 src=$cache/src-$short
 target=$cache/target-$short
@@ -54,11 +58,14 @@ mkdir -p "$src" "$dir"
 git archive "$commit" | tar -x -C "$src"
 # The commit the agent reports (`--version`): the archive has no .git for its build.rs.
 (cd "$src" && KEELSON_COMMIT=$short CARGO_TARGET_DIR="$target" \
-  cargo build --locked --quiet -p keelson-agent --bin keelson-agent) >&2 ||
-  fail "cargo build of keelson-agent at $short (its log above)"
+  cargo build --locked --quiet -p keelson-agent --bin keelson-agent -p keelson --bin keelson) >&2 ||
+  fail "cargo build of keelson-agent and keelson at $short (its log above)"
 cp "$target/debug/keelson-agent" "$bin"
+cp "$target/debug/keelson" "$dir/keelson"
+cp "$src/examples/install-config.yaml" "$dir/install-config.yaml"
 rm -rf "$src" "$target"
 "$bin" --version >&2 || fail "$bin --version"
-touch "$dir/.done"
+"$dir/keelson" --version >&2 || fail "$dir/keelson --version"
+touch "$dir/.done-2"
 echo "previous-agent: built in $((SECONDS - t)) s" >&2
 echo "$bin"

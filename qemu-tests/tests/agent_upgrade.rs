@@ -3,9 +3,10 @@
 //!
 //! Three masters in network namespaces on a bridge that drops multicast run version N
 //! (`scripts/previous-agent.sh`: the agent built from git at the commit it names, cached)
-//! with the files `keelson build` writes (unicast VRRP and members, authenticated records;
-//! only the timers shortened and the health checks off, as in agent/tests/day2.rs: here the
-//! VIP moves only when a stop moves it), each beside a kube-apiserver stand-in on `*:6443`.
+//! with the files version N's own `keelson build` wrote from N's example install-config, as
+//! a user who installed N has them (unicast VRRP and members, authenticated records; only
+//! the timers shortened and the health checks off, as in agent/tests/day2.rs: here the VIP
+//! moves only when a stop moves it), each beside a kube-apiserver stand-in on `*:6443`.
 //! They are rolled to this version (the static agent `make agent` builds,
 //! `$KEELSON_AGENT_BIN`: the binary users install) one at a time, the VIP holder last, as
 //! the page says: SIGTERM, the new binary on the same `cluster.json`, TLS and state
@@ -21,18 +22,20 @@
 //!   no record dropped for its MAC or key (`badMac`, `noMac`, `unknownKey`);
 //! - `members.json`: each upgraded node started on N's state directory without ignoring
 //!   what N remembered;
-//! - `cluster.json`: N+1 runs on the one N ran on; N refuses one with a field it does not
-//!   know, naming the field.
+//! - `cluster.json` and `tls/`: N+1 runs on the ones N's build wrote and N ran on (the
+//!   same membership key ID); N refuses a cluster.json with a field it does not know,
+//!   naming the field.
 //!
 //! Needs root (namespaces), nftables (the proxy's VIP:6443 redirect past the stand-in's
 //! wildcard listener), curl, git (the previous version's source) and the static agent.
 
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use keelson_testkit::agent::{RunNet, example_cluster_json, member_names};
+use keelson_testkit::agent::{RunCluster, RunNet, member_names};
 use keelson_testkit::cmd::{Proc, output_ok};
 use keelson_testkit::segment::ns_holds;
 use keelson_testkit::{Segment, require, require_env, require_root};
@@ -47,7 +50,7 @@ const CLIENT: usize = 3;
 const LIMIT: Duration = Duration::from_secs(60);
 
 /// Version N's agent: scripts/previous-agent.sh builds it (or finds it cached) and prints
-/// its path.
+/// its path; N's `keelson` and examples/install-config.yaml sit beside it.
 fn previous_agent() -> String {
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/previous-agent.sh");
     let out = output_ok(Command::new(script).stderr(Stdio::inherit()));
@@ -67,16 +70,38 @@ fn version_of(agent: &str) -> (String, String) {
     (version, line)
 }
 
-/// `keelson build`'s cluster.json for examples/install-config.yaml, as in day2.rs: 1 s
-/// adverts, members renewed every second and expired after 6, no health checks.
-fn cluster_json() -> serde_json::Value {
-    let mut c = example_cluster_json(1000, 1, 6);
+/// The cluster's files as the user got them when they installed N: version N's
+/// `keelson build` of its examples/install-config.yaml into `out` (no image; the static
+/// agent it asks for is only copied to `assets/`, so this version's does), then, as in
+/// day2.rs, 1 s adverts, members renewed every second and expired after 6, no health
+/// checks; and hand-backs on, as `keelson build` sets them on bare metal (the example is
+/// OpenStack's, where port security forbids them): the bridge lets a node forward a
+/// client's frames, and without them the holder's restart resets a connection caught
+/// half-open by the move (docs/operations.md), which "0 failed requests" would count.
+/// Returns that cluster.json and `out/tls`.
+fn cluster_files_of_n(previous: &str, next: &str, out: &Path) -> (serde_json::Value, PathBuf) {
+    let dir = Path::new(previous).parent().unwrap();
+    output_ok(
+        Command::new(dir.join("keelson"))
+            .arg("build")
+            .arg("--config")
+            .arg(dir.join("install-config.yaml"))
+            .arg("--out")
+            .arg(out)
+            .args(["--no-image", "--quiet", "--agent", next]),
+    );
+    let mut c: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(out.join("cluster.json")).unwrap()).unwrap();
     for inst in c["vrrp"]["instances"].as_array_mut().unwrap() {
+        inst["advertIntervalMs"] = 1000.into();
         inst["checks"] = serde_json::json!([]);
+        inst["handbackSecs"] = 30.into();
     }
+    c["members"]["renewIntervalSecs"] = 1.into();
+    c["members"]["expirySecs"] = 6.into();
     // The namespaces share the host's /etc/resolv.conf: leave it alone.
     c["dns"]["manageResolvConf"] = false.into();
-    c
+    (c, out.join("tls"))
 }
 
 /// One request through the VIP: when it was sent, whether it was answered, by whom (or why not).
@@ -368,12 +393,15 @@ fn rolling_upgrade_from_the_previous_version() {
         ("master-2", "master"),
         ("client", "worker"),
     ];
-    let mut net = RunNet::new(
-        &previous,
-        seg,
-        cluster_json(),
-        &nodes,
-        "vrrp,members,ignition,proxy",
+    let build_n = tempfile::tempdir().unwrap();
+    let (cluster_n, tls_n) = cluster_files_of_n(&previous, &next, build_n.path());
+    let key_id_n = cluster_n["members"]["keyId"].clone();
+    let files = RunCluster::from_build(&previous, cluster_n, &tls_n);
+    let mut net = RunNet::with_files(seg, files, &nodes, "vrrp,members,ignition,proxy");
+    assert_eq!(
+        net.files.pki.membership_key_id().unwrap(),
+        key_id_n.as_str().unwrap_or_default(),
+        "this version reads another membership key ID from N's tls/ than N's build wrote"
     );
     let mut versions = [v_prev.clone(), v_prev.clone(), v_prev.clone()];
 

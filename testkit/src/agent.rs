@@ -203,11 +203,28 @@ impl RunNode {
 impl RunCluster {
     /// Writes `cluster` (with the membership key's ID added) and a fresh tls/ for the
     /// nodes `agent` (the keelson-agent binary) will run.
-    pub fn new(agent: &str, mut cluster: serde_json::Value) -> Self {
+    pub fn new(agent: &str, cluster: serde_json::Value) -> Self {
+        Self::create(agent, cluster, None)
+    }
+
+    /// Writes `cluster` and a copy of the `tls/` another `keelson build` wrote (an older
+    /// version's: the files the nodes of a rolling upgrade keep), read by this version.
+    pub fn from_build(agent: &str, cluster: serde_json::Value, build_tls: &Path) -> Self {
+        Self::create(agent, cluster, Some(build_tls))
+    }
+
+    fn create(agent: &str, mut cluster: serde_json::Value, build_tls: Option<&Path>) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let config = keelson_cluster::ClusterConfig::from_json(cluster.to_string().as_bytes())
             .expect("the test's cluster.json");
         let tls = dir.path().join("tls");
+        if let Some(from) = build_tls {
+            std::fs::create_dir(&tls).unwrap();
+            for entry in std::fs::read_dir(from).unwrap() {
+                let entry = entry.unwrap();
+                std::fs::copy(entry.path(), tls.join(entry.file_name())).unwrap();
+            }
+        }
         let pki = keelson_cluster::pki::load_or_create(&tls, &config, None).unwrap();
         pki.write(&tls).unwrap();
         cluster["members"]["keyId"] = pki.membership_key_id().unwrap().into();
@@ -375,10 +392,20 @@ impl RunNet {
         nodes: &[(&str, &str)],
         services: &str,
     ) -> Self {
+        Self::with_files(seg, RunCluster::new(agent, cluster), nodes, services)
+    }
+
+    /// [`RunNet::new`] with the cluster's files already written ([`RunCluster::from_build`]).
+    pub fn with_files(
+        seg: Segment,
+        files: RunCluster,
+        nodes: &[(&str, &str)],
+        services: &str,
+    ) -> Self {
         assert_eq!(seg.nodes.len(), nodes.len(), "one namespace a node");
         RunNet {
             seg,
-            files: RunCluster::new(agent, cluster),
+            files,
             nodes: nodes.iter().map(|_| None).collect(),
             names: nodes
                 .iter()
