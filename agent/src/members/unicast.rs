@@ -31,9 +31,6 @@ use super::{Counters, own_member, publish};
 use crate::context::AgentContext;
 use crate::net::http_client::{HttpClient, HttpError, Request, Trust};
 
-/// Where the cluster CA is on a node.
-pub const CA_PATH: &str = "/etc/keelson/tls/ca.crt";
-
 /// Longest wait for one registry's answer.
 const EXCHANGE_TIMEOUT: Duration = Duration::from_secs(5);
 

@@ -19,30 +19,12 @@ use base64::Engine;
 use sha2::{Digest, Sha512};
 
 use crate::cluster::{ClusterConfig, Role};
+use crate::paths;
 use crate::unit;
 use crate::version::SpecVersion;
 
 /// OpenStack's cap on user_data (base64 of it, in fact; we keep the raw size under it).
 pub const USER_DATA_MAX: usize = 65_535;
-
-/// Where files land on a node.
-pub mod paths {
-    /// The agent's cluster settings.
-    pub const CLUSTER_JSON: &str = "/etc/keelson/cluster.json";
-    /// The node's role.
-    pub const ROLE: &str = "/etc/keelson/role";
-    /// The cluster root CA.
-    pub const CA: &str = "/etc/keelson/tls/ca.crt";
-    /// The Ignition server certificate (bootstrap and masters).
-    pub const SERVER_CERT: &str = "/etc/keelson/tls/server.crt";
-    /// Its key.
-    pub const SERVER_KEY: &str = "/etc/keelson/tls/server.key";
-    /// The CA in the system trust store (RHCOS picks up anchors from here).
-    pub const TRUST_ANCHOR: &str = "/etc/pki/ca-trust/source/anchors/keelson-ca.crt";
-    /// Where a master keeps the service assets it serves but does not run (the agent's
-    /// Ignition server reads `/assets/` from here, see agent/src/ignition_server).
-    pub const ASSETS_DIR: &str = "/etc/keelson/assets";
-}
 
 /// What a full config needs besides cluster.json.
 #[derive(Debug, Clone, PartialEq, Eq)]
