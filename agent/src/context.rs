@@ -184,11 +184,7 @@ impl Bus {
     }
 }
 
-/// Where the node's TLS files are (written by its Ignition config).
-pub const TLS_DIR: &str = "/etc/keelson/tls";
-
-/// Where the agent keeps state across restarts.
-pub const STATE_DIR: &str = "/var/lib/keelson";
+pub use keelson_cluster::paths::{STATE_DIR, TLS_DIR};
 
 /// The node's directories (overridable so several agents share one host in tests).
 #[derive(Debug, Clone, PartialEq, Eq)]

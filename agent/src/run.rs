@@ -22,7 +22,7 @@ use crate::supervisor::{Follows, ServiceFn, Supervisor, boxed};
 #[derive(Debug, clap::Args)]
 pub struct RunArgs {
     /// cluster.json.
-    #[arg(long, default_value = "/etc/keelson/cluster.json")]
+    #[arg(long, default_value = keelson_cluster::paths::CLUSTER_JSON)]
     pub cluster: PathBuf,
     /// node.json: overrides the identity metadata would give.
     #[arg(long)]

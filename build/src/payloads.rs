@@ -226,7 +226,7 @@ pub struct Asset {
 
 /// Where the appliance image carries the build's assets, so an appliance bootstrap can
 /// run and serve them (docs/architecture.md: the bootstrap cannot fetch from itself).
-pub const IMAGE_ASSETS_DIR: &str = "/etc/keelson/assets";
+pub const IMAGE_ASSETS_DIR: &str = keelson_cluster::paths::ASSETS_DIR;
 
 /// Reads the `--asset` files; names must be plain, distinct, and not the agent's.
 pub fn load_assets(paths: &[PathBuf]) -> anyhow::Result<Vec<Asset>> {

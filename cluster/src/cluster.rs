@@ -16,9 +16,6 @@ pub use crate::bgp::BgpSettings;
 /// The only `cluster.json` version this code reads and writes.
 pub const CLUSTER_JSON_VERSION: u32 = 1;
 
-/// Path of `cluster.json` on a node.
-pub const CLUSTER_JSON_PATH: &str = "/etc/keelson/cluster.json";
-
 /// A node's role in the cluster.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]

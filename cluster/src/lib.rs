@@ -5,6 +5,7 @@
 //! - [`version`]: the Ignition spec versions keelson writes.
 //! - [`routes`]: the hook through which the agent adds routes to the config server.
 //! - [`negotiate`]: which spec version to serve for an `Accept` header.
+//! - [`paths`]: the well-known paths on a node (`/etc/keelson/cluster.json`...).
 //! - [`server`]: the Ignition config server (`keelson serve`, agent `ignition_server`).
 //!
 //! Everything here is pure (no sockets) except the config server, which `keelson serve`
@@ -17,6 +18,7 @@ pub mod install_config;
 pub mod membership;
 pub mod negotiate;
 pub mod operator;
+pub mod paths;
 #[cfg(feature = "build")]
 pub mod pki;
 pub mod render;

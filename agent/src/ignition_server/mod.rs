@@ -53,7 +53,7 @@ impl Paths {
         Self {
             cert: tls_dir.join(keelson_cluster::tls_files::SERVER_CERT),
             key: tls_dir.join(keelson_cluster::tls_files::SERVER_KEY),
-            assets_dir: PathBuf::from("/etc/keelson/assets"),
+            assets_dir: PathBuf::from(keelson_cluster::paths::ASSETS_DIR),
             self_asset: Some(AGENT_ASSET.to_string()),
         }
     }

@@ -8,8 +8,8 @@ use std::path::{Path, PathBuf};
 use keelson_cluster::{ClusterConfig, Role};
 use sha2::{Digest, Sha512};
 
-/// Where the image carries the build's assets.
-pub const IMAGE_ASSETS_DIR: &str = "etc/keelson/assets";
+/// Where the image carries the build's assets, relative to the root it is unpacked in.
+pub const IMAGE_ASSETS_DIR: &str = keelson_cluster::paths::ASSETS_DIR.split_at(1).1;
 
 /// What [`install_from_image`] did, one line per service.
 #[derive(Debug, Default, PartialEq, Eq)]

@@ -25,7 +25,7 @@ use crate::context::AgentContext;
 use crate::log::console as log;
 
 /// Where the cluster settings land after user_data is applied.
-pub const CLUSTER_JSON: &str = "/etc/keelson/cluster.json";
+pub use keelson_cluster::paths::CLUSTER_JSON;
 
 /// The PID-1 entry point. Never returns.
 pub fn main() -> ! {

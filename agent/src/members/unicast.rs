@@ -32,9 +32,6 @@ use crate::context::AgentContext;
 use crate::member::Member;
 use crate::net::http_client::{HttpClient, HttpError, Request, Trust};
 
-/// Where the cluster CA is on a node.
-pub const CA_PATH: &str = "/etc/keelson/tls/ca.crt";
-
 /// Longest wait for one registry's answer.
 const EXCHANGE_TIMEOUT: Duration = Duration::from_secs(5);
 

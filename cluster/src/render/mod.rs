@@ -20,6 +20,7 @@ use base64::Engine;
 use sha2::{Digest, Sha512};
 
 use crate::cluster::{ClusterConfig, Role};
+use crate::paths;
 use crate::unit;
 use crate::version::SpecVersion;
 
@@ -33,25 +34,6 @@ pub const USER_DATA_MAX_RAW: usize = USER_DATA_MAX / 4 * 3;
 /// The length of the base64 form (padded, as clients send it) of `len` bytes.
 pub fn base64_len(len: usize) -> usize {
     len.div_ceil(3) * 4
-}
-
-/// Where files land on a node.
-pub mod paths {
-    /// The agent's cluster settings.
-    pub const CLUSTER_JSON: &str = "/etc/keelson/cluster.json";
-    /// The node's role.
-    pub const ROLE: &str = "/etc/keelson/role";
-    /// The cluster root CA.
-    pub const CA: &str = "/etc/keelson/tls/ca.crt";
-    /// The Ignition server certificate (bootstrap and masters).
-    pub const SERVER_CERT: &str = "/etc/keelson/tls/server.crt";
-    /// Its key.
-    pub const SERVER_KEY: &str = "/etc/keelson/tls/server.key";
-    /// The CA in the system trust store (RHCOS picks up anchors from here).
-    pub const TRUST_ANCHOR: &str = "/etc/pki/ca-trust/source/anchors/keelson-ca.crt";
-    /// Where a master keeps the service assets it serves but does not run (the agent's
-    /// Ignition server reads `/assets/` from here, see agent/src/ignition_server).
-    pub const ASSETS_DIR: &str = "/etc/keelson/assets";
 }
 
 /// What a full config needs besides cluster.json.
@@ -219,7 +201,7 @@ pub fn full_model(cluster: &ClusterConfig, role: Role, assets: &NodeAssets) -> M
     // Every node signs its member records (workers too).
     for (name, text) in &assets.membership_keys {
         files.push(inline(
-            &format!("/etc/keelson/tls/{name}"),
+            &format!("{}/{name}", crate::paths::TLS_DIR),
             0o600,
             text.as_bytes(),
         ));

@@ -20,7 +20,7 @@ use crate::version::SpecVersion;
 
 /// Where the bootstrap and the masters keep the operator's master and worker configs, to
 /// serve them merged (`<role>.ign`, in the build's spec).
-pub const MERGE_DIR: &str = "/etc/keelson/merge";
+pub use crate::paths::MERGE_DIR;
 
 /// The node path of the operator's config for `pool`.
 pub fn merge_path(pool: Role) -> String {
