@@ -30,6 +30,12 @@ pub mod version;
 
 pub use cluster::{ClusterConfig, Role};
 
+/// The most nodes, masters and workers together, a keelson cluster holds: every members
+/// registry keeps at most this many records (the agent's `members::table::MAX_MEMBERS`;
+/// docs/scale.md). `keelson build` refuses an install-config that asks for more, rather
+/// than a cluster whose last nodes are missing from DNS.
+pub const MAX_NODES: u32 = 4096;
+
 /// File names in a build's `tls/` directory, and on nodes under `/etc/keelson/tls/`.
 pub mod tls_files {
     /// CA certificate.

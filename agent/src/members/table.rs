@@ -8,9 +8,10 @@ use crate::dns_label::DnsLabel;
 use crate::member::Member;
 
 /// The most members a table holds (a registry's own, and what it merges from others): a
-/// cluster's every node, with room to spare; a registry that tried to make this node hold
-/// more (a bug, or a compromised server key) is held to it. `docs/agent.md`, "Limits".
-pub const MAX_MEMBERS: usize = 4096;
+/// cluster's every node, as many as `keelson build` accepts in an install-config; a
+/// registry that tried to make this node hold more (a bug, or a compromised server key) is
+/// held to it. `docs/agent.md`, "Limits".
+pub const MAX_MEMBERS: usize = keelson_cluster::MAX_NODES as usize;
 
 /// Members keyed by name with the time of their last registration.
 #[derive(Debug)]

@@ -12,6 +12,7 @@ use ipnet::IpNet;
 use serde::{Deserialize, Deserializer};
 use serde_norway::Value;
 
+use crate::MAX_NODES;
 use crate::cluster::{
     ApiSettings, BackendCheck, CLUSTER_JSON_VERSION, ClusterConfig, DnsSettings, HealthCheckConfig,
     HealthCheckKind, IgnitionServerSettings, LoadBalancerSettings, LoadBalancerType,
@@ -165,15 +166,15 @@ impl Leaf for NonEmpty {
     }
 }
 
-/// A replica count from `MIN` to 1000.
+/// A replica count from `MIN` to [`MAX_NODES`].
 struct Replicas<const MIN: u64>(u32);
 impl<const MIN: u64> Leaf for Replicas<MIN> {
     fn expected() -> String {
-        format!("an integer >= {MIN}")
+        format!("an integer from {MIN} to {MAX_NODES}")
     }
     fn from_value(v: &Value) -> Option<Self> {
         v.as_u64()
-            .filter(|n| (MIN..=1000).contains(n))
+            .filter(|n| (MIN..=u64::from(MAX_NODES)).contains(n))
             .map(|n| Replicas(n as u32))
     }
 }
@@ -674,7 +675,7 @@ impl InstallConfig {
             Some(Checked(Replicas(n))) => n,
             None => 3,
         };
-        let workers = match d.compute {
+        let workers: u32 = match d.compute {
             None => 3,
             Some(pools) => pools
                 .into_iter()
@@ -682,6 +683,17 @@ impl InstallConfig {
                 .map(|Checked(Replicas(n))| n)
                 .sum(),
         };
+        if masters + workers > MAX_NODES {
+            return Err(InstallConfigError::Invalid {
+                path: "compute[].replicas".into(),
+                message: format!(
+                    "{masters} masters and {workers} workers are {} nodes; a keelson cluster \
+                     holds at most {MAX_NODES} (every members registry keeps that many \
+                     records; docs/scale.md)",
+                    masters + workers
+                ),
+            });
+        }
         let machine_networks = machine_networks(d.networking)?;
         let p = platform(&doc, &machine_networks, given, &mut notes)?;
         Ok(InstallConfig {

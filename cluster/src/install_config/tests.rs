@@ -102,12 +102,31 @@ fn with(from: &str, to: &str) -> String {
 fn bad_input_names_field_and_expectation() {
     assert_eq!(
         err(&with("replicas: 3", "replicas: three")),
-        "controlPlane.replicas: expected an integer >= 1, got \"three\""
+        "controlPlane.replicas: expected an integer from 1 to 4096, got \"three\""
     );
     assert_eq!(
         err(&with("replicas: 3", "replicas: 0")),
-        "controlPlane.replicas: expected an integer >= 1, got 0"
+        "controlPlane.replicas: expected an integer from 1 to 4096, got 0"
     );
+    // A pool bigger than a cluster can be names the bound; pools that together are too
+    // many name their sum.
+    assert_eq!(
+        err(&with("replicas: 3", "replicas: 5000")),
+        "controlPlane.replicas: expected an integer from 1 to 4096, got 5000"
+    );
+    let many = EXAMPLE.replace("replicas: 2", "replicas: 2100");
+    assert!(
+        many.contains("replicas: 2100"),
+        "the example has a compute pool of 2"
+    );
+    let two_pools = many.replace("compute:\n", "compute:\n- name: infra\n  replicas: 2100\n");
+    assert_eq!(
+        err(&two_pools),
+        "compute[].replicas: 3 masters and 4200 workers are 4203 nodes; a keelson cluster holds at most 4096 (every members registry keeps that many records; docs/scale.md)"
+    );
+    // 4,096 nodes in all is accepted.
+    let most = EXAMPLE.replace("replicas: 2", "replicas: 4093");
+    assert_eq!(InstallConfig::parse(&most).unwrap().workers, 4093);
     assert!(err(&with("    - 10.0.0.5", "    - 192.168.1.5")).starts_with(
         "platform.openstack.apiVIPs[0]: expected an address inside the machine network (10.0.0.0/16), got 192.168.1.5"
     ));
