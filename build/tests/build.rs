@@ -397,7 +397,7 @@ fn bad_input_exits_2_names_the_field_and_writes_nothing() {
     let cases = [
         (
             text.replace("replicas: 3", "replicas: three"),
-            "controlPlane.replicas: expected an integer >= 1, got \"three\"",
+            "controlPlane.replicas: expected an integer from 1 to 4096, got \"three\"",
         ),
         (
             text.replace("    - 10.0.0.7", "    - 10.0.0.5"),

@@ -105,7 +105,7 @@ fn field_err(field: &str, expected: &str, got: &Value) -> InstallConfigError {
 }
 
 /// A value read as YAML first, then checked, so its error says what was expected and what
-/// came (`expected an integer >= 1, got "three"`); the path in front comes from
+/// came (`expected an integer from 1 to 4096, got "three"`); the path in front comes from
 /// `serde_path_to_error`.
 trait Leaf: Sized {
     /// What a good value looks like.
