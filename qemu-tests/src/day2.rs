@@ -14,6 +14,7 @@ use anyhow::{Context, Result, bail, ensure};
 
 use crate::cluster::{API_VIP, Cluster, ImageKind, MetadataSource, NodePlan};
 use crate::configdrive::NetworkMode;
+use crate::netns::HarnessNetns;
 use crate::probe::{self, ClientLoop, Sample};
 use crate::report::secs;
 use crate::scenarios::{self, STANDIN_BOOT_TIMEOUT, ZONE, in_node};
@@ -131,7 +132,7 @@ fn wait_back(c: &dyn Testbed, node: &str, live: &[String]) -> Result<Duration> {
 /// with a 1 s timeout (as the failover scenario's), and waits for 3 s of answers in a row.
 fn steady_client(c: &dyn Testbed) -> Result<(ClientLoop, Instant)> {
     let client = ClientLoop::start(
-        &c.outside().netns.name,
+        c.outside().netns.name(),
         &format!("https://{API_VIP}:6443/readyz"),
         Duration::from_millis(100),
         Duration::from_secs(1),
@@ -480,7 +481,7 @@ fn replace_steps(c: &mut Cluster) -> Result<String> {
         .filter(|m| *m != victim && c.vms.contains_key(m))
         .collect();
     let expiry = expiry(c)?;
-    let ns = c.outside().netns.name.clone();
+    let ns = c.outside().netns.name().to_owned();
     let ns = crate::netns::Netns::existing(&ns);
     let victim_name = format!("{victim}.{ZONE}");
     let victim_addr = c.node(&victim)?.address.to_string();
@@ -827,7 +828,7 @@ pub fn rotate(c: &mut Cluster) -> Result<String> {
     )?;
     let retired = Instant::now();
     figures.push(format!("retire {} ({})", secs(took), done.join(", ")));
-    let ns = crate::netns::Netns::existing(&c.outside().netns.name);
+    let ns = crate::netns::Netns::existing(c.outside().netns.name());
     let late_name = format!("{late}.{ZONE}");
     let line = format!(
         "dropped a record of {late} signed with membership key \"{old_id}\", which this node does not hold"

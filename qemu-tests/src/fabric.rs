@@ -942,15 +942,12 @@ impl Prober {
     pub fn start(ns: &str, addr: SocketAddr, period: Duration, timeout: Duration) -> Self {
         let stop = Arc::new(AtomicBool::new(false));
         let answers = Arc::new(Mutex::new(Vec::new()));
-        let path = format!("/run/netns/{ns}");
+        let ns = ns.to_owned();
         let thread = {
             let (stop, answers) = (stop.clone(), answers.clone());
             std::thread::spawn(move || {
                 // Threads started from here inherit the namespace.
-                let Ok(file) = std::fs::File::open(&path) else {
-                    return;
-                };
-                if nix::sched::setns(&file, nix::sched::CloneFlags::CLONE_NEWNET).is_err() {
+                if crate::netns::enter(&ns).is_err() {
                     return;
                 }
                 let mut next = Instant::now();

@@ -683,7 +683,7 @@ fn kill_holder(
 ) -> Result<(String, String, probe::Outage)> {
     let holder = c.wait_holder(vip, Duration::from_secs(30), &|h| h.starts_with(same_role))?;
     let client = ClientLoop::start_overlapping(
-        &c.outside().netns.name,
+        c.outside().netns.name(),
         url,
         Duration::from_millis(100),
         Duration::from_secs(1),
@@ -819,7 +819,7 @@ fn router(c: &dyn Testbed, node: &str, start: bool) -> Result<()> {
 /// there alone. Returns (moved after, failed requests, requests).
 fn ingress_move(c: &mut dyn Testbed, stop: &str, to: &str) -> Result<(Duration, usize, usize)> {
     let client = ClientLoop::start(
-        &c.outside().netns.name,
+        c.outside().netns.name(),
         &format!("http://{INGRESS_VIP}:1936/version"),
         Duration::from_millis(100),
         Duration::from_secs(1),
