@@ -30,7 +30,7 @@ const STEP_TIMEOUT: Duration = Duration::from_secs(120);
 const BACK_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// Runs a shell script in `node` and returns its output (fails on a non-zero exit).
-fn sh(c: &dyn Testbed, node: &str, script: &str) -> Result<String> {
+fn shell_on_node(c: &dyn Testbed, node: &str, script: &str) -> Result<String> {
     c.guest(node)
         .with_context(|| format!("{node} has no guest agent"))?
         .output(&["/bin/sh", "-c", script], STEP_TIMEOUT)
@@ -183,7 +183,7 @@ pub fn roll(c: &mut Cluster, new_agent: &Path) -> Result<String> {
     // request past its 1 s timeout in a run. The downloads from the upgraded master's
     // Ignition server, node to node, stay inside the measured window.
     let first_fetch = Instant::now();
-    sh(
+    shell_on_node(
         c,
         &order[0],
         &format!("curl -fsS --noproxy '*' -o /tmp/keelson-agent.new {url}"),
@@ -241,8 +241,8 @@ pub fn roll(c: &mut Cluster, new_agent: &Path) -> Result<String> {
                 )
             }
         };
-        sh(c, node, &fetch)?;
-        let got = sh(c, node, "sha512sum /tmp/keelson-agent.new")?;
+        shell_on_node(c, node, &fetch)?;
+        let got = shell_on_node(c, node, "sha512sum /tmp/keelson-agent.new")?;
         ensure!(
             got.split_whitespace().next() == Some(published.as_str()),
             "{node}: the downloaded agent's sha512 is {got:?}, the published one's {published}"
@@ -251,7 +251,7 @@ pub fn roll(c: &mut Cluster, new_agent: &Path) -> Result<String> {
         // restorecon, which is a no-op where SELinux is off as on the stand-in).
         let restart_at = Instant::now();
         events.push((restart_at, format!("{node}: installing, restarting")));
-        sh(
+        shell_on_node(
             c,
             node,
             "install -m 0755 /tmp/keelson-agent.new /usr/local/bin/keelson-agent.new && \
@@ -263,7 +263,7 @@ pub fn roll(c: &mut Cluster, new_agent: &Path) -> Result<String> {
         events.push((Instant::now(), format!("{node}: waiting until it is back")));
         let back = wait_back(c, node, &masters)?;
         events.push((Instant::now(), format!("{node}: back")));
-        let running = sh(
+        let running = shell_on_node(
             c,
             node,
             "sha512sum /proc/$(systemctl show -p MainPID --value keelson-agent)/exe",
@@ -396,7 +396,7 @@ fn journal_counts(c: &Cluster, pattern: &str) -> std::collections::BTreeMap<Stri
     );
     running_nodes(c)
         .filter_map(|n| {
-            let count = sh(
+            let count = shell_on_node(
                 c,
                 n,
                 &format!(
@@ -687,7 +687,7 @@ fn rolling_step(
     for node in nodes {
         let at = Instant::now();
         events.push((at, format!("{step}: {node} restarting")));
-        sh(c, node, &script(node)).with_context(|| format!("{step} on {node}"))?;
+        shell_on_node(c, node, &script(node)).with_context(|| format!("{step} on {node}"))?;
         let restart = at.elapsed();
         events.push((Instant::now(), format!("{step}: {node} waiting until back")));
         let back = wait_back(c, node, live).with_context(|| format!("{step} on {node}"))?;
@@ -809,7 +809,7 @@ pub fn rotate(c: &mut Cluster) -> Result<String> {
             Instant::now(),
             format!("{late}: restart to hand the VIP on"),
         ));
-        sh(c, &late, "systemctl restart keelson-agent")?;
+        shell_on_node(c, &late, "systemctl restart keelson-agent")?;
         wait_back(c, &late, &masters)?;
         figures.push(format!(
             "({late} held the VIP after the switch: restarted once)"
@@ -867,7 +867,7 @@ pub fn rotate(c: &mut Cluster) -> Result<String> {
                     "{m}'s /metrics has keelson_members_auth_drops_total{{reason=\"unknownKey\"}} 0"
                 ));
             }
-            let journal = sh(
+            let journal = shell_on_node(
                 c,
                 m,
                 "journalctl --no-pager -q -o cat -u keelson-agent.service",

@@ -104,7 +104,9 @@ pub struct Fabric {
     children: Mutex<Vec<(String, Child)>>,
 }
 
-fn sh(args: &[&str]) -> Result<String> {
+/// Runs `args[0]` with the rest as its arguments; its stdout, or an error naming the
+/// command and its stderr when it fails.
+fn run_ok(args: &[&str]) -> Result<String> {
     let out = Command::new(args[0])
         .args(&args[1..])
         .output()
@@ -121,11 +123,11 @@ fn sh(args: &[&str]) -> Result<String> {
 fn ip(ns: &str, args: &[&str]) -> Result<String> {
     let mut all = vec!["ip", "-n", ns];
     all.extend_from_slice(args);
-    sh(&all)
+    run_ok(&all)
 }
 
 fn sysctl(ns: &str, kv: &str) -> Result<()> {
-    sh(&["ip", "netns", "exec", ns, "sysctl", "-qw", kv]).map(|_| ())
+    run_ok(&["ip", "netns", "exec", ns, "sysctl", "-qw", kv]).map(|_| ())
 }
 
 /// Stops then kills every process in namespace `ns` (stopped first, so none reacts to the
@@ -208,7 +210,7 @@ impl Fabric {
             children: Mutex::new(Vec::new()),
         };
         for ns in NAMESPACES {
-            sh(&["ip", "netns", "add", ns])?;
+            run_ok(&["ip", "netns", "add", ns])?;
             ip(ns, &["link", "set", "lo", "up"])?;
             for k in ["all", "default"] {
                 sysctl(ns, &format!("net.ipv6.conf.{k}.accept_dad=0"))?;
@@ -534,7 +536,7 @@ impl Fabric {
         std::fs::create_dir_all(&run)?;
         std::fs::create_dir_all(&etc)?;
         std::fs::write(etc.join("vtysh.conf"), "")?;
-        sh(&["chown", "-R", "frr:frr", &run.display().to_string()])?;
+        run_ok(&["chown", "-R", "frr:frr", &run.display().to_string()])?;
         // One after the other, each once the one before answers: bgpd registers its BFD
         // peers with bfdd through zebra, and FRR 8.4 loses registrations made before
         // that path is up (the sessions never appear).
