@@ -287,32 +287,32 @@ impl Cluster {
             bail!("the plan boots the RHCOS stand-in but no stand-in image was given");
         }
         let segment = Segment::for_this_process();
-        let netns = Netns::create(&format!("kqc{}", std::process::id() % 100_000))?;
+        let netns = Netns::try_named(&format!("kqc{}", std::process::id() % 100_000))?;
         let (bridge, bridge_segment, host_iface) = match config {
             Config::Multicast if multicast == MulticastSegment::Switch => (
                 None,
-                Some(BridgeSegment::create_switch(&netns.name, "kqbr0")?),
+                Some(BridgeSegment::create_switch(netns.name(), "kqbr0")?),
                 "kqbr0",
             ),
             Config::Multicast => (
-                Some(TapBridge::start(segment, &netns.name, "kqtap0")?),
+                Some(TapBridge::start(segment, netns.name(), "kqtap0")?),
                 None,
                 "kqtap0",
             ),
             Config::Unicast => (
                 None,
-                Some(BridgeSegment::create(&netns.name, "kqbr0")?),
+                Some(BridgeSegment::create(netns.name(), "kqbr0")?),
                 "kqbr0",
             ),
         };
-        netns.ip(&[
+        netns.try_ip(&[
             "addr",
             "add",
             &format!("{HOST_ADDRESS}/{PREFIX}"),
             "dev",
             host_iface,
         ])?;
-        netns.ip(&["link", "set", host_iface, "mtu", &MTU.to_string(), "up"])?;
+        netns.try_ip(&["link", "set", host_iface, "mtu", &MTU.to_string(), "up"])?;
         let mut cluster = Cluster {
             config,
             work: work.to_path_buf(),
@@ -435,11 +435,13 @@ impl Cluster {
         match (&self.bridge_segment, self.config) {
             (Some(b), Config::Unicast) => format!(
                 "bridge {} of taps in {}, every multicast frame dropped (checked)",
-                b.bridge, self.netns.name
+                b.bridge,
+                self.netns.name()
             ),
             (Some(b), Config::Multicast) => format!(
                 "bridge {} of taps in {}, a learning switch where multicast passes",
-                b.bridge, self.netns.name
+                b.bridge,
+                self.netns.name()
             ),
             (None, _) => format!(
                 "QEMU multicast socket {}:{} (a hub)",
@@ -546,17 +548,14 @@ impl Cluster {
             crate::neutron::METADATA_ADDRESS
         );
         let nft = crate::tools::require("nft")?;
-        let out = crate::netns::output_with_stdin(
-            self.netns.command_path(&nft).args(["-f", "-"]),
-            &rules,
-        )?;
+        let out = crate::netns::output_with_stdin(self.netns.exec(&nft).args(["-f", "-"]), &rules)?;
         if !out.status.success() {
             bail!(
                 "nft (metadata fault for {address}): {}",
                 String::from_utf8_lossy(&out.stderr)
             );
         }
-        let mut delete = self.netns.command_path(&nft);
+        let mut delete = self.netns.exec(&nft);
         delete.args(["delete", "table", "inet", &table]);
         let log = self.dhcp.as_ref().context("no DHCP server")?.log.clone();
         let mac = mac.to_owned();

@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 
-use crate::netns::Netns;
+use crate::netns::{HarnessNetns, Netns};
 
 /// The metadata service's address.
 pub const METADATA_ADDRESS: Ipv4Addr = Ipv4Addr::new(169, 254, 169, 254);
@@ -85,7 +85,7 @@ impl Dhcp {
             .collect();
         std::fs::write(&hostsfile, text)?;
         let net = ipnet::Ipv4Net::new(settings.server, settings.prefix)?.network();
-        let mut cmd = ns.command_path(&dnsmasq);
+        let mut cmd = ns.exec(&dnsmasq);
         cmd.args([
             "--no-daemon",
             "--conf-file=/dev/null",
@@ -216,7 +216,7 @@ impl MetadataService {
         interface: &str,
         instances: BTreeMap<Ipv4Addr, Instance>,
     ) -> Result<Self> {
-        ns.ip(&[
+        ns.try_ip(&[
             "addr",
             "add",
             &format!("{METADATA_ADDRESS}/32"),

@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use crate::netns::Netns;
+use crate::netns::{HarnessNetns, Netns};
 
 /// `curl -sk` of `url` from the namespace with an overall `timeout`: the body on a 2xx.
 pub fn curl(ns: &Netns, url: &str, timeout: Duration) -> Option<String> {
@@ -301,7 +301,7 @@ pub fn arp_answers(
 ) -> anyhow::Result<Vec<String>> {
     use anyhow::Context;
     use std::os::fd::AsRawFd;
-    let out = ns.ip(&["-j", "link", "show", "dev", iface])?;
+    let out = ns.try_ip(&["-j", "link", "show", "dev", iface])?;
     let link: serde_json::Value = serde_json::from_slice(&out.stdout)?;
     let index = link[0]["ifindex"].as_i64().context("ifindex")? as i32;
     let mac_text = link[0]["address"]
@@ -312,10 +312,7 @@ pub fn arp_answers(
     for (m, part) in mac.iter_mut().zip(mac_text.split(':')) {
         *m = u8::from_str_radix(part, 16)?;
     }
-    let path = format!("/run/netns/{}", ns.name);
-    std::thread::spawn(move || -> anyhow::Result<Vec<String>> {
-        let file = std::fs::File::open(&path)?;
-        nix::sched::setns(&file, nix::sched::CloneFlags::CLONE_NEWNET)?;
+    crate::netns::try_in_netns(ns.name(), move || -> anyhow::Result<Vec<String>> {
         const ETH_P_ARP: u16 = 0x0806;
         let sock = socket2::Socket::new(
             socket2::Domain::PACKET,

@@ -23,6 +23,8 @@ use std::thread::JoinHandle;
 use anyhow::{Context, Result, bail};
 use socket2::{Domain, Protocol, Socket, Type};
 
+use crate::netns::{enter, try_in_netns};
+
 /// One QEMU multicast segment.
 #[derive(Debug, Clone, Copy)]
 pub struct Segment {
@@ -72,15 +74,10 @@ const TUNSETIFF: libc::c_ulong = 0x4004_54ca;
 /// Opens tap `name` inside network namespace `netns` (created with the fd, gone when the
 /// last copy of the fd closes).
 pub fn open_tap_in_netns(netns: &str, name: &str) -> Result<File> {
-    // setns only moves the calling thread; the tap fd keeps its namespace afterwards, so
-    // open it on a short-lived thread and leave the harness's own threads where they are.
-    let netns = netns.to_string();
+    // The tap fd keeps its namespace afterwards, so it is opened on a short-lived thread
+    // inside `netns` and the harness's own threads stay where they are.
     let name = name.to_string();
-    std::thread::spawn(move || -> Result<File> {
-        let ns = File::open(format!("/run/netns/{netns}"))
-            .with_context(|| format!("opening network namespace {netns}"))?;
-        nix::sched::setns(&ns, nix::sched::CloneFlags::CLONE_NEWNET)
-            .with_context(|| format!("entering network namespace {netns}"))?;
+    try_in_netns(netns, move || -> Result<File> {
         let tun = std::fs::OpenOptions::new()
             .read(true)
             .write(true)
@@ -466,7 +463,7 @@ impl BridgeSegment {
             // A receiver on the bridge device (the host-side participant), joined to the group.
             let listen_ns = self.netns.clone();
             let receiver = std::thread::spawn(move || -> Result<bool> {
-                enter_netns(&listen_ns)?;
+                enter(&listen_ns)?;
                 let sock = UdpSocket::bind(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 5998))?;
                 sock.join_multicast_v4(&group, &Ipv4Addr::new(192, 0, 2, 1))?;
                 sock.set_read_timeout(Some(std::time::Duration::from_millis(1500)))?;
@@ -476,7 +473,7 @@ impl BridgeSegment {
             std::thread::sleep(std::time::Duration::from_millis(200));
             let send_ns = probe_ns.clone();
             std::thread::spawn(move || -> Result<()> {
-                enter_netns(&send_ns)?;
+                enter(&send_ns)?;
                 let sock = Socket::new(Domain::IPV4, Type::DGRAM, Some(Protocol::UDP))?;
                 sock.set_multicast_if_v4(&Ipv4Addr::new(192, 0, 2, 2))?;
                 let to = SocketAddrV4::new(group, 5998).into();
@@ -519,15 +516,6 @@ impl BridgeSegment {
             .output();
         result
     }
-}
-
-/// Moves the calling thread into network namespace `netns`.
-fn enter_netns(netns: &str) -> Result<()> {
-    let ns = File::open(format!("/run/netns/{netns}"))
-        .with_context(|| format!("opening network namespace {netns}"))?;
-    nix::sched::setns(&ns, nix::sched::CloneFlags::CLONE_NEWNET)
-        .with_context(|| format!("entering network namespace {netns}"))?;
-    Ok(())
 }
 
 #[cfg(test)]

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 
 use crate::guest::GuestAgent;
-use crate::netns::Netns;
+use crate::netns::{HarnessNetns, Netns};
 use crate::node_plan::{ImageKind, NodePlan};
 
 /// The outside participant on the cluster's segment: a namespace, its interface there and

@@ -2,9 +2,10 @@
 //! and concurrent tests never share one), with loopback up, deleted on drop. Traffic a
 //! test sends goes only to addresses inside namespaces it made.
 
+use std::ffi::OsStr;
 use std::future::Future;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::{Command, Output, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::thread::JoinHandle;
 
@@ -17,10 +18,11 @@ pub fn unique_name(tag: &str) -> String {
     format!("{tag}-{}-{n}", std::process::id())
 }
 
-/// One network namespace, deleted on drop.
+/// One network namespace, deleted on drop when this handle created it.
 #[derive(Debug)]
 pub struct Netns {
     name: String,
+    owned: bool,
 }
 
 impl Netns {
@@ -33,9 +35,33 @@ impl Netns {
     pub fn named(name: &str) -> Self {
         delete(name);
         sh(&["ip", "netns", "add", name]);
-        let ns = Netns { name: name.into() };
+        let ns = Netns {
+            name: name.into(),
+            owned: true,
+        };
         ns.ip(&["link", "set", "lo", "up"]);
         ns
+    }
+
+    /// [`Netns::named`] for a harness that reports errors instead of panicking: creates
+    /// namespace `name` (a stale one of that name is removed first) with loopback up.
+    pub fn try_named(name: &str) -> std::io::Result<Self> {
+        delete(name);
+        run_ok(Command::new("ip").args(["netns", "add", name]))?;
+        let ns = Netns {
+            name: name.into(),
+            owned: true,
+        };
+        ns.try_ip(&["link", "set", "lo", "up"])?;
+        Ok(ns)
+    }
+
+    /// A handle on a namespace someone else created and deletes (not deleted on drop).
+    pub fn existing(name: &str) -> Self {
+        Netns {
+            name: name.into(),
+            owned: false,
+        }
     }
 
     /// Its name (`ip netns`).
@@ -50,8 +76,14 @@ impl Netns {
         sh(&all)
     }
 
+    /// `ip -n <name> ARGS`; its output, or an error naming the command and its stderr when
+    /// it fails.
+    pub fn try_ip(&self, args: &[&str]) -> std::io::Result<Output> {
+        run_ok(Command::new("ip").arg("-n").arg(&self.name).args(args))
+    }
+
     /// `program` to run inside the namespace (`ip netns exec`).
-    pub fn exec(&self, program: &str) -> Command {
+    pub fn exec(&self, program: impl AsRef<OsStr>) -> Command {
         exec_in(&self.name, program)
     }
 
@@ -99,8 +131,24 @@ impl Netns {
 
 impl Drop for Netns {
     fn drop(&mut self) {
-        delete(&self.name);
+        if self.owned {
+            delete(&self.name);
+        }
     }
+}
+
+/// Runs `cmd`; its output, or an error naming the command and its stderr when it fails.
+fn run_ok(cmd: &mut Command) -> std::io::Result<Output> {
+    let out = cmd
+        .output()
+        .map_err(|e| std::io::Error::new(e.kind(), format!("running {cmd:?}: {e}")))?;
+    if !out.status.success() {
+        return Err(std::io::Error::other(format!(
+            "{cmd:?} failed: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        )));
+    }
+    Ok(out)
 }
 
 /// Deletes namespace `name` if it exists.
@@ -112,9 +160,9 @@ pub fn delete(name: &str) {
 }
 
 /// `program` to run inside namespace `ns` (`ip netns exec`).
-pub fn exec_in(ns: &str, program: &str) -> Command {
+pub fn exec_in(ns: &str, program: impl AsRef<OsStr>) -> Command {
     let mut cmd = Command::new("ip");
-    cmd.args(["netns", "exec", ns, program]);
+    cmd.args(["netns", "exec", ns]).arg(program);
     cmd
 }
 
@@ -144,17 +192,43 @@ impl Drop for Resolver {
     }
 }
 
-/// Runs `f` on a thread inside namespace `ns` (a socket made there stays there, whichever
-/// thread uses it later).
+/// Moves the calling thread into namespace `ns`; the error names the namespace. setns
+/// moves only this thread, and threads it starts afterwards inherit the namespace.
+pub fn enter(ns: &str) -> std::io::Result<()> {
+    let path = format!("/run/netns/{ns}");
+    let file = std::fs::File::open(&path)
+        .map_err(|e| std::io::Error::new(e.kind(), format!("opening {path}: {e}")))?;
+    nix::sched::setns(&file, nix::sched::CloneFlags::CLONE_NEWNET)
+        .map_err(|e| std::io::Error::other(format!("entering {path}: {e}")))
+}
+
+/// Runs `f` on a new thread inside namespace `ns`, leaving the caller's threads where they
+/// are (a socket or tap made there stays there, whichever thread uses it later). The
+/// thread's result is `f`'s, or the error entering the namespace.
+pub fn try_in_netns<T, E>(
+    ns: &str,
+    f: impl FnOnce() -> Result<T, E> + Send + 'static,
+) -> JoinHandle<Result<T, E>>
+where
+    T: Send + 'static,
+    E: From<std::io::Error> + Send + 'static,
+{
+    let ns = ns.to_owned();
+    std::thread::spawn(move || {
+        enter(&ns)?;
+        f()
+    })
+}
+
+/// Runs `f` on a thread inside namespace `ns`, as [`try_in_netns`], panicking when the
+/// namespace cannot be entered.
 pub fn in_netns<T: Send + 'static>(
     ns: &str,
     f: impl FnOnce() -> T + Send + 'static,
 ) -> JoinHandle<T> {
-    let path = format!("/run/netns/{ns}");
+    let ns = ns.to_owned();
     std::thread::spawn(move || {
-        let file = std::fs::File::open(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
-        nix::sched::setns(&file, nix::sched::CloneFlags::CLONE_NEWNET)
-            .unwrap_or_else(|e| panic!("entering {path}: {e}"));
+        enter(&ns).unwrap_or_else(|e| panic!("{e}"));
         f()
     })
 }

@@ -256,6 +256,21 @@ impl Segment {
         }
     }
 
+    /// Sets node `i`'s port on the bridge up or down: the cable pulled at the switch, while
+    /// the node's own `eth0` stays up and keeps its addresses.
+    pub fn set_bridge_port(&self, i: usize, up: bool) {
+        let state = if up { "up" } else { "down" };
+        sh(&[
+            "ip",
+            "-n",
+            &self.bridge,
+            "link",
+            "set",
+            &Self::port(i),
+            state,
+        ]);
+    }
+
     /// Sets node `i`'s `eth0` up or down.
     pub fn set_link(&self, i: usize, up: bool) {
         let state = if up { "up" } else { "down" };

@@ -23,6 +23,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use keelson_qemu_tests::fabric::{self, Daemon, Fabric, Prober, SPINE, VIP4, vip_addr};
 use keelson_qemu_tests::probe::outage;
+use keelson_testkit::Segment;
 
 const PERIOD: Duration = Duration::from_millis(50);
 const TIMEOUT: Duration = Duration::from_secs(1);
@@ -44,14 +45,6 @@ impl Setup {
             Setup::Keepalived => "vrrp keepalived",
         }
     }
-}
-
-fn sh(args: &[&str]) -> Result<()> {
-    let out = Command::new(args[0]).args(&args[1..]).output()?;
-    if !out.status.success() {
-        bail!("{args:?}: {}", String::from_utf8_lossy(&out.stderr).trim());
-    }
-    Ok(())
 }
 
 /// Resident memory of the processes in `ns` whose name is one of `names`, KiB.
@@ -128,43 +121,27 @@ fn bgp_round(daemon: Daemon, agent: &Path, standin: &Path) -> Result<(Duration, 
     Ok((o.last_failure.unwrap_or_default(), rss))
 }
 
-/// The VRRP segment of `bench/vrrp_failover.sh`: a bridge, nodes A and B, client C.
-struct Segment {
+/// The VRRP segment of `bench/vrrp_failover.sh`: testkit's bridge segment with nodes A
+/// (10.72.0.11, [`NODE_A`]) and B (10.72.0.10, [`NODE_B`]), client C ([`CLIENT`]), and
+/// the programs started on it.
+struct VrrpSegment {
+    seg: Segment,
     children: Vec<Child>,
     work: tempfile::TempDir,
 }
 
-const SEG: [&str; 4] = ["kvb-br", "kvb-a", "kvb-b", "kvb-c"];
 const VRRP_VIP: &str = "10.72.0.100";
+/// Node A, the higher address (10.72.0.11): with equal priorities it wins the election.
+const NODE_A: usize = 1;
+/// Node B (10.72.0.10).
+const NODE_B: usize = 0;
+/// The client that probes the VIP.
+const CLIENT: usize = 2;
 
-impl Segment {
-    fn build() -> Result<Segment> {
-        for ns in SEG {
-            fabric::kill_namespace(ns);
-            let _ = Command::new("ip").args(["netns", "del", ns]).output();
-        }
-        for ns in SEG {
-            sh(&["ip", "netns", "add", ns])?;
-            sh(&["ip", "-n", ns, "link", "set", "lo", "up"])?;
-        }
-        sh(&["ip", "-n", "kvb-br", "link", "add", "br0", "type", "bridge"])?;
-        sh(&["ip", "-n", "kvb-br", "link", "set", "br0", "up"])?;
-        for (ns, port, addr) in [
-            ("kvb-a", "p-a", "10.72.0.11/24"),
-            ("kvb-b", "p-b", "10.72.0.10/24"),
-            ("kvb-c", "p-c", "10.72.0.50/24"),
-        ] {
-            sh(&[
-                "ip", "-n", "kvb-br", "link", "add", port, "type", "veth", "peer", "name", "eth0",
-                "netns", ns,
-            ])?;
-            sh(&[
-                "ip", "-n", "kvb-br", "link", "set", port, "master", "br0", "up",
-            ])?;
-            sh(&["ip", "-n", ns, "addr", "add", addr, "dev", "eth0"])?;
-            sh(&["ip", "-n", ns, "link", "set", "eth0", "up"])?;
-        }
-        Ok(Segment {
+impl VrrpSegment {
+    fn build() -> Result<VrrpSegment> {
+        Ok(VrrpSegment {
+            seg: Segment::ipv4_only("kvb", 3, 72),
             children: Vec::new(),
             work: tempfile::Builder::new().prefix("kvb-").tempdir()?,
         })
@@ -186,7 +163,10 @@ impl Segment {
     }
 
     fn start(&mut self, setup: Setup, agent: &Path, standin: &Path) -> Result<()> {
-        for (ns, node, addr) in [("kvb-a", "a", "10.72.0.11"), ("kvb-b", "b", "10.72.0.10")] {
+        for (i, node) in [(NODE_A, "a"), (NODE_B, "b")] {
+            let ns = self.seg.nodes[i].clone();
+            let ns = ns.as_str();
+            let addr = self.seg.ip4(i).to_string();
             self.spawn(
                 ns,
                 &format!("{node}-standin.log"),
@@ -262,43 +242,37 @@ impl Segment {
         Ok(())
     }
 
-    fn holds(ns: &str) -> bool {
-        Command::new("ip")
-            .args(["-n", ns, "-o", "addr", "show", "dev", "eth0"])
-            .output()
-            .map(|o| String::from_utf8_lossy(&o.stdout).contains(&format!(" {VRRP_VIP}/")))
-            .unwrap_or(false)
+    fn holds(&self, i: usize) -> bool {
+        self.seg.holds(i, VRRP_VIP)
     }
 }
 
-impl Drop for Segment {
+impl Drop for VrrpSegment {
     fn drop(&mut self) {
         if std::env::var_os("KBG_KEEP_LOGS").is_some() {
             eprintln!("segment logs kept in {}", self.work.path().display());
             self.work.disable_cleanup(true);
         }
-        for ns in SEG {
+        for ns in &self.seg.nodes {
             fabric::kill_namespace(ns);
         }
         for c in &mut self.children {
             let _ = c.kill();
             let _ = c.wait();
         }
-        for ns in SEG {
-            let _ = Command::new("ip").args(["netns", "del", ns]).output();
-        }
+        // `seg` deletes the namespaces when it drops, after this.
     }
 }
 
 fn vrrp_round(setup: Setup, agent: &Path, standin: &Path) -> Result<Duration> {
-    let mut seg = Segment::build()?;
+    let mut seg = VrrpSegment::build()?;
     seg.start(setup, agent, standin)?;
     // Whoever won the election holds the VIP (equal priorities: no preemption after).
     let deadline = Instant::now() + Duration::from_secs(30);
-    let (holder, port, backup) = loop {
-        match (Segment::holds("kvb-a"), Segment::holds("kvb-b")) {
-            (true, false) => break ("kvb-a", "p-a", "kvb-b"),
-            (false, true) => break ("kvb-b", "p-b", "kvb-a"),
+    let (holder, backup) = loop {
+        match (seg.holds(NODE_A), seg.holds(NODE_B)) {
+            (true, false) => break (NODE_A, NODE_B),
+            (false, true) => break (NODE_B, NODE_A),
             _ if Instant::now() > deadline => {
                 bail!("{}: no single holder within 30 s", setup.label())
             }
@@ -306,15 +280,15 @@ fn vrrp_round(setup: Setup, agent: &Path, standin: &Path) -> Result<Duration> {
         }
     };
     let addr = std::net::SocketAddr::new(VRRP_VIP.parse()?, 6443);
-    let p = Prober::start("kvb-c", addr, PERIOD, TIMEOUT);
+    let p = Prober::start(&seg.seg.nodes[CLIENT], addr, PERIOD, TIMEOUT);
     // The backup hears a few adverts (it runs on the holder's Master_Down timer), as in
     // the VRRP bench.
     std::thread::sleep(Duration::from_secs(4));
     let cut = Instant::now();
-    sh(&["ip", "-n", "kvb-br", "link", "set", port, "down"])?;
-    fabric::kill_namespace(holder);
+    seg.seg.set_bridge_port(holder, false);
+    fabric::kill_namespace(&seg.seg.nodes[holder]);
     let deadline = Instant::now() + Duration::from_secs(30);
-    while !Segment::holds(backup) {
+    while !seg.holds(backup) {
         if Instant::now() > deadline {
             bail!("{}: the backup never took over", setup.label());
         }

@@ -291,7 +291,7 @@ impl OpenStackCluster {
             plan: deployment.plan(),
             deployment,
             work: work.to_path_buf(),
-            outside: Netns::create(MACHINE_NETNS)?,
+            outside: Netns::try_named(MACHINE_NETNS)?,
             external: Netns::existing(EXTERNAL_NETNS),
             servers: BTreeMap::new(),
             floating_ips: BTreeMap::new(),
@@ -383,7 +383,7 @@ impl OpenStackCluster {
     /// leftovers, the floating IPs, the machine network's veth.
     pub fn clean(&self) -> Result<()> {
         let c = &self.client;
-        let _ = self.outside.ip(&["link", "del", MACHINE_IF]);
+        let _ = self.outside.try_ip(&["link", "del", MACHINE_IF]);
         let jobs: Vec<Box<dyn FnOnce() -> Result<()> + Send + '_>> = vec![
             Box::new(|| self.delete_cluster(CLUSTER).map(|_| ())),
             Box::new(|| self.delete_cluster(OTHER_CLUSTER).map(|_| ())),
@@ -536,14 +536,14 @@ impl OpenStackCluster {
             MACHINE_NETNS,
         ])?;
         ip(&["link", "set", MACHINE_HOST_IF, "master", &bridge, "up"])?;
-        self.outside.ip(&[
+        self.outside.try_ip(&[
             "addr",
             "replace",
             &format!("{MACHINE_ADDRESS}/16"),
             "dev",
             MACHINE_IF,
         ])?;
-        self.outside.ip(&["link", "set", MACHINE_IF, "up"])?;
+        self.outside.try_ip(&["link", "set", MACHINE_IF, "up"])?;
         Ok(())
     }
 
@@ -848,7 +848,7 @@ impl Testbed for OpenStackCluster {
 /// node last answered: a connection or a refusal (RST) both come from a running guest.
 struct LastAnswer {
     stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
-    thread: std::thread::JoinHandle<Option<Instant>>,
+    thread: std::thread::JoinHandle<std::io::Result<Option<Instant>>>,
 }
 
 impl LastAnswer {
@@ -856,11 +856,8 @@ impl LastAnswer {
         use std::sync::atomic::{AtomicBool, Ordering};
         let stop = std::sync::Arc::new(AtomicBool::new(false));
         let flag = stop.clone();
-        let path = format!("/run/netns/{}", outside.name);
-        let ns = std::fs::File::open(&path).with_context(|| format!("opening {path}"))?;
         let target = std::net::SocketAddr::from((address, 6443));
-        let thread = std::thread::spawn(move || {
-            nix::sched::setns(&ns, nix::sched::CloneFlags::CLONE_NEWNET).ok()?;
+        let thread = crate::netns::try_in_netns(outside.name(), move || {
             let mut last = None;
             while !flag.load(Ordering::Relaxed) {
                 match std::net::TcpStream::connect_timeout(&target, Duration::from_millis(200)) {
@@ -872,7 +869,7 @@ impl LastAnswer {
                 }
                 std::thread::sleep(Duration::from_millis(20));
             }
-            last
+            Ok(last)
         });
         Ok(Self { stop, thread })
     }
@@ -880,6 +877,6 @@ impl LastAnswer {
     /// Stops the attempts; when the last answer arrived, if any did.
     fn stop(self) -> Option<Instant> {
         self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
-        self.thread.join().ok().flatten()
+        self.thread.join().ok().and_then(Result::ok).flatten()
     }
 }

@@ -12,6 +12,7 @@ use super::{
     SPARE_FIP, as_list, parallel, tag, tail,
 };
 use crate::cluster::{API_VIP, INGRESS_VIP, MetadataSource};
+use crate::netns::HarnessNetns;
 use crate::probe;
 use crate::report::secs;
 use crate::testbed::Testbed;
@@ -675,7 +676,7 @@ pub fn floating(c: &OpenStackCluster) -> Result<String> {
     .with_context(|| {
         format!(
             "https://{API_FIP}:6443/readyz did not answer from {}",
-            ns.name
+            ns.name()
         )
     })?;
     let mut open = vec![format!("{API_FIP}:6443 answered {:?}", ready.trim())];
@@ -729,7 +730,7 @@ pub fn floating(c: &OpenStackCluster) -> Result<String> {
     }
     Ok(format!(
         "from {}: {}; dropped on the way to the API VIP's holder: {} (the machine network's; the status port the host's); the script printed api. and *.apps. records for the floating IPs",
-        ns.name,
+        ns.name(),
         open.join(", "),
         closed.join(", ")
     ))
@@ -814,14 +815,14 @@ pub fn status(c: &mut OpenStackCluster) -> Result<String> {
     // Not the status source: nothing answers (the security group), whatever certificate.
     let refused = c
         .external
-        .command_path(&keelson)
+        .exec(&keelson)
         .args(["status", "--timeout", "5", "--cluster"])
         .arg(&c.out)
         .output()?;
     ensure!(
         !refused.status.success(),
         "keelson status answered from {} too, which is not the status source",
-        c.external.name
+        c.external.name()
     );
     c.timings.insert("keelson status", took);
     Ok(format!(
@@ -836,7 +837,7 @@ pub fn status(c: &mut OpenStackCluster) -> Result<String> {
             .split_whitespace()
             .collect::<Vec<_>>()
             .join(" "),
-        c.external.name
+        c.external.name()
     ))
 }
 

@@ -23,18 +23,18 @@
 //! Every namespace, interface and address here is the harness's own; nothing reaches
 //! another network. Namespaces are named `kbg-*`.
 
-use std::io::{Read, Write};
-use std::net::{IpAddr, SocketAddr, TcpStream};
+use std::io::Read;
+use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
-use std::thread::JoinHandle;
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 
-use crate::probe::Sample;
+mod prober;
+
+pub use prober::{Answer, Prober, count_by_node, get_version};
 
 /// The API VIPs the masters announce.
 pub const VIP4: &str = "10.71.255.5";
@@ -104,7 +104,9 @@ pub struct Fabric {
     children: Mutex<Vec<(String, Child)>>,
 }
 
-fn sh(args: &[&str]) -> Result<String> {
+/// Runs `args[0]` with the rest as its arguments; its stdout, or an error naming the
+/// command and its stderr when it fails.
+fn run_ok(args: &[&str]) -> Result<String> {
     let out = Command::new(args[0])
         .args(&args[1..])
         .output()
@@ -121,11 +123,11 @@ fn sh(args: &[&str]) -> Result<String> {
 fn ip(ns: &str, args: &[&str]) -> Result<String> {
     let mut all = vec!["ip", "-n", ns];
     all.extend_from_slice(args);
-    sh(&all)
+    run_ok(&all)
 }
 
 fn sysctl(ns: &str, kv: &str) -> Result<()> {
-    sh(&["ip", "netns", "exec", ns, "sysctl", "-qw", kv]).map(|_| ())
+    run_ok(&["ip", "netns", "exec", ns, "sysctl", "-qw", kv]).map(|_| ())
 }
 
 /// Stops then kills every process in namespace `ns` (stopped first, so none reacts to the
@@ -208,7 +210,7 @@ impl Fabric {
             children: Mutex::new(Vec::new()),
         };
         for ns in NAMESPACES {
-            sh(&["ip", "netns", "add", ns])?;
+            run_ok(&["ip", "netns", "add", ns])?;
             ip(ns, &["link", "set", "lo", "up"])?;
             for k in ["all", "default"] {
                 sysctl(ns, &format!("net.ipv6.conf.{k}.accept_dad=0"))?;
@@ -534,7 +536,7 @@ impl Fabric {
         std::fs::create_dir_all(&run)?;
         std::fs::create_dir_all(&etc)?;
         std::fs::write(etc.join("vtysh.conf"), "")?;
-        sh(&["chown", "-R", "frr:frr", &run.display().to_string()])?;
+        run_ok(&["chown", "-R", "frr:frr", &run.display().to_string()])?;
         // One after the other, each once the one before answers: bgpd registers its BFD
         // peers with bfdd through zebra, and FRR 8.4 loses registrations made before
         // that path is up (the sessions never appear).
@@ -897,131 +899,6 @@ impl Drop for Fabric {
             self.work.disable_cleanup(true);
         }
     }
-}
-
-/// One `GET /version` over a new TCP connection; the node named in the answer, if it
-/// answered 200 within `timeout`.
-pub fn get_version(addr: SocketAddr, timeout: Duration) -> Option<String> {
-    let start = Instant::now();
-    let mut s = TcpStream::connect_timeout(&addr, timeout).ok()?;
-    let left = timeout.checked_sub(start.elapsed())?;
-    s.set_read_timeout(Some(left)).ok()?;
-    s.set_write_timeout(Some(left)).ok()?;
-    s.write_all(b"GET /version HTTP/1.1\r\nHost: api\r\nConnection: close\r\n\r\n")
-        .ok()?;
-    let mut body = Vec::new();
-    s.read_to_end(&mut body).ok()?;
-    let text = String::from_utf8_lossy(&body);
-    if !text.starts_with("HTTP/1.1 200") {
-        return None;
-    }
-    let node = text.split("\"node\":\"").nth(1)?.split('"').next()?;
-    Some(node.to_owned())
-}
-
-/// A [`Sample`] with the node that answered.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Answer {
-    /// When, and whether, it answered.
-    pub sample: Sample,
-    /// Who answered.
-    pub node: Option<String>,
-}
-
-/// A client that opens a new connection every `period` from namespace `ns`, each in its own
-/// thread, whatever the earlier ones are doing (a slow or lost one does not hold the next).
-#[derive(Debug)]
-pub struct Prober {
-    stop: Arc<AtomicBool>,
-    answers: Arc<Mutex<Vec<Answer>>>,
-    thread: Option<JoinHandle<()>>,
-}
-
-impl Prober {
-    /// Starts probing `addr` from namespace `ns`.
-    pub fn start(ns: &str, addr: SocketAddr, period: Duration, timeout: Duration) -> Self {
-        let stop = Arc::new(AtomicBool::new(false));
-        let answers = Arc::new(Mutex::new(Vec::new()));
-        let path = format!("/run/netns/{ns}");
-        let thread = {
-            let (stop, answers) = (stop.clone(), answers.clone());
-            std::thread::spawn(move || {
-                // Threads started from here inherit the namespace.
-                let Ok(file) = std::fs::File::open(&path) else {
-                    return;
-                };
-                if nix::sched::setns(&file, nix::sched::CloneFlags::CLONE_NEWNET).is_err() {
-                    return;
-                }
-                let mut next = Instant::now();
-                let mut workers = Vec::new();
-                while !stop.load(Ordering::Relaxed) {
-                    let answers = answers.clone();
-                    workers.push(std::thread::spawn(move || {
-                        let sent = Instant::now();
-                        let node = get_version(addr, timeout);
-                        let done = Instant::now();
-                        answers
-                            .lock()
-                            .unwrap_or_else(|p| p.into_inner())
-                            .push(Answer {
-                                sample: Sample {
-                                    sent,
-                                    done,
-                                    ok: node.is_some(),
-                                },
-                                node,
-                            });
-                    }));
-                    next += period;
-                    if let Some(wait) = next.checked_duration_since(Instant::now()) {
-                        std::thread::sleep(wait);
-                    }
-                    workers.retain(|w| !w.is_finished());
-                }
-                for w in workers {
-                    let _ = w.join();
-                }
-            })
-        };
-        Prober {
-            stop,
-            answers,
-            thread: Some(thread),
-        }
-    }
-
-    /// Stops, waits for the requests under way, and returns every answer in send order.
-    pub fn finish(mut self) -> Vec<Answer> {
-        self.stop.store(true, Ordering::Relaxed);
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-        let mut a = self
-            .answers
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone();
-        a.sort_by_key(|a| a.sample.sent);
-        a
-    }
-}
-
-impl Drop for Prober {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-    }
-}
-
-/// Answers per node, in node order.
-pub fn count_by_node(answers: &[Answer]) -> std::collections::BTreeMap<String, usize> {
-    let mut m = std::collections::BTreeMap::new();
-    for a in answers {
-        if let Some(n) = &a.node {
-            *m.entry(n.clone()).or_default() += 1;
-        }
-    }
-    m
 }
 
 /// `addr:port` of a VIP.
