@@ -654,7 +654,7 @@ fn open_prober(spec: &Spec, ifindex: u32, mac: [u8; 6]) -> Prober {
                     IpAddr::V6(a) => Some(*a),
                     IpAddr::V4(_) => None,
                 })
-                .min_by_key(|a| a.segments()[0] & 0xffc0 == 0xfe80)
+                .min_by_key(|a| a.is_unicast_link_local())
                 .or(match spec.primary {
                     IpAddr::V6(a) => Some(a),
                     IpAddr::V4(_) => None,
