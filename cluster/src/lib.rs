@@ -4,7 +4,7 @@
 //!   BGP section).
 //! - [`version`]: the Ignition spec versions keelson writes.
 //! - [`routes`]: the hook through which the agent adds routes to the config server.
-//! - [`negotiate`]: which spec version to serve for an `Accept` header.
+//! - [`negotiate`]: the `Accept` header parser, and which spec version to serve for it.
 //! - [`paths`]: the well-known paths on a node (`/etc/keelson/cluster.json`...).
 //! - [`server`]: the Ignition config server (`keelson serve`, agent `ignition_server`).
 //!
