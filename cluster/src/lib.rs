@@ -4,9 +4,17 @@
 //!   BGP section).
 //! - [`version`]: the Ignition spec versions keelson writes.
 //! - [`routes`]: the hook through which the agent adds routes to the config server.
-//! - [`negotiate`]: which spec version to serve for an `Accept` header.
+//! - [`negotiate`]: the `Accept` header parser, and which spec version to serve for it.
 //! - [`paths`]: the well-known paths on a node (`/etc/keelson/cluster.json`...).
 //! - [`server`]: the Ignition config server (`keelson serve`, agent `ignition_server`).
+//! - [`render`]: the Ignition configs each role boots from, and the pointer configs.
+//! - [`unit`]: the systemd unit that runs the agent on RHCOS.
+//! - [`resolver`]: the NetworkManager profile that points an RHCOS node at the cluster DNS.
+//! - [`membership`]: the cluster membership key that signs member records.
+//! - [`operator`]: the operator's view of a running cluster (agent serves, `keelson status`
+//!   reads).
+//! - With the `build` feature: `install_config` (OpenShift's `install-config.yaml`) and
+//!   `pki` (the cluster CA and the Ignition server certificate), which only `keelson` needs.
 //!
 //! Everything here is pure (no sockets) except the config server, which `keelson serve`
 //! and the agent's `ignition_server` share.

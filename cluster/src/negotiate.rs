@@ -1,5 +1,6 @@
 //! Which Ignition spec version to serve, from the `Accept` header the client sent
-//! (docs/ignition-server.md). Pure code: no I/O.
+//! (docs/ignition-server.md), on top of the one `Accept` parser the agent's other HTTP
+//! endpoints (metrics) use too ([`media_ranges`]). Pure code: no I/O.
 //!
 //! What real clients send:
 //! - Ignition 2.x and later (spec 3): `application/vnd.coreos.ignition+json;version=3.2.0, */*;q=0.1`
@@ -75,14 +76,30 @@ fn parse_semver(s: &str) -> Option<SemVer> {
     Some(SemVer { major, minor })
 }
 
-/// One media range of the header.
-#[derive(Debug)]
-struct Range<'a> {
-    media_type: &'a str,
-    /// The raw `version` parameter, if any.
-    version: Option<&'a str>,
-    /// Quality in thousandths (RFC 9110 allows three decimals).
-    q: u16,
+/// One media range of an `Accept` header (RFC 9110 §12.5.1), borrowed from the header.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MediaRange<'a> {
+    /// `type/subtype` as written (compare with `eq_ignore_ascii_case`).
+    pub media_type: &'a str,
+    /// Parameters other than `q`, in order, names and values trimmed (values may be quoted).
+    pub params: Vec<(&'a str, &'a str)>,
+    /// Quality in thousandths (RFC 9110 allows three decimals); 0 means "not acceptable".
+    pub q: u16,
+}
+
+impl<'a> MediaRange<'a> {
+    /// The first parameter named `name` (case-insensitive), if any.
+    pub fn param(&self, name: &str) -> Option<&'a str> {
+        self.params
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| *v)
+    }
+
+    /// Whether the client accepts this range at all (`q` above 0).
+    pub fn acceptable(&self) -> bool {
+        self.q > 0
+    }
 }
 
 /// Parses `q` (`0`, `0.5`, `1.000`...) into thousandths; invalid values count as 1, the
@@ -105,37 +122,39 @@ fn parse_q(s: &str) -> u16 {
     (whole + thousandths).min(1000)
 }
 
-fn parse_ranges(header: &str) -> Vec<Range<'_>> {
-    let mut ranges: Vec<Range<'_>> = header
+/// The media ranges of an `Accept` header, in descending `q` order (stable: equal `q` keeps
+/// the client's order). Items that are not media ranges (no `/`) are ignored, as
+/// machine-config-server does; ranges with `q=0` are kept so callers can see what the
+/// client refused ([`MediaRange::acceptable`]).
+pub fn media_ranges(header: &str) -> Vec<MediaRange<'_>> {
+    let mut ranges: Vec<MediaRange<'_>> = header
         .split(',')
         .filter_map(|item| {
             let mut parts = item.split(';').map(str::trim);
             let media_type = parts.next()?;
             if !media_type.contains('/') {
-                // Not a media range: ignore it, as machine-config-server does.
                 return None;
             }
-            let mut version = None;
+            let mut params = Vec::new();
             let mut q = None;
             for param in parts {
                 let Some((k, v)) = param.split_once('=') else {
                     continue;
                 };
-                let k = k.trim();
-                if k.eq_ignore_ascii_case("version") && version.is_none() {
-                    version = Some(v.trim());
-                } else if k.eq_ignore_ascii_case("q") && q.is_none() {
-                    q = Some(parse_q(v));
+                let (k, v) = (k.trim(), v.trim());
+                if k.eq_ignore_ascii_case("q") {
+                    q.get_or_insert_with(|| parse_q(v));
+                } else {
+                    params.push((k, v));
                 }
             }
-            Some(Range {
+            Some(MediaRange {
                 media_type,
-                version,
+                params,
                 q: q.unwrap_or(1000),
             })
         })
         .collect();
-    // Stable: equal q keeps the client's order.
     ranges.sort_by_key(|r| std::cmp::Reverse(r.q));
     ranges
 }
@@ -163,11 +182,11 @@ pub fn negotiate(accept: Option<&[u8]>) -> Result<SpecVersion, NegotiateError> {
     };
     let header = String::from_utf8_lossy(raw);
     let mut unsupported: Vec<&str> = Vec::new();
-    for range in parse_ranges(&header) {
-        if range.q == 0 || !range.media_type.eq_ignore_ascii_case(IGNITION_MEDIA_TYPE) {
+    for range in media_ranges(&header) {
+        if !range.acceptable() || !range.media_type.eq_ignore_ascii_case(IGNITION_MEDIA_TYPE) {
             continue;
         }
-        let Some(raw_version) = range.version else {
+        let Some(raw_version) = range.param("version") else {
             continue;
         };
         let Some(v) = parse_semver(raw_version) else {
@@ -310,6 +329,17 @@ mod tests {
         assert_eq!(n(h).unwrap(), SpecVersion::V3_2);
         let h = "application/vnd.coreos.ignition+json;version=\"3.3.0\"";
         assert_eq!(n(h).unwrap(), SpecVersion::V3_3);
+    }
+
+    #[test]
+    fn media_ranges_sort_by_q_and_keep_params() {
+        let r = media_ranges("text/plain;version=0.0.4;q=0.5, junk, a/b; Q=0 ;x=\"y\", c/d");
+        let got: Vec<(&str, u16)> = r.iter().map(|r| (r.media_type, r.q)).collect();
+        assert_eq!(got, [("c/d", 1000), ("text/plain", 500), ("a/b", 0)]);
+        assert_eq!(r[1].param("VERSION"), Some("0.0.4"));
+        assert_eq!(r[2].param("x"), Some("\"y\""));
+        assert!(!r[2].acceptable());
+        assert!(r[0].params.is_empty());
     }
 
     #[test]

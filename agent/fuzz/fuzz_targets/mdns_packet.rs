@@ -73,7 +73,7 @@ fuzz_target!(|data: &[u8]| {
             for a in &m.addresses {
                 let link_local = match a {
                     IpAddr::V4(v4) => v4.is_link_local(),
-                    IpAddr::V6(v6) => v6.segments()[0] & 0xffc0 == 0xfe80,
+                    IpAddr::V6(v6) => v6.is_unicast_link_local(),
                 };
                 assert!(!link_local, "{a} kept");
             }

@@ -6,7 +6,8 @@
 //!   malformed-input rules.
 //! - [`wire`] and [`answer`]: the plain query read in place, the zone's answer written.
 //! - [`forward`]: upstreams in order with timeout/fallback and a TTL-respecting cache.
-//! - [`server`]: the UDP and TCP loops and their counters.
+//! - [`server`]: the UDP and TCP loops and their counters ([`udp`]: batched
+//!   `recvmmsg`/`sendmmsg` for the UDP one).
 //! - [`resolv`]: `/etc/resolv.conf` on the appliance.
 //!
 //! The wire format is hickory-proto's. The I/O loops are our own rather than

@@ -665,7 +665,7 @@ impl Cache {
 fn is_link_local(ip: &IpAddr) -> bool {
     match ip {
         IpAddr::V4(v4) => v4.is_link_local(),
-        IpAddr::V6(v6) => (v6.segments()[0] & 0xffc0) == 0xfe80,
+        IpAddr::V6(v6) => v6.is_unicast_link_local(),
     }
 }
 

@@ -6,8 +6,8 @@
 //!   server port ([`seeds`]: the peer set that does not depend on the API VIP), and its
 //!   server side [`registry::Registry`] (the Ignition server's `/keelson/` routes).
 //! - [`table`]: soft state that expires.
-//!
-//! - [`member`]: what a member is.
+//! - [`auth`]: signed member records and the membership keys that verify them.
+//! - [`limits`]: what one address may ask of a registry.
 //!
 //! Whatever the transport, the result is published on `ctx.bus.members`: sorted by name,
 //! this node included, other clusters' members never.

@@ -13,6 +13,7 @@ use crate::status::model::{
     AgentStatus, BackendSnapshot, DnsStatus, FrontendStatus, HealthCheck, MembersAuth,
     RegistryStatus, VrrpInstance, VrrpState,
 };
+use keelson_cluster::negotiate::media_ranges;
 
 /// The exposition formats.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -34,25 +35,21 @@ impl Format {
 
     /// The format an `Accept` header asks for: OpenMetrics when it names
     /// `application/openmetrics-text` with a non-zero quality, the 0.0.4 text otherwise.
+    /// The header is read by the same parser as the Ignition server's
+    /// ([`keelson_cluster::negotiate::media_ranges`]), so both honour `q` alike.
     pub fn negotiate(accept: Option<&str>) -> Self {
-        let Some(accept) = accept else {
-            return Format::Prometheus;
-        };
-        for range in accept.split(',') {
-            let mut parts = range.split(';').map(str::trim);
-            let media = parts.next().unwrap_or_default();
-            if !media.eq_ignore_ascii_case("application/openmetrics-text") {
-                continue;
-            }
-            let q = parts
-                .filter_map(|p| p.strip_prefix("q="))
-                .find_map(|q| q.parse::<f32>().ok())
-                .unwrap_or(1.0);
-            if q > 0.0 {
-                return Format::OpenMetrics;
-            }
+        let open_metrics = accept.is_some_and(|h| {
+            media_ranges(h).iter().any(|r| {
+                r.acceptable()
+                    && r.media_type
+                        .eq_ignore_ascii_case("application/openmetrics-text")
+            })
+        });
+        if open_metrics {
+            Format::OpenMetrics
+        } else {
+            Format::Prometheus
         }
-        Format::Prometheus
     }
 }
 
@@ -1320,6 +1317,31 @@ mod tests {
             Format::negotiate(Some("application/openmetrics-text; q=0, text/plain")),
             Format::Prometheus
         );
+    }
+
+    /// `q` is read as the Ignition server reads it (RFC 9110): parameter names are
+    /// case-insensitive, `0`, `0.0` and `0.000` all refuse, three decimals at most.
+    #[test]
+    fn negotiation_honours_q_as_the_ignition_server_does() {
+        let om = "application/openmetrics-text";
+        for refused in ["q=0", "Q=0", "q=0.0", "q=0.000", "q = 0"] {
+            let h = format!("{om}; {refused}, text/plain");
+            assert_eq!(Format::negotiate(Some(&h)), Format::Prometheus, "{h}");
+            // The Ignition negotiation skips a refused range the same way.
+            let ign = format!(
+                "{}; version=3.2.0; {refused}, */*",
+                keelson_cluster::negotiate::IGNITION_MEDIA_TYPE
+            );
+            assert_eq!(
+                keelson_cluster::negotiate::negotiate(Some(ign.as_bytes())).unwrap(),
+                keelson_cluster::negotiate::NO_VERSION_DEFAULT,
+                "{ign}"
+            );
+        }
+        for accepted in ["q=0.001", "q=1", "Q=0.5", "q=1.000"] {
+            let h = format!("text/plain, {om}; {accepted}");
+            assert_eq!(Format::negotiate(Some(&h)), Format::OpenMetrics, "{h}");
+        }
     }
 
     #[test]

@@ -11,6 +11,7 @@ pub mod dhcp;
 pub mod http_client;
 pub mod http_server;
 pub mod listen;
+pub mod mac;
 pub mod nft;
 pub mod plan;
 
@@ -74,11 +75,8 @@ impl Netlink {
                     LinkAttribute::Address(mac)
                         if mac.len() == 6 && mac.iter().any(|b| *b != 0) =>
                     {
-                        info.mac = mac
-                            .iter()
-                            .map(|b| format!("{b:02x}"))
-                            .collect::<Vec<_>>()
-                            .join(":");
+                        let octets: [u8; 6] = mac[..].try_into().unwrap_or_default();
+                        info.mac = mac::Mac(octets).to_string();
                     }
                     _ => {}
                 }

@@ -267,7 +267,7 @@ impl NdSocket {
             return Err(io::Error::last_os_error());
         }
         nix::sys::socket::setsockopt(&sock, nix::sys::socket::sockopt::ReceiveTimestampns, &true)?;
-        let scope = if src.segments()[0] & 0xffc0 == 0xfe80 {
+        let scope = if src.is_unicast_link_local() {
             ifindex
         } else {
             0

@@ -14,13 +14,14 @@ use super::announce::{self, ArpSocket, NdSocket};
 use super::codec::{self, Advert};
 use super::conflict;
 use super::handback::Handback;
-use super::router::{Effect, HANDOVER_GRACE, Note, Router, Setup, fmt_mac};
+use super::router::{Effect, HANDOVER_GRACE, Note, Router, Setup};
 use super::socket::{Received, VrrpSocket};
 use super::spec::Spec;
 use super::status::{InstanceStatus, StatusMap};
 use super::{portsec, reach, vip};
 use crate::context::AgentContext;
 use crate::health::{self, CheckState};
+use crate::net::mac::Mac;
 
 /// Packets already queued that a backup reads before acting on its timer (see
 /// `Runner::read_queued`): far more than the routers of one segment send in a stall.
@@ -155,23 +156,23 @@ impl Runner {
             Note::Priority { from, to } => tracing::info!("vrrp {name}: priority {from} -> {to}"),
             Note::ConflictStay { mac } => tracing::info!(
                 "vrrp {name}: {vip} also held by {} (lower MAC, no adverts from it): keeping it",
-                fmt_mac(*mac)
+                Mac(*mac)
             ),
             Note::ConflictYieldPending { mac, wait } => tracing::info!(
                 "vrrp {name}: {vip} also held by {} (higher MAC, no adverts from it): giving it up in {wait:?} unless an advert arrives",
-                fmt_mac(*mac)
+                Mac(*mac)
             ),
             Note::ConflictVrrpElects { mac } => tracing::info!(
                 "vrrp {name}: adverts arrive while {} announces {vip}: VRRP elects between us",
-                fmt_mac(*mac)
+                Mac(*mac)
             ),
             Note::ConflictGone { mac } => tracing::info!(
                 "vrrp {name}: {} no longer answers for {vip}: keeping it",
-                fmt_mac(*mac)
+                Mac(*mac)
             ),
             Note::ConflictYield { mac } => tracing::warn!(
                 "vrrp {name}: {vip} also held by {} (higher MAC, no adverts from it): giving it up and waiting for a peer",
-                fmt_mac(*mac)
+                Mac(*mac)
             ),
             Note::PortDropsVip { fix } => tracing::warn!(
                 "vrrp {name}: traffic from {vip} does not leave this node's port (peers answer {} but not {vip}): the port's security drops the VIP, which is likely not one of its allowed address pairs; fix: {fix}; lowering this node's priority to 1 so that a node whose port passes {vip} takes it",
@@ -654,7 +655,7 @@ fn open_prober(spec: &Spec, ifindex: u32, mac: [u8; 6]) -> Prober {
                     IpAddr::V6(a) => Some(*a),
                     IpAddr::V4(_) => None,
                 })
-                .min_by_key(|a| a.segments()[0] & 0xffc0 == 0xfe80)
+                .min_by_key(|a| a.is_unicast_link_local())
                 .or(match spec.primary {
                     IpAddr::V6(a) => Some(a),
                     IpAddr::V4(_) => None,

@@ -40,6 +40,7 @@ use super::spec::Spec;
 use super::status::Counters;
 use crate::dns_label::DnsLabel;
 use crate::member::Member;
+use crate::net::mac::Mac;
 use crate::status::model::GateState;
 
 /// When the first round of the port check runs after this node took the VIP.
@@ -1133,7 +1134,7 @@ impl Router {
         let vip = self.spec.config.vip;
         match self.vip_check.on_round(portsec::judge_round(paths)) {
             Some(Change::Found) => {
-                let fix = Problem::VipNotAllowed.fix(vip, &fmt_mac(self.mac));
+                let fix = Problem::VipNotAllowed.fix(vip, &Mac(self.mac).to_string());
                 out.push(Effect::Note(Note::PortDropsVip { fix: fix.clone() }));
                 self.findings.insert(Problem::VipNotAllowed, (now, fix));
                 let actions = self.machine.set_priority(now, 1);
@@ -1179,7 +1180,7 @@ impl Router {
         {
             return;
         }
-        let fix = Problem::VrrpBlocked.fix(self.spec.config.vip, &fmt_mac(self.mac));
+        let fix = Problem::VrrpBlocked.fix(self.spec.config.vip, &Mac(self.mac).to_string());
         let peers = self
             .members
             .iter()
@@ -1369,14 +1370,6 @@ impl Router {
         }
         targets
     }
-}
-
-/// A MAC as `aa:bb:cc:dd:ee:ff`.
-pub fn fmt_mac(mac: [u8; 6]) -> String {
-    mac.iter()
-        .map(|b| format!("{b:02x}"))
-        .collect::<Vec<_>>()
-        .join(":")
 }
 
 #[cfg(test)]

@@ -95,7 +95,11 @@ impl VrrpSocket {
                 send.set_multicast_hops_v6(255)?;
                 send.set_unicast_hops_v6(255)?;
                 send.set_multicast_loop_v6(false)?;
-                let scope = if is_link_local(src6) { ifindex } else { 0 };
+                let scope = if src6.is_unicast_link_local() {
+                    ifindex
+                } else {
+                    0
+                };
                 send.bind(&SockAddr::from(SocketAddrV6::new(src6, 0, 0, scope)))?;
             }
         }
@@ -111,7 +115,7 @@ impl VrrpSocket {
     pub async fn send(&self, payload: &[u8], dst: IpAddr) -> io::Result<()> {
         let addr = match dst {
             IpAddr::V6(d) => {
-                let scope = if d.segments()[0] & 0xff00 == 0xff00 || is_link_local(d) {
+                let scope = if d.is_multicast() || d.is_unicast_link_local() {
                     self.ifindex
                 } else {
                     0
@@ -171,10 +175,6 @@ pub(crate) fn register(s: Socket) -> io::Result<AsyncFd<Socket>> {
     // SAFETY: `Socket` owns its descriptor, which stays open and the same until the
     // AsyncFd (which owns the Socket) is dropped.
     unsafe { AsyncFd::register(s) }.map_err(|e| io::Error::other(e.to_string()))
-}
-
-fn is_link_local(a: Ipv6Addr) -> bool {
-    a.segments()[0] & 0xffc0 == 0xfe80
 }
 
 /// IPv4 raw sockets hand us the IP header: TTL, addresses and total length come from it.

@@ -309,7 +309,7 @@ pub fn link_local(iface: &str) -> Option<std::net::Ipv6Addr> {
         }
         if let Some(sin6) = a.address.as_ref().and_then(|s| s.as_sockaddr_in6()) {
             let ip = sin6.ip();
-            if (ip.segments()[0] & 0xffc0) == 0xfe80 && !tentative(iface, ip) {
+            if ip.is_unicast_link_local() && !tentative(iface, ip) {
                 return Some(ip);
             }
         }

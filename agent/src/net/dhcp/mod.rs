@@ -505,16 +505,6 @@ fn has_option_dhcproto_panics_on(bytes: &[u8]) -> bool {
     current.is_some_and(|(c, len)| dhcproto_panics_on(c, len))
 }
 
-/// `aa:bb:cc:dd:ee:ff` to bytes.
-pub fn parse_mac(text: &str) -> Option<[u8; 6]> {
-    let parts: Vec<u8> = text
-        .split(':')
-        .map(|p| u8::from_str_radix(p, 16))
-        .collect::<Result<_, _>>()
-        .ok()?;
-    parts.try_into().ok()
-}
-
 mod run;
 pub use run::{DhcpClient, DhcpOptions, run};
 

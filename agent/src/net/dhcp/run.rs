@@ -16,7 +16,8 @@ use ipnet::{IpNet, Ipv4Net};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use super::{Action, Client, Destination, Lease, LeaseRoute, decode, encode, parse_mac};
+use super::{Action, Client, Destination, Lease, LeaseRoute, decode, encode};
+use crate::net::mac::Mac;
 use crate::net::{LinkInfo, Netlink};
 use crate::retry::Backoff;
 
@@ -179,7 +180,9 @@ async fn run_client(
     stop: CancellationToken,
     release: Arc<AtomicBool>,
 ) -> anyhow::Result<()> {
-    let mac = parse_mac(&link.mac)
+    let Mac(mac) = link
+        .mac
+        .parse::<Mac>()
         .with_context(|| format!("{}: interface has no MAC address", link.name))?;
     let mut link = link;
     let mut waiting = Backoff::new(Duration::from_millis(500), Duration::from_secs(10));
