@@ -253,6 +253,7 @@ impl Registry {
             merge_skipped: g(&self.counts.merge_skipped),
             answers: g(&self.counts.answers),
             answer_bytes: g(&self.counts.answer_bytes),
+            unchanged: g(&self.counts.unchanged),
             sources: self.limiter.lock().unwrap_or_else(|e| e.into_inner()).len() as u64,
         }
     }
