@@ -7,7 +7,7 @@
 /// VIP's holder, on top of the proxy's and DNS's sockets: the soft limit systemd and the
 /// kernel give a service or PID 1 (1024) is below what a cluster of a thousand nodes holds.
 /// The hard limit is what the operator allows; nothing above it is asked for.
-pub fn raise_open_files() -> Option<u64> {
+pub fn raise_open_files() -> Option<libc::rlim_t> {
     let mut lim = libc::rlimit {
         rlim_cur: 0,
         rlim_max: 0,
@@ -26,7 +26,7 @@ pub fn raise_open_files() -> Option<u64> {
             lim = raised;
         }
     }
-    Some(lim.rlim_cur as u64)
+    Some(lim.rlim_cur)
 }
 
 #[cfg(test)]
@@ -43,6 +43,6 @@ mod tests {
         // SAFETY: as above.
         assert_eq!(unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) }, 0);
         assert_eq!(lim.rlim_cur, lim.rlim_max, "soft raised to hard");
-        assert_eq!(now, lim.rlim_cur as u64);
+        assert_eq!(now, lim.rlim_cur);
     }
 }
