@@ -129,6 +129,12 @@ async fn member(
     let mut exchanges: tokio::task::JoinSet<unicast::Exchange> = tokio::task::JoinSet::new();
     let mut in_flight: BTreeMap<tokio::task::Id, SocketAddr> = BTreeMap::new();
     let mut answered: BTreeSet<SocketAddr> = BTreeSet::new();
+    // As the agent: per registry the link (connection and list tag) kept between
+    // registrations, and what an "unchanged" answer refers to. Of a list only its length
+    // and the control-plane entries are kept (all a simulated member uses), so that many
+    // members fit in one process.
+    let mut links: BTreeMap<SocketAddr, unicast::Link> = BTreeMap::new();
+    let mut lists: BTreeMap<SocketAddr, (usize, Vec<unicast::Entry>)> = BTreeMap::new();
     let mut next_round = Instant::now();
     let held = BTreeSet::new();
     world.stats.running.fetch_add(1, Ordering::Relaxed);
@@ -157,11 +163,20 @@ async fn member(
                     if busy.contains(&addr) {
                         continue;
                     }
-                    let call = unicast::register_one(tls.clone(), own.clone(), name, addr, body.clone(), key_ids.clone());
+                    let mut link = links.remove(&addr).unwrap_or_default();
+                    if !lists.contains_key(&addr) {
+                        link.tag = None;
+                    }
+                    let call = unicast::register_one(tls.clone(), own.clone(), name, addr, body.clone(), key_ids.clone(), link);
                     let id = exchanges.spawn(async move {
                         match tokio::time::timeout(EXCHANGE_TIMEOUT, call).await {
                             Ok(x) => x,
-                            Err(_) => (addr, now, Err(unicast::RegistrationError::NoAnswer(EXCHANGE_TIMEOUT))),
+                            Err(_) => unicast::Exchange {
+                                addr,
+                                started: now,
+                                result: Err(unicast::RegistrationError::NoAnswer(EXCHANGE_TIMEOUT)),
+                                link: unicast::Link::default(),
+                            },
                         }
                     }).id();
                     in_flight.insert(id, addr);
@@ -170,17 +185,33 @@ async fn member(
                 next_round = now + if alone { Duration::from_secs(1) } else { world.renew };
             }
             Some(joined) = exchanges.join_next_with_id(), if !exchanges.is_empty() => {
-                let Ok((id, (addr, started, res))) = joined else { continue };
+                let Ok((id, unicast::Exchange { addr, started, result: res, link })) = joined else { continue };
                 in_flight.remove(&id);
+                links.insert(addr, link);
+                let res = res.map(|answered| match answered {
+                    unicast::Answered::List(entries) => {
+                        let kept: Vec<unicast::Entry> =
+                            entries.iter().filter(|e| e.member.role != Role::Worker).cloned().collect();
+                        lists.insert(addr, (entries.len(), kept.clone()));
+                        (entries.len(), kept)
+                    }
+                    unicast::Answered::Unchanged(fresh) => lists
+                        .get(&addr)
+                        .map(|(n, kept)| (*n, unicast::refreshed(kept, fresh)))
+                        .unwrap_or_default(),
+                });
+                if res.is_err() {
+                    lists.remove(&addr);
+                }
                 let ms = started.elapsed().as_millis().min(u128::from(u32::MAX)) as u32;
                 world.stats.times.lock().unwrap_or_else(|e| e.into_inner()).push(ms);
                 match res {
-                    Ok(entries) => {
+                    Ok((listed, entries)) => {
                         world.stats.ok.fetch_add(1, Ordering::Relaxed);
                         answered.insert(addr);
-                        view.store(entries.len(), Ordering::Relaxed);
+                        view.store(listed, Ordering::Relaxed);
                         for e in entries {
-                            if e.member.role != Role::Worker && e.member.name != me.name {
+                            if e.member.name != me.name {
                                 masters.renew_aged(e.member, Duration::from_millis(e.age_ms), started);
                             }
                         }
@@ -240,9 +271,11 @@ async fn flood(world: Arc<World>, first: Ipv4Addr, args_prefix: String, k: usize
                 *addr,
                 body.clone(),
                 key_ids.clone(),
+                // A new connection for each: a flood pays the registry no handshake less.
+                unicast::Link::default(),
             );
             match tokio::time::timeout(EXCHANGE_TIMEOUT, call).await {
-                Ok((_, _, Ok(_))) => ok += 1,
+                Ok(unicast::Exchange { result: Ok(_), .. }) => ok += 1,
                 _ => refused += 1,
             }
         }

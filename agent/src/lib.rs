@@ -21,6 +21,7 @@ pub mod net;
 pub mod node;
 pub mod node_address;
 pub mod operator;
+pub mod process_limits;
 pub mod proxy;
 pub mod retry;
 pub mod run;

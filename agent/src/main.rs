@@ -35,6 +35,9 @@ enum Command {
 }
 
 fn main() -> anyhow::Result<()> {
+    // Before anything opens a socket: a registry of a large cluster holds a connection per
+    // node (keelson_agent::process_limits).
+    keelson_agent::process_limits::raise_open_files();
     // In the appliance the kernel starts us as /init: PID 1 never returns.
     if std::process::id() == 1 {
         keelson_agent::init::main();

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use bytes::Bytes;
 use http::{Method, StatusCode};
-use keelson_cluster::routes::ExtraRoutes;
+use keelson_cluster::routes::{ExtraAnswer, ExtraRoutes};
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
@@ -37,6 +37,14 @@ pub const MEMBERS_PATH: &str = "/keelson/v1/members";
 /// registers with it (docs/operations.md). Older registries send none; their answers are
 /// believed as before.
 pub const KEY_HEADER: &str = "keelson-membership-key";
+
+/// The header of a registry's `304 Not Modified` answer to a registration that named the
+/// list it holds (`If-None-Match` with the `ETag` of an earlier answer): every member of
+/// that list is still listed and was last heard at most this many milliseconds before the
+/// answer. The client takes its copy of the list in again with that age, so a renewal
+/// costs neither side the list while nothing changed. Older registries ignore
+/// `If-None-Match` and always answer with the list; older clients never send it.
+pub const FRESH_HEADER: &str = "keelson-members-fresh-ms";
 
 /// What a node sends to register or renew.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -105,6 +113,7 @@ struct Counts {
     merge_skipped: AtomicU64,
     answers: AtomicU64,
     answer_bytes: AtomicU64,
+    unchanged: AtomicU64,
 }
 
 /// The last answer built, served again while nothing changed for [`Registry::cache_for`].
@@ -140,6 +149,12 @@ pub struct Registry {
     cache_for: Duration,
     /// When a refusal was last logged as a warning.
     refusal_warned: Mutex<Option<Instant>>,
+    /// Drawn when the registry is made: in its answers' tags, so a tag from before a
+    /// restart (whose change counter began again at 0) never matches.
+    instance: u64,
+    /// The oldest a member may have been heard for the registry to answer "unchanged"
+    /// ([`FRESH_HEADER`]); an older one (a node that stopped) gets the list until it expires.
+    fresh_within: Duration,
 }
 
 impl Registry {
@@ -158,13 +173,17 @@ impl Registry {
             cache: Mutex::new(None),
             cache_for: ANSWER_CACHE_FOR.min(expiry / 20),
             refusal_warned: Mutex::new(None),
+            instance: rand::random(),
+            fresh_within: fresh_within(Duration::from_secs(10), expiry),
         }
     }
 
     /// Limits each address's registrations for members that renew every `renew`
     /// ([`super::limits`]).
-    pub fn with_renewal(self, renew: Duration) -> Self {
+    pub fn with_renewal(mut self, renew: Duration) -> Self {
         *self.limiter.lock().unwrap_or_else(|e| e.into_inner()) = SourceLimiter::new(renew);
+        let expiry = self.table().expiry();
+        self.fresh_within = fresh_within(renew, expiry);
         self
     }
 
@@ -234,6 +253,7 @@ impl Registry {
             merge_skipped: g(&self.counts.merge_skipped),
             answers: g(&self.counts.answers),
             answer_bytes: g(&self.counts.answer_bytes),
+            unchanged: g(&self.counts.unchanged),
             sources: self.limiter.lock().unwrap_or_else(|e| e.into_inner()).len() as u64,
         }
     }
@@ -370,24 +390,73 @@ impl Registry {
     }
 
     fn answer(&self) -> (StatusCode, Bytes) {
-        let body = self.answer_body(Instant::now());
+        let (_, body) = self.answer_body(Instant::now());
+        self.count_answer(&body);
+        (StatusCode::OK, body)
+    }
+
+    fn count_answer(&self, body: &Bytes) {
         self.counts.answers.fetch_add(1, Ordering::Relaxed);
         self.counts
             .answer_bytes
             .fetch_add(body.len() as u64, Ordering::Relaxed);
-        (StatusCode::OK, body)
     }
 
-    /// The list as served at `now`: the one built last while nothing changed since and it
-    /// is younger than [`ANSWER_CACHE_FOR`], else a new one.
-    fn answer_body(&self, now: Instant) -> Bytes {
+    /// The `ETag` of the list at change counter `generation`.
+    fn tag(&self, generation: u64) -> http::HeaderValue {
+        http::HeaderValue::from_str(&format!("\"{:016x}-{generation}\"", self.instance))
+            .unwrap_or_else(|_| http::HeaderValue::from_static("\"\""))
+    }
+
+    /// The answer to a registration at `now` whose `If-None-Match` was `held`: `304` with
+    /// [`FRESH_HEADER`] when `held` is the tag of the list as it is now and every member was
+    /// heard within [`Registry::fresh_within`]; else the list with its `ETag`.
+    pub fn conditional_answer(
+        &self,
+        held: Option<&http::HeaderValue>,
+        now: Instant,
+    ) -> ExtraAnswer {
+        if let Some(held) = held {
+            self.expire(now);
+            let generation = *self.changed.borrow();
+            let oldest = self.table().oldest_age(now).unwrap_or_default();
+            if *held == self.tag(generation) && oldest <= self.fresh_within {
+                self.counts.answers.fetch_add(1, Ordering::Relaxed);
+                self.counts.unchanged.fetch_add(1, Ordering::Relaxed);
+                let ms = oldest.as_millis().min(u128::from(u64::MAX)) as u64;
+                return ExtraAnswer {
+                    status: StatusCode::NOT_MODIFIED,
+                    body: Bytes::new(),
+                    headers: vec![
+                        (http::header::ETAG, held.clone()),
+                        (
+                            http::HeaderName::from_static(FRESH_HEADER),
+                            http::HeaderValue::from(ms),
+                        ),
+                    ],
+                };
+            }
+        }
+        let (generation, body) = self.answer_body(now);
+        self.count_answer(&body);
+        ExtraAnswer {
+            status: StatusCode::OK,
+            body,
+            headers: vec![(http::header::ETAG, self.tag(generation))],
+        }
+    }
+
+    /// The list as served at `now` and the change counter it was built at: the one built
+    /// last while nothing changed since and it is younger than [`ANSWER_CACHE_FOR`], else a
+    /// new one.
+    fn answer_body(&self, now: Instant) -> (u64, Bytes) {
         let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
         let generation = *self.changed.borrow();
         if let Some(c) = cache.as_ref()
             && c.generation == generation
             && now.saturating_duration_since(c.built) < self.cache_for
         {
-            return c.body.clone();
+            return (c.generation, c.body.clone());
         }
         self.expire(now);
         let generation = *self.changed.borrow();
@@ -406,10 +475,11 @@ impl Registry {
             built: now,
             body: body.clone(),
         });
-        body
+        (generation, body)
     }
 
-    fn register(&self, body: &[u8], peer: SocketAddr) -> (StatusCode, Bytes) {
+    /// Takes in a registration (`body` from `peer`), or says why not.
+    fn take(&self, body: &[u8], peer: SocketAddr) -> Result<(), (StatusCode, Bytes)> {
         self.counts.registrations.fetch_add(1, Ordering::Relaxed);
         // Before anything else: a flood from one address costs it no parsing, no MAC.
         if !self
@@ -419,45 +489,45 @@ impl Registry {
             .allow(peer.ip(), Instant::now())
         {
             self.count_refusal(Refusal::Rate, peer, "?");
-            return (
+            return Err((
                 StatusCode::TOO_MANY_REQUESTS,
                 Bytes::from(format!(
                     "registration: too many registrations from {}\n",
                     peer.ip().to_canonical()
                 )),
-            );
+            ));
         }
         let bad = |msg: String| (StatusCode::BAD_REQUEST, Bytes::from(msg + "\n"));
         let reg: Registration = match serde_json::from_slice(body) {
             Ok(r) => r,
-            Err(e) => return bad(format!("registration: {e}")),
+            Err(e) => return Err(bad(format!("registration: {e}"))),
         };
         if !reg.cluster.eq_ignore_ascii_case(&self.zone) {
-            return (
+            return Err((
                 StatusCode::CONFLICT,
                 Bytes::from(format!(
                     "registration: cluster: expected {}, got {}\n",
                     self.zone, reg.cluster
                 )),
-            );
+            ));
         }
         if let Err(e) = check_member(&reg.member) {
-            return bad(format!("registration: {e}"));
+            return Err(bad(format!("registration: {e}")));
         }
         if Some(reg.member.name.as_str()) == self.own_name() {
-            return (
+            return Err((
                 StatusCode::CONFLICT,
                 Bytes::from(format!(
                     "registration: member.name: {} is the node serving this registry\n",
                     reg.member.name
                 )),
-            );
+            ));
         }
         let Some(verifier) = self.verifier() else {
-            return (
+            return Err((
                 StatusCode::SERVICE_UNAVAILABLE,
                 Bytes::from_static(b"registration: the membership key is not loaded yet\n"),
-            );
+            ));
         };
         let fields = Fields {
             op: Op::Register,
@@ -471,7 +541,7 @@ impl Registry {
         let from_it = source_matches(peer.ip(), &reg.member.addresses);
         let fresh = match verifier.check(&fields, reg.auth.as_ref(), from_it, SystemTime::now()) {
             Ok(f) => f,
-            Err(r) => return refuse(&verifier, r, &reg.member.name, peer),
+            Err(r) => return Err(refuse(&verifier, r, &reg.member.name, peer)),
         };
         // The record accepted last, once more (the node reached this registry both through
         // the API VIP and at its address): answered, but it renews nothing, so a replay of
@@ -481,12 +551,12 @@ impl Registry {
             if !table.has_room_for(&reg.member.name) {
                 drop(table);
                 self.count_refusal(Refusal::Full, peer, &reg.member.name);
-                return (
+                return Err((
                     StatusCode::SERVICE_UNAVAILABLE,
                     Bytes::from(format!(
                         "registration: the registry is full ({MAX_MEMBERS} members)\n"
                     )),
-                );
+                ));
             }
             let source = peer.ip().to_canonical();
             if !table.contains(&reg.member.name)
@@ -494,20 +564,20 @@ impl Registry {
             {
                 drop(table);
                 self.count_refusal(Refusal::Address, peer, &reg.member.name);
-                return (
+                return Err((
                     StatusCode::CONFLICT,
                     Bytes::from(format!(
                         "registration: {MEMBERS_PER_ADDRESS} live members already list \
                          address {source}\n"
                     )),
-                );
+                ));
             }
             verifier.accept(&reg.member.name, reg.auth.as_ref());
             let changed = table.renew(reg.member, Instant::now());
             drop(table);
             self.notify(changed);
         }
-        self.answer()
+        Ok(())
     }
 
     fn goodbye(&self, name: &str, body: &[u8], peer: SocketAddr) -> (StatusCode, Bytes) {
@@ -580,6 +650,33 @@ impl ExtraRoutes for Registry {
             .unwrap_or_default()
     }
 
+    fn handle_request(
+        &self,
+        method: &Method,
+        path: &str,
+        peer: SocketAddr,
+        headers: &http::HeaderMap,
+        body: Bytes,
+    ) -> Option<ExtraAnswer> {
+        if path == MEMBERS_PATH && *method == Method::POST {
+            let held = headers.get(http::header::IF_NONE_MATCH);
+            return Some(match self.take(&body, peer) {
+                Ok(()) => self.conditional_answer(held, Instant::now()),
+                Err((status, body)) => ExtraAnswer {
+                    status,
+                    body,
+                    headers: Vec::new(),
+                },
+            });
+        }
+        self.handle(method, path, peer, body)
+            .map(|(status, body)| ExtraAnswer {
+                status,
+                body,
+                headers: Vec::new(),
+            })
+    }
+
     fn handle(
         &self,
         method: &Method,
@@ -590,7 +687,10 @@ impl ExtraRoutes for Registry {
         if path == MEMBERS_PATH {
             return Some(match *method {
                 Method::GET => self.answer(),
-                Method::POST => self.register(&body, peer),
+                Method::POST => match self.take(&body, peer) {
+                    Ok(()) => self.answer(),
+                    Err(refused) => refused,
+                },
                 _ => (StatusCode::METHOD_NOT_ALLOWED, Bytes::new()),
             });
         }
@@ -605,6 +705,14 @@ impl ExtraRoutes for Registry {
             _ => (StatusCode::METHOD_NOT_ALLOWED, Bytes::new()),
         })
     }
+}
+
+/// How long since a member was heard the registry still answers "unchanged": one and a
+/// half renewal intervals (a live member renews every interval, so its age stays under
+/// this), and at most half the expiry (so the age a client takes in with a `304` leaves it
+/// time to hear the member again before it expires there).
+fn fresh_within(renew: Duration, expiry: Duration) -> Duration {
+    (renew + renew / 2).min(expiry / 2)
 }
 
 /// A member that this registry will not list; says which field and what was expected.
@@ -1162,6 +1270,176 @@ mod tests {
         let st = r.registry_status();
         assert_eq!(st.answers, 6);
         assert!(st.answer_bytes > 0);
+    }
+
+    /// Registers `name` at 10.0.0.<n> naming the list tagged `held`, as a current client.
+    fn post_holding(r: &Registry, name: &str, held: Option<&http::HeaderValue>) -> ExtraAnswer {
+        let mut headers = http::HeaderMap::new();
+        if let Some(h) = held {
+            headers.insert(http::header::IF_NONE_MATCH, h.clone());
+        }
+        r.handle_request(
+            &Method::POST,
+            MEMBERS_PATH,
+            peer(),
+            &headers,
+            reg("c.example", name),
+        )
+        .unwrap()
+    }
+
+    fn header<'a>(a: &'a ExtraAnswer, name: &str) -> Option<&'a http::HeaderValue> {
+        a.headers.iter().find(|(n, _)| n == name).map(|(_, v)| v)
+    }
+
+    #[test]
+    fn a_renewal_naming_the_current_list_is_answered_unchanged() {
+        let r = Registry::new("c.example", Duration::from_secs(35))
+            .with_own(member("m1", "10.0.0.11"))
+            .with_renewal(Duration::from_secs(10));
+        let first = post_holding(&r, "m0", None);
+        assert_eq!(first.status, StatusCode::OK);
+        let tag = header(&first, "etag").expect("a list is tagged").clone();
+        let list: Vec<Entry> = serde_json::from_slice(&first.body).unwrap();
+        assert_eq!(list.len(), 2);
+
+        let again = post_holding(&r, "m0", Some(&tag));
+        assert_eq!(again.status, StatusCode::NOT_MODIFIED);
+        assert!(again.body.is_empty(), "no list with an unchanged answer");
+        let fresh: u64 = header(&again, FRESH_HEADER)
+            .expect("says how fresh")
+            .to_str()
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert!(fresh < 1000, "m0 renewed just now, stated {fresh} ms");
+        let st = r.registry_status();
+        assert_eq!(st.answers, 2);
+        assert_eq!(
+            st.answer_bytes,
+            first.body.len() as u64,
+            "the 304 sent no list"
+        );
+
+        // A tag that is not the current one (another registry's, or a client's own
+        // garbage) gets the list.
+        let other = http::HeaderValue::from_static("\"0-0\"");
+        assert_eq!(post_holding(&r, "m0", Some(&other)).status, StatusCode::OK);
+    }
+
+    #[test]
+    fn a_change_of_the_list_makes_the_held_tag_stale() {
+        let r = Registry::new("c.example", Duration::from_secs(35));
+        let tag = header(&post_holding(&r, "m0", None), "etag")
+            .unwrap()
+            .clone();
+        // A new member: the list changed.
+        let joined = post_holding(&r, "m2", Some(&tag));
+        assert_eq!(joined.status, StatusCode::OK, "a new member is news");
+        let tag2 = header(&joined, "etag").unwrap().clone();
+        assert_ne!(tag, tag2);
+        let list: Vec<Entry> = serde_json::from_slice(&joined.body).unwrap();
+        assert_eq!(list.len(), 2);
+        assert_eq!(
+            post_holding(&r, "m0", Some(&tag2)).status,
+            StatusCode::NOT_MODIFIED
+        );
+        // A goodbye: the list changed again.
+        let (st, _) = r
+            .handle(
+                &Method::DELETE,
+                &format!("{MEMBERS_PATH}/m2"),
+                peer(),
+                Bytes::new(),
+            )
+            .unwrap();
+        assert_eq!(st, StatusCode::NO_CONTENT);
+        let after = post_holding(&r, "m0", Some(&tag2));
+        assert_eq!(after.status, StatusCode::OK, "a goodbye is news");
+        let list: Vec<Entry> = serde_json::from_slice(&after.body).unwrap();
+        assert_eq!(list.len(), 1);
+        // An expiry: the list changed.
+        let tag3 = header(&after, "etag").unwrap().clone();
+        let r2 = Registry::new("c.example", Duration::from_millis(400));
+        let t = header(&post_holding(&r2, "m0", None), "etag")
+            .unwrap()
+            .clone();
+        let t0 = Instant::now();
+        r2.merge(
+            vec![Entry {
+                member: member("m3", "10.0.0.3"),
+                age_ms: 0,
+            }],
+            t0,
+        );
+        let t = header(&r2.conditional_answer(Some(&t), t0), "etag")
+            .unwrap()
+            .clone();
+        let later = t0 + Duration::from_millis(300);
+        r2.merge(
+            vec![Entry {
+                member: member("m0", "10.0.0.1"),
+                age_ms: 0,
+            }],
+            later,
+        );
+        let expired = r2.conditional_answer(Some(&t), later + Duration::from_millis(200));
+        assert_eq!(expired.status, StatusCode::OK, "m3 expired: news");
+        let list: Vec<Entry> = serde_json::from_slice(&expired.body).unwrap();
+        assert_eq!(list.len(), 1);
+        assert_eq!(list[0].member.name, "m0");
+        assert_ne!(tag3, t, "tags of two registries differ");
+    }
+
+    #[test]
+    fn a_member_not_heard_lately_keeps_the_list_coming() {
+        let r = Registry::new("c.example", Duration::from_secs(35))
+            .with_renewal(Duration::from_secs(10));
+        let now = Instant::now();
+        // m3 was last heard 16 s ago (past one and a half renewal intervals: it stopped).
+        r.merge(
+            vec![Entry {
+                member: member("m3", "10.0.0.3"),
+                age_ms: 16_000,
+            }],
+            now,
+        );
+        let tag = header(&post_holding(&r, "m0", None), "etag")
+            .unwrap()
+            .clone();
+        let again = post_holding(&r, "m0", Some(&tag));
+        assert_eq!(
+            again.status,
+            StatusCode::OK,
+            "an unchanged answer would state m3 heard more lately than it was"
+        );
+        let list: Vec<Entry> = serde_json::from_slice(&again.body).unwrap();
+        let m3 = list.iter().find(|e| e.member.name == "m3").unwrap();
+        assert!(m3.age_ms >= 16_000, "its age as it is: {}", m3.age_ms);
+    }
+
+    #[test]
+    fn a_restarted_registry_does_not_take_its_former_tag() {
+        let a = Registry::new("c.example", Duration::from_secs(35));
+        let tag = header(&post_holding(&a, "m0", None), "etag")
+            .unwrap()
+            .clone();
+        // The same list, the same change counter, another process.
+        let b = Registry::new("c.example", Duration::from_secs(35));
+        let again = post_holding(&b, "m0", Some(&tag));
+        assert_eq!(again.status, StatusCode::OK);
+        assert_ne!(header(&again, "etag"), Some(&tag));
+    }
+
+    #[test]
+    fn the_unchanged_window_stays_within_the_expiry() {
+        let s = Duration::from_secs;
+        assert_eq!(fresh_within(s(10), s(35)), s(15));
+        assert_eq!(fresh_within(s(10), s(20)), s(10), "half the expiry at most");
+        assert_eq!(
+            fresh_within(Duration::from_millis(500), s(4)),
+            Duration::from_millis(750)
+        );
     }
 
     proptest::proptest! {

@@ -35,6 +35,11 @@ impl Table {
         self.entries.contains_key(name) || self.entries.len() < MAX_MEMBERS
     }
 
+    /// How long an entry lives after its last renewal.
+    pub fn expiry(&self) -> Duration {
+        self.expiry
+    }
+
     /// Whether it holds `name`.
     pub fn contains(&self, name: &str) -> bool {
         self.entries.contains_key(name)
@@ -104,6 +109,14 @@ impl Table {
             .collect();
         out.sort_by(|a, b| a.0.name.cmp(&b.0.name));
         out
+    }
+
+    /// The time since the member heard longest ago was last heard (`None`: no member).
+    pub fn oldest_age(&self, now: Instant) -> Option<Duration> {
+        self.entries
+            .values()
+            .map(|(_, t)| now.saturating_duration_since(*t))
+            .max()
     }
 
     /// Removes `name` (a node that said goodbye); true when it was there.

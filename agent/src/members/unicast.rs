@@ -24,13 +24,15 @@ use http::{Method, StatusCode};
 use tokio_util::sync::CancellationToken;
 
 use super::auth::{Fields, Keys, Op, Signer};
-pub use super::registry::{Entry, Goodbye, KEY_HEADER, MEMBERS_PATH, Registration, Registry};
+pub use super::registry::{
+    Entry, FRESH_HEADER, Goodbye, KEY_HEADER, MEMBERS_PATH, Registration, Registry,
+};
 use super::seeds::{self, Seeds};
 use super::table::MAX_MEMBERS;
 use super::{Counters, own_member, publish};
 use crate::context::AgentContext;
 use crate::member::Member;
-use crate::net::http_client::{HttpClient, HttpError, Request, Trust};
+use crate::net::http_client::{Connection, HttpClient, HttpError, Request, Trust};
 
 /// Longest wait for one registry's answer.
 const EXCHANGE_TIMEOUT: Duration = Duration::from_secs(5);
@@ -134,17 +136,121 @@ pub async fn exchange_as(
     body: Vec<u8>,
 ) -> Result<crate::net::http_client::Response, HttpError> {
     let url = format!("https://{addr}{path}");
+    let req = registry_request(&url, source, name, method, body);
+    registry_client(tls).send(req).await
+}
+
+/// The client of the registries: the caller bounds the exchange's time as a whole.
+fn registry_client(tls: Arc<rustls::ClientConfig>) -> HttpClient {
     let long = Duration::from_secs(3600);
-    let client = HttpClient::new()
+    HttpClient::new()
         .trust(Trust::Roots(tls))
         .timeouts(long, long, long)
-        .body_limit(MAX_ANSWER_BYTES);
-    let mut req = Request::get(&url).header(http::header::CONTENT_TYPE, "application/json");
+        .body_limit(MAX_ANSWER_BYTES)
+}
+
+fn registry_request(
+    url: &str,
+    source: Option<IpAddr>,
+    name: IpAddr,
+    method: Method,
+    body: Vec<u8>,
+) -> Request<'_> {
+    let mut req = Request::get(url).header(http::header::CONTENT_TYPE, "application/json");
     req.method = method;
     req.body = Bytes::from(body);
     req.source = source;
     req.server_name = Some(name);
-    client.send(req).await
+    req
+}
+
+/// What a node keeps of one registry from one registration to the next: the connection,
+/// kept open across renewals (a renewal is then one request, not a TCP and TLS handshake
+/// as well), and the tag of the last list the registry answered, so it can answer
+/// "unchanged" ([`FRESH_HEADER`]) instead of sending the list again.
+#[derive(Debug, Default)]
+pub struct Link {
+    conn: Option<Connection>,
+    /// The `ETag` of the registry's last list, sent as `If-None-Match`; a caller that did
+    /// not keep that list must clear it.
+    pub tag: Option<http::HeaderValue>,
+}
+
+/// A registry's answer to a registration.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Answered {
+    /// The whole list.
+    List(Vec<Entry>),
+    /// The list it answered last is unchanged, and every member of it was last heard at
+    /// most this long before the answer.
+    Unchanged(Duration),
+}
+
+/// `list`, the entries of a registry's last whole answer, as an answer "unchanged, heard
+/// within `fresh`" states them now: each as old as `fresh`. Never younger than the registry
+/// knows them (a relayed record that grew younger kept dead nodes alive, docs/members.md).
+pub fn refreshed(list: &[Entry], fresh: Duration) -> Vec<Entry> {
+    let age_ms = fresh.as_millis().min(u128::from(u64::MAX)) as u64;
+    list.iter()
+        .map(|e| Entry {
+            member: e.member.clone(),
+            age_ms,
+        })
+        .collect()
+}
+
+/// Reads a registry's answer to a registration that sent `If-None-Match` when `asked`:
+/// what it says, and the tag of the list it carries.
+fn read_answer(
+    addr: SocketAddr,
+    answer: &crate::net::http_client::Response,
+    asked: bool,
+) -> Result<(Answered, Option<http::HeaderValue>), RegistrationError> {
+    let tag = answer.headers.get(http::header::ETAG).cloned();
+    match answer.status {
+        StatusCode::OK => Ok((Answered::List(answer_entries(addr, &answer.body)?), tag)),
+        StatusCode::NOT_MODIFIED if asked => {
+            let fresh = answer
+                .headers
+                .get(FRESH_HEADER)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.parse::<u64>().ok())
+                .ok_or_else(|| RegistrationError::Refused {
+                    status: answer.status,
+                    text: format!("expected {FRESH_HEADER}: <milliseconds> with it"),
+                })?;
+            Ok((Answered::Unchanged(Duration::from_millis(fresh)), tag))
+        }
+        status => Err(RegistrationError::Refused {
+            status,
+            text: String::from_utf8_lossy(&answer.body).trim().to_owned(),
+        }),
+    }
+}
+
+/// Sends `req` on the connection `link` keeps when it has one, else (and once more when
+/// the registry closed the kept one just as the request went out: its idle timeout, a
+/// restart) on a new one, which `link` then keeps.
+async fn send_kept(
+    client: &HttpClient,
+    link: &mut Link,
+    url: &str,
+    req: Request<'_>,
+) -> Result<crate::net::http_client::Response, HttpError> {
+    if let Some(mut conn) = link.conn.take().filter(Connection::is_open) {
+        match client.send_on(&mut conn, req.clone(), true).await {
+            Ok(answer) => {
+                link.conn = conn.is_open().then_some(conn);
+                return Ok(answer);
+            }
+            Err(HttpError::Http { .. }) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    let mut conn = client.open(url, req.source, req.server_name).await?;
+    let answer = client.send_on(&mut conn, req, true).await?;
+    link.conn = conn.is_open().then_some(conn);
+    Ok(answer)
 }
 
 /// Why a registration with one registry brought nothing back.
@@ -190,8 +296,19 @@ impl RegistrationError {
     }
 }
 
-/// One registration's registry, when it began, and what it brought back.
-pub type Exchange = (SocketAddr, Instant, Result<Vec<Entry>, RegistrationError>);
+/// One registration: the registry, when it began, what it brought back, and the link to
+/// keep for the next one.
+#[derive(Debug)]
+pub struct Exchange {
+    /// The registry.
+    pub addr: SocketAddr,
+    /// When the exchange began (the ages of the answer count from then).
+    pub started: Instant,
+    /// The answer.
+    pub result: Result<Answered, RegistrationError>,
+    /// The connection and tag for the next registration there.
+    pub link: Link,
+}
 
 /// This node's address of `target`'s family, if it has one.
 fn source_for(own: &[IpAddr], target: SocketAddr) -> Option<IpAddr> {
@@ -209,10 +326,10 @@ fn other_key(headers: &http::HeaderMap, ours: Option<&[String]>) -> Option<Strin
 }
 
 /// Registers with `addr` (verifying its certificate for `name`), from this node's address
-/// of its family, sending `body` ([`registration_body`]); `keys`: the IDs this node holds
-/// (authenticated clusters). Returns when the exchange began, with its outcome. The one
-/// registration exchange: the agent's rounds and the scale bench's load generator
-/// (`agent/examples/member_load.rs`) both go through it.
+/// of its family, sending `body` ([`registration_body`]) on the connection `link` keeps
+/// and naming the list it last had from there; `keys`: the IDs this node holds
+/// (authenticated clusters). The one registration exchange: the agent's rounds and the
+/// scale bench's load generator (`agent/examples/member_load.rs`) both go through it.
 pub async fn register_one(
     tls: Arc<rustls::ClientConfig>,
     own: Arc<Vec<IpAddr>>,
@@ -220,25 +337,50 @@ pub async fn register_one(
     addr: SocketAddr,
     body: Vec<u8>,
     keys: Option<Arc<Vec<String>>>,
+    mut link: Link,
 ) -> Exchange {
     let started = Instant::now();
     let source = source_for(&own, addr);
-    let call = exchange_as(tls, source, addr, name, Method::POST, MEMBERS_PATH, body);
-    let res = match tokio::time::timeout(EXCHANGE_TIMEOUT, call).await {
-        Ok(Ok(answer)) if answer.status == StatusCode::OK => {
-            match other_key(&answer.headers, keys.as_deref().map(Vec::as_slice)) {
-                Some(id) => Err(RegistrationError::OtherKey(id)),
-                None => answer_entries(addr, &answer.body),
+    let url = format!("https://{addr}{MEMBERS_PATH}");
+    let mut req = registry_request(&url, source, name, Method::POST, body);
+    let asked = link.tag.is_some();
+    if let Some(tag) = &link.tag {
+        req.headers.push((http::header::IF_NONE_MATCH, tag.clone()));
+    }
+    let client = registry_client(tls);
+    let call = send_kept(&client, &mut link, &url, req);
+    let result = match tokio::time::timeout(EXCHANGE_TIMEOUT, call).await {
+        Ok(Ok(answer)) => match other_key(&answer.headers, keys.as_deref().map(Vec::as_slice)) {
+            Some(id) if answer.status.is_success() || answer.status == StatusCode::NOT_MODIFIED => {
+                Err(RegistrationError::OtherKey(id))
             }
-        }
-        Ok(Ok(answer)) => Err(RegistrationError::Refused {
-            status: answer.status,
-            text: String::from_utf8_lossy(&answer.body).trim().to_owned(),
-        }),
+            _ => read_answer(addr, &answer, asked),
+        },
         Ok(Err(e)) => Err(e.into()),
-        Err(_) => Err(RegistrationError::NoAnswer(EXCHANGE_TIMEOUT)),
+        Err(_) => {
+            // A request half done on it: the connection is of no further use.
+            link.conn = None;
+            Err(RegistrationError::NoAnswer(EXCHANGE_TIMEOUT))
+        }
     };
-    (addr, started, res)
+    let result = match result {
+        Ok((answered, tag)) => {
+            if let Answered::List(_) = answered {
+                link.tag = tag;
+            }
+            Ok(answered)
+        }
+        Err(e) => {
+            link.tag = None;
+            Err(e)
+        }
+    };
+    Exchange {
+        addr,
+        started,
+        result,
+        link,
+    }
 }
 
 /// The entries of registry `addr`'s answer `list`.
@@ -316,6 +458,10 @@ pub async fn run(
     let mut answered: BTreeSet<SocketAddr> = BTreeSet::new();
     let mut status: BTreeMap<SocketAddr, String> = BTreeMap::new();
     let mut last_errors: BTreeMap<SocketAddr, String> = BTreeMap::new();
+    // Per registry: the link kept between registrations, and its last whole list (what an
+    // "unchanged" answer refers to).
+    let mut links: BTreeMap<SocketAddr, Link> = BTreeMap::new();
+    let mut lists: BTreeMap<SocketAddr, Vec<Entry>> = BTreeMap::new();
     let own = Arc::new(me.addresses.clone());
     loop {
         tokio::select! {
@@ -330,12 +476,18 @@ pub async fn run(
                 status.retain(|a, _| targets.contains(a));
                 answered.retain(|a| targets.contains(a));
                 last_errors.retain(|a, _| targets.contains(a));
+                links.retain(|a, _| targets.contains(a));
+                lists.retain(|a, _| targets.contains(a));
                 *counters.registries.lock().unwrap_or_else(|e| e.into_inner()) =
                     status.iter().map(|(a, s)| (a.to_string(), s.clone())).collect();
                 let body = registration(SystemTime::now());
                 let busy: BTreeSet<SocketAddr> = in_flight.values().copied().collect();
                 for addr in targets.into_iter().filter(|a| !busy.contains(a)) {
-                    let task = register_one(tls.clone(), own.clone(), name, addr, body.clone(), key_ids.clone());
+                    let mut link = links.remove(&addr).unwrap_or_default();
+                    if !lists.contains_key(&addr) {
+                        link.tag = None;
+                    }
+                    let task = register_one(tls.clone(), own.clone(), name, addr, body.clone(), key_ids.clone(), link);
                     let id = exchanges.spawn(task).id();
                     in_flight.insert(id, addr);
                 }
@@ -343,7 +495,7 @@ pub async fn run(
                 next_round = Instant::now() + if alone { ALONE_RETRY } else { renew };
             }
             Some(joined) = exchanges.join_next_with_id(), if !exchanges.is_empty() => {
-                let (addr, started, res) = match joined {
+                let Exchange { addr, started, result: res, link } = match joined {
                     Ok((id, exchange)) => {
                         in_flight.remove(&id);
                         exchange
@@ -353,6 +505,19 @@ pub async fn run(
                         continue;
                     }
                 };
+                links.insert(addr, link);
+                let res = res.map(|answered| match answered {
+                    Answered::List(entries) => {
+                        lists.insert(addr, entries.clone());
+                        entries
+                    }
+                    Answered::Unchanged(fresh) => {
+                        lists.get(&addr).map(|l| refreshed(l, fresh)).unwrap_or_default()
+                    }
+                });
+                if res.is_err() {
+                    lists.remove(&addr);
+                }
                 match res {
                     Ok(entries) => {
                         // The ages count from when the registry answered, somewhere between
@@ -595,6 +760,74 @@ mod tests {
         let answer = parse_answer(&serde_json::to_vec(&list).unwrap()).unwrap();
         assert_eq!(answer.entries.len(), MAX_MEMBERS);
         assert_eq!(answer.skipped, 10);
+    }
+
+    fn response(
+        status: StatusCode,
+        headers: &[(&str, &str)],
+        body: &str,
+    ) -> crate::net::http_client::Response {
+        let mut h = http::HeaderMap::new();
+        for (k, v) in headers {
+            h.insert(
+                http::HeaderName::from_bytes(k.as_bytes()).unwrap(),
+                http::HeaderValue::from_str(v).unwrap(),
+            );
+        }
+        crate::net::http_client::Response {
+            status,
+            headers: h,
+            body: Bytes::from(body.to_owned()),
+        }
+    }
+
+    #[test]
+    fn a_list_is_taken_with_its_tag_and_an_unchanged_answer_with_its_age() {
+        let addr: SocketAddr = "10.0.0.5:22623".parse().unwrap();
+        let list = serde_json::json!([entry("m0")]).to_string();
+        let (answered, tag) = read_answer(
+            addr,
+            &response(StatusCode::OK, &[("etag", "\"a-1\"")], &list),
+            true,
+        )
+        .unwrap();
+        assert!(matches!(&answered, Answered::List(e) if e.len() == 1));
+        assert_eq!(tag.unwrap(), "\"a-1\"");
+        // An older registry: no tag, the list as before.
+        let (_, tag) = read_answer(addr, &response(StatusCode::OK, &[], &list), false).unwrap();
+        assert_eq!(tag, None);
+
+        let (answered, _) = read_answer(
+            addr,
+            &response(StatusCode::NOT_MODIFIED, &[(FRESH_HEADER, "9500")], ""),
+            true,
+        )
+        .unwrap();
+        assert_eq!(answered, Answered::Unchanged(Duration::from_millis(9500)));
+        let bad = read_answer(addr, &response(StatusCode::NOT_MODIFIED, &[], ""), true);
+        assert!(
+            matches!(&bad, Err(e) if e.is_refusal() && e.to_string().contains(FRESH_HEADER)),
+            "{bad:?}"
+        );
+        let unasked = read_answer(
+            addr,
+            &response(StatusCode::NOT_MODIFIED, &[(FRESH_HEADER, "1")], ""),
+            false,
+        );
+        assert!(
+            unasked.is_err(),
+            "unchanged from what, when no list was named"
+        );
+    }
+
+    #[test]
+    fn an_unchanged_list_is_taken_in_as_old_as_the_registry_says() {
+        let list: Vec<Entry> =
+            serde_json::from_value(serde_json::json!([entry("m0"), entry("m2")])).unwrap();
+        let again = refreshed(&list, Duration::from_millis(12_000));
+        assert_eq!(again.len(), 2);
+        assert!(again.iter().all(|e| e.age_ms == 12_000));
+        assert_eq!(again[1].member, list[1].member);
     }
 
     #[test]

@@ -775,8 +775,13 @@ const FAMILIES: &[Family] = &[
     ),
     counter(
         "keelson_members_registry_answers",
-        "Unicast: member lists this registry served.",
+        "Unicast: answers this registry served to registrations (lists and unchanged).",
         |st| registry_one(st, |r| count(r.answers)),
+    ),
+    counter(
+        "keelson_members_registry_answers_unchanged",
+        "Unicast: answers that said the list the node holds is unchanged (304), sending no list.",
+        |st| registry_one(st, |r| count(r.unchanged)),
     ),
     counter(
         "keelson_members_registry_answer_bytes",
@@ -1162,6 +1167,7 @@ mod tests {
                     merge_skipped: 0,
                     answers: 3,
                     answer_bytes: 900,
+                    unchanged: 0,
                     sources: 2,
                 }),
             }),

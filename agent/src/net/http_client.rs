@@ -424,37 +424,35 @@ impl HttpClient {
     }
 
     async fn send_reading(&self, req: Request<'_>, body: bool) -> Result<Response, HttpError> {
-        let url = Url::parse(req.url)?;
-        let name = req.url.to_owned();
-        let req_name = req.server_name;
+        let mut conn = self.open(req.url, req.source, req.server_name).await?;
+        self.send_on(&mut conn, req, body).await
+    }
+
+    /// Opens a connection to `url`'s server (TCP, and TLS for `https`: the certificate must
+    /// name `server_name` when given, else the URL's host), from `source` when given, for
+    /// [`HttpClient::send_on`].
+    pub async fn open(
+        &self,
+        url: &str,
+        source: Option<IpAddr>,
+        server_name: Option<IpAddr>,
+    ) -> Result<Connection, HttpError> {
+        let parsed = Url::parse(url)?;
+        let name = url.to_owned();
         let timeout = |step: &'static str, after: Duration| HttpError::Timeout {
             url: name.clone(),
             step,
             after,
         };
-        let tcp = tokio::time::timeout(self.connect_timeout, self.connect(&url, req.source))
+        let tcp = tokio::time::timeout(self.connect_timeout, self.connect(&parsed, source))
             .await
             .map_err(|_| timeout("connect", self.connect_timeout))?
             .map_err(|source| HttpError::Connect {
                 url: name.clone(),
                 source,
             })?;
-        let mut request = http::Request::builder()
-            .method(req.method)
-            .uri(url.path.as_str())
-            .header(http::header::HOST, url.host_header())
-            .header(http::header::USER_AGENT, USER_AGENT);
-        for (k, v) in req.headers {
-            request = request.header(k, v);
-        }
-        let request = request
-            .body(Full::new(req.body))
-            .map_err(|e| HttpError::Url {
-                url: name.clone(),
-                expected: e.to_string(),
-            })?;
-        if !url.https {
-            return self.exchange(TokioIo::new(tcp), request, &name, body).await;
+        if !parsed.https {
+            return Connection::handshake(TokioIo::new(tcp), &name).await;
         }
         let config = match &self.trust {
             Trust::None => {
@@ -466,9 +464,9 @@ impl HttpClient {
             Trust::Roots(c) => c.clone(),
             Trust::Any => any_certificate(),
         };
-        let server = match req_name.or(url.ip) {
+        let server = match server_name.or(parsed.ip) {
             Some(ip) => ServerName::IpAddress(ip.into()),
-            None => ServerName::try_from(url.host.clone()).map_err(|e| HttpError::Url {
+            None => ServerName::try_from(parsed.host.clone()).map_err(|e| HttpError::Url {
                 url: name.clone(),
                 expected: format!("a server name: {e}"),
             })?,
@@ -483,7 +481,37 @@ impl HttpClient {
             url: name.clone(),
             source,
         })?;
-        self.exchange(TokioIo::new(tls), request, &name, body).await
+        Connection::handshake(TokioIo::new(tls), &name).await
+    }
+
+    /// Sends `req` on `conn` (opened by [`HttpClient::open`] for the same server: `req`'s
+    /// source and server name are not looked at) and reads the answer, the body only when
+    /// `read_body`. The connection stays open for the next request when the server keeps
+    /// it ([`Connection::is_open`]).
+    pub async fn send_on(
+        &self,
+        conn: &mut Connection,
+        req: Request<'_>,
+        read_body: bool,
+    ) -> Result<Response, HttpError> {
+        let url = Url::parse(req.url)?;
+        let name = req.url;
+        let mut request = http::Request::builder()
+            .method(req.method)
+            .uri(url.path.as_str())
+            .header(http::header::HOST, url.host_header())
+            .header(http::header::USER_AGENT, USER_AGENT);
+        for (k, v) in req.headers {
+            request = request.header(k, v);
+        }
+        let request = request
+            .body(Full::new(req.body))
+            .map_err(|e| HttpError::Url {
+                url: name.to_owned(),
+                expected: e.to_string(),
+            })?;
+        self.exchange(&mut conn.sender, request, name, read_body)
+            .await
     }
 
     async fn connect(
@@ -519,16 +547,13 @@ impl HttpClient {
         sock.connect(addr).await
     }
 
-    async fn exchange<IO>(
+    async fn exchange(
         &self,
-        io: IO,
+        sender: &mut hyper::client::conn::http1::SendRequest<Full<Bytes>>,
         request: http::Request<Full<Bytes>>,
         url: &str,
         read_body: bool,
-    ) -> Result<Response, HttpError>
-    where
-        IO: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
-    {
+    ) -> Result<Response, HttpError> {
         let http_err = |source| HttpError::Http {
             url: url.to_owned(),
             source,
@@ -538,15 +563,15 @@ impl HttpClient {
             step,
             after,
         };
-        let (mut sender, conn) = hyper::client::conn::http1::handshake(io)
+        async {
+            let response = tokio::time::timeout(self.answer_timeout, async {
+                // A kept connection is ready once the driver has seen the last answer end.
+                sender.ready().await?;
+                sender.send_request(request).await
+            })
             .await
+            .map_err(|_| timeout("answer", self.answer_timeout))?
             .map_err(http_err)?;
-        let conn = tokio::spawn(conn);
-        let result = async {
-            let response = tokio::time::timeout(self.answer_timeout, sender.send_request(request))
-                .await
-                .map_err(|_| timeout("answer", self.answer_timeout))?
-                .map_err(http_err)?;
             let status = response.status();
             let headers = response.headers().clone();
             if !read_body {
@@ -585,9 +610,48 @@ impl HttpClient {
                 body: body.to_bytes(),
             })
         }
-        .await;
-        conn.abort();
-        result
+        .await
+    }
+}
+
+/// An open HTTP/1.1 connection ([`HttpClient::open`]) that carries one request after
+/// another while the server keeps it (keep-alive), so a caller that asks the same server
+/// again and again (a member renewing its registration) pays the TCP and TLS handshakes
+/// once rather than on every request. Closed when dropped.
+#[derive(Debug)]
+pub struct Connection {
+    sender: hyper::client::conn::http1::SendRequest<Full<Bytes>>,
+    /// Drives the connection; aborted on drop.
+    driver: tokio::task::JoinHandle<()>,
+}
+
+impl Connection {
+    async fn handshake<IO>(io: IO, url: &str) -> Result<Self, HttpError>
+    where
+        IO: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+    {
+        let (sender, conn) = hyper::client::conn::http1::handshake(io)
+            .await
+            .map_err(|source| HttpError::Http {
+                url: url.to_owned(),
+                source,
+            })?;
+        let driver = tokio::spawn(async move {
+            let _ = conn.await;
+        });
+        Ok(Connection { sender, driver })
+    }
+
+    /// Whether another request may go out on it: the server has not closed it (a request
+    /// still waits until the connection is ready for it).
+    pub fn is_open(&self) -> bool {
+        !self.sender.is_closed()
+    }
+}
+
+impl Drop for Connection {
+    fn drop(&mut self) {
+        self.driver.abort();
     }
 }
 

@@ -480,10 +480,14 @@ pub struct RegistryStatus {
     pub refused: BTreeMap<String, u64>,
     /// Entries of other registries' answers not taken because the registry was full.
     pub merge_skipped: u64,
-    /// Member lists served (answers to registrations and `GET`s).
+    /// Answers served to registrations and `GET`s (lists and "unchanged").
     pub answers: u64,
     /// Their bytes (the body, before TLS).
     pub answer_bytes: u64,
+    /// Of the answers, those that said "unchanged since the list you hold" (`304`) instead
+    /// of sending the list. Absent in an older agent's status.
+    #[serde(default)]
+    pub unchanged: u64,
     /// Addresses the per-address rate limit keeps.
     pub sources: u64,
 }

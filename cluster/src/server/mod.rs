@@ -454,7 +454,14 @@ async fn handle(
                 .into(),
         ),
     };
-    let resp = router.handle(&parts.method, path, joined.as_deref(), peer, body);
+    let resp = router.handle(
+        &parts.method,
+        path,
+        joined.as_deref(),
+        peer,
+        &parts.headers,
+        body,
+    );
     tracing::debug!(
         %peer,
         method = %parts.method,

@@ -151,6 +151,7 @@ impl Router {
         path: &str,
         accept: Option<&[u8]>,
         peer: SocketAddr,
+        headers: &http::HeaderMap,
         body: Bytes,
     ) -> Response<Body> {
         let route = parse_route(path);
@@ -165,10 +166,10 @@ impl Router {
             let Some(extra) = self.extra.as_ref() else {
                 return text(StatusCode::NOT_FOUND, "not found");
             };
-            return match extra.handle(method, path, peer, body) {
-                Some((status, body)) => {
-                    let mut r = respond(status, "application/json", body);
-                    for (name, value) in extra.headers() {
+            return match extra.handle_request(method, path, peer, headers, body) {
+                Some(answer) => {
+                    let mut r = respond(answer.status, "application/json", answer.body);
+                    for (name, value) in answer.headers.into_iter().chain(extra.headers()) {
                         r.headers_mut().insert(name, value);
                     }
                     r
@@ -300,8 +301,15 @@ mod tests {
     }
 
     fn status(r: &Router, m: Method, path: &str, peer: &str) -> StatusCode {
-        r.handle(&m, path, None, peer.parse().unwrap(), Bytes::new())
-            .status()
+        r.handle(
+            &m,
+            path,
+            None,
+            peer.parse().unwrap(),
+            &http::HeaderMap::new(),
+            Bytes::new(),
+        )
+        .status()
     }
 
     #[test]
@@ -363,6 +371,7 @@ mod tests {
             "/config/master",
             Some(h),
             "10.0.0.9:1".parse().unwrap(),
+            &http::HeaderMap::new(),
             Bytes::new(),
         );
         assert_eq!(resp.status(), StatusCode::BAD_REQUEST);
