@@ -456,10 +456,65 @@ struct BothMoved {
     new_holder: String,
     /// Per family (IPv4, IPv6): the outage the client saw.
     outages: [probe::Outage; 2],
+    /// The namespace's neighbour entries for the VIPs as they changed, from the kill on.
+    neighbours: Vec<String>,
+}
+
+/// The namespace's neighbour entries for `vips`, read (`ip neigh show`, which changes
+/// nothing) every 100 ms from `origin` until `stop`: each change as `+0.4 s fd00::5
+/// 52:54:00:0a:00:0c STALE`. What the clients' host believed about each VIP, and when.
+struct NeighbourLog {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: std::thread::JoinHandle<Vec<String>>,
+}
+
+impl NeighbourLog {
+    fn start(netns: &str, vips: [&str; 2], origin: Instant) -> Self {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let ns = Netns::existing(netns);
+        let vips = vips.map(str::to_owned);
+        let thread = {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                let mut last: [String; 2] = Default::default();
+                let mut changes = Vec::new();
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    for (vip, last) in vips.iter().zip(last.iter_mut()) {
+                        let now = ns
+                            .ip(&["neigh", "show", vip])
+                            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+                            .unwrap_or_default();
+                        if now != *last {
+                            let t = Instant::now().saturating_duration_since(origin);
+                            let shown = now.replace(" dev kqbr0 lladdr", "");
+                            changes.push(format!(
+                                "{:+.1} s {}",
+                                t.as_secs_f64(),
+                                if shown.is_empty() {
+                                    format!("{vip} (none)")
+                                } else {
+                                    shown
+                                }
+                            ));
+                            *last = now;
+                        }
+                    }
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+                changes
+            })
+        };
+        NeighbourLog { stop, thread }
+    }
+
+    fn finish(self) -> Vec<String> {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.thread.join().unwrap_or_default()
+    }
 }
 
 /// Kills the node holding `vips` (IPv4, IPv6; ARP and neighbour discovery agree) while a
-/// client requests each of `urls` every 100 ms, each with a 1 s timeout whether or not the
+/// client requests each of `urls` every 200 ms, each with a 1 s timeout whether or not the
 /// one before answered; waits until both answer again and `settle` more, then finds the
 /// new holder of both.
 fn kill_holder_of_both(
@@ -474,11 +529,14 @@ fn kill_holder_of_both(
         dead.starts_with(role),
         "{vips:?} held by {dead}, expected a {role}"
     );
+    // Each client every 200 ms: together the IPv4 run's one client's 10 requests a second.
+    // Twice that (TLS handshakes all, on the holder's one emulated vCPU) starved its VRRP
+    // adverts past Master_Down on a loaded host, and the VIPs moved before any kill.
     let clients = urls.map(|url| {
         ClientLoop::start_overlapping(
             &c.netns.name,
             url,
-            Duration::from_millis(100),
+            Duration::from_millis(200),
             Duration::from_secs(1),
         )
     });
@@ -494,12 +552,48 @@ fn kill_holder_of_both(
     // No ARP or neighbour probes until the clients are through: an answer to a probe
     // updates the namespace's neighbour entry for the VIP, and the clients would learn the
     // new holder from the probe instead of from its own announcements.
+    // The segment's ARP and ICMPv6 frames around the kill, for a reader of a slow move,
+    // where tcpdump is installed (nothing checks them: the neighbour log is the figure).
+    let capture = c.work.join(format!("failover-{dead}.pcap"));
+    let mut tcpdump = match crate::tools::find("tcpdump") {
+        Some(tcpdump) => {
+            let child = c
+                .netns
+                .command_path(&tcpdump)
+                .args(["-q", "-n", "-i", &c.host_iface, "-w"])
+                .arg(&capture)
+                .arg("arp or icmp6")
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .spawn()
+                .context("running tcpdump")?;
+            std::thread::sleep(Duration::from_millis(500));
+            Some(child)
+        }
+        None => None,
+    };
+    let origin = Instant::now();
+    let log = NeighbourLog::start(&c.netns.name, vips, origin);
     let killed_at = c.kill(&dead)?;
     for (client, url) in clients.iter().zip(urls) {
         client
             .wait_success_after(killed_at, Duration::from_secs(60))
             .with_context(|| format!("{url} never answered again after {dead} died"))?;
     }
+    let neighbours = log.finish();
+    if let Some(mut tcpdump) = tcpdump.take() {
+        let _ = tcpdump.kill();
+        let _ = tcpdump.wait();
+        eprintln!(
+            "qemu-cluster: frames around the kill in {}",
+            capture.display()
+        );
+    }
+    eprintln!(
+        "qemu-cluster: {dead} killed at {:+.1} s; the namespace's neighbour entries: {}",
+        killed_at.saturating_duration_since(origin).as_secs_f64(),
+        neighbours.join("; ")
+    );
     std::thread::sleep(settle);
     let mut outages = Vec::new();
     for ((client, since), url) in clients.into_iter().zip(since).zip(urls) {
@@ -528,11 +622,12 @@ fn kill_holder_of_both(
         dead,
         new_holder,
         outages,
+        neighbours,
     })
 }
 
 /// 5. Failover of both families: the master holding both API VIPs dies (QEMU `quit`) while
-///    a client asks `/readyz` through each VIP; both VIPs move to one other master, each
+///    a client asks `/readyz` through each VIP (every 200 ms each); both VIPs move to one other master, each
 ///    client answered again within the VIP move bound + 2 s (as the IPv4 run's scenario),
 ///    none failing after that. Then the worker holding both ingress VIPs dies: both move to
 ///    the other worker (the router answers through the IPv4 VIP, `ping` through the IPv6
@@ -556,10 +651,11 @@ pub fn failover(c: &mut Cluster) -> Result<(String, String)> {
         let last = outage.last_failure.unwrap_or_default();
         ensure!(
             back <= bound && last <= bound,
-            "{family}: the API VIP answered again after {}, the last failure {} after the kill (VIP move bound + 2 s: {})",
+            "{family}: the API VIP answered again after {}, the last failure {} after the kill (VIP move bound + 2 s: {}); the namespace's neighbour entries from the kill: {}",
             secs(back),
             secs(last),
-            secs(bound)
+            secs(bound),
+            api.neighbours.join("; ")
         );
         ensure!(
             outage.failures_after_back == 0,
