@@ -554,13 +554,14 @@ fn kill_holder_of_both(
     // new holder from the probe instead of from its own announcements.
     // The segment's ARP and ICMPv6 frames around the kill, for a reader of a slow move,
     // where tcpdump is installed (nothing checks them: the neighbour log is the figure).
+    // `-U` writes each frame at once: the capture ends with a kill, which loses a buffer.
     let capture = c.work.join(format!("failover-{dead}.pcap"));
     let mut tcpdump = match crate::tools::find("tcpdump") {
         Some(tcpdump) => {
             let child = c
                 .netns
                 .command_path(&tcpdump)
-                .args(["-q", "-n", "-i", &c.host_iface, "-w"])
+                .args(["-q", "-n", "-U", "-i", &c.host_iface, "-w"])
                 .arg(&capture)
                 .arg("arp or icmp6")
                 .stdout(std::process::Stdio::null())
