@@ -36,6 +36,9 @@ pub const INGRESS_VIP6: &str = "fd00::7";
 /// The host-side participant's IPv6 address on the segment.
 pub const HOST_ADDRESS6: &str = "fd00::250";
 
+/// The harness's MAC on the segment (locally administered, unlike the nodes' 52:54:00:...).
+pub const HOST_MAC: &str = "02:00:00:00:02:50";
+
 /// A node's IPv6 address: the last octet of its IPv4 address in the same digits
 /// (10.0.0.11 is fd00::11), so a reader of the report pairs them at a glance.
 pub fn node_address(v4: Ipv4Addr) -> Ipv6Addr {
@@ -59,6 +62,12 @@ pub fn add_host_address(netns: &Netns, iface: &str) -> Result<()> {
         netns.name,
         String::from_utf8_lossy(&out.stderr).trim()
     );
+    // A fixed MAC: a Linux bridge without one takes the lowest of its ports' and changes it
+    // when that port goes (a killed VM's tap). The nodes' neighbour entries for the harness
+    // then name a MAC nobody has; IPv4 heals at the harness's next broadcast ARP request
+    // (every receiver updates the sender's entry), IPv6 only when the node's entry fails
+    // its probes, some 8-16 s, which a client through the IPv6 VIP saw as the failover.
+    netns.ip(&["link", "set", "dev", iface, "address", HOST_MAC])?;
     netns.ip(&[
         "-6",
         "addr",
