@@ -71,7 +71,9 @@ test: setup
 # Bootstrap, three masters and two workers under QEMU (TCG; ACCEL=kvm where KVM works),
 # checked from a network namespace on their segment; prints a table (docs/qemu-cluster.md).
 # CONFIG=unicast (default): cluster.json as `keelson build` writes it, on a bridge that drops
-# multicast; CONFIG=multicast: VRRP multicast and mDNS on QEMU's multicast socket segment.
+# multicast; CONFIG=multicast: VRRP multicast and mDNS on QEMU's multicast socket segment;
+# CONFIG=dualstack: IPv4 and IPv6 VIPs and node addresses, every node on the appliance, on a
+# learning bridge (not part of `make test`).
 CONFIG ?= unicast
 # The masters boot the RHCOS stand-in (QEMU_CLUSTER_MASTERS=appliance: the appliance).
 qemu-cluster: setup agent

@@ -39,6 +39,11 @@ pub enum Config {
     Unicast,
     /// VRRP multicast and mDNS members, on QEMU's multicast socket segment.
     Multicast,
+    /// Both address families: `keelson build`'s unicast defaults for a dual-stack
+    /// install-config (each role's IPv6 VIP follows its IPv4 one), every node with a static
+    /// IPv6 address beside its IPv4 one, on a learning bridge where multicast passes
+    /// (IPv6 neighbour discovery is multicast): [`crate::dual_stack`].
+    DualStack,
 }
 
 impl std::str::FromStr for Config {
@@ -47,7 +52,8 @@ impl std::str::FromStr for Config {
         match s {
             "unicast" => Ok(Config::Unicast),
             "multicast" => Ok(Config::Multicast),
-            other => bail!("configuration {other:?}: expected unicast or multicast"),
+            "dualstack" => Ok(Config::DualStack),
+            other => bail!("configuration {other:?}: expected unicast, multicast or dualstack"),
         }
     }
 }
@@ -58,6 +64,7 @@ impl Config {
         match self {
             Config::Unicast => "unicast",
             Config::Multicast => "multicast",
+            Config::DualStack => "dualstack",
         }
     }
 }
@@ -108,7 +115,7 @@ impl Payload {
             Ok("openshift") => Ok(Payload::OpenShift),
             Err(_) | Ok("") => Ok(match config {
                 Config::Unicast => Payload::OpenShift,
-                Config::Multicast => Payload::Keelson,
+                Config::Multicast | Config::DualStack => Payload::Keelson,
             }),
             Ok(other) => bail!("QEMU_CLUSTER_PAYLOAD={other:?}: expected keelson or openshift"),
         }
@@ -304,7 +311,15 @@ impl Cluster {
                 Some(BridgeSegment::create(netns.name(), "kqbr0")?),
                 "kqbr0",
             ),
+            Config::DualStack => (
+                None,
+                Some(BridgeSegment::create_switch(netns.name(), "kqbr0")?),
+                "kqbr0",
+            ),
         };
+        if config == Config::DualStack {
+            crate::dual_stack::add_host_address(&netns, host_iface)?;
+        }
         netns.try_ip(&[
             "addr",
             "add",
@@ -394,6 +409,8 @@ impl Cluster {
             user_data: self.user_data(node.role)?,
             meta: BTreeMap::new(),
             dns: self.payload.network_dns(),
+            address6: (self.config == Config::DualStack)
+                .then(|| crate::dual_stack::node_address(node.address)),
         })
     }
 
@@ -438,7 +455,7 @@ impl Cluster {
                 b.bridge,
                 self.netns.name()
             ),
-            (Some(b), Config::Multicast) => format!(
+            (Some(b), Config::Multicast | Config::DualStack) => format!(
                 "bridge {} of taps in {}, a learning switch where multicast passes",
                 b.bridge,
                 self.netns.name()

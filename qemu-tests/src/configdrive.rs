@@ -1,7 +1,7 @@
 //! OpenStack config drives for the test VMs: an ISO 9660 image labelled `config-2` holding
 //! `openstack/latest/{meta_data.json,network_data.json,user_data}`, as Nova writes them.
 
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 use std::path::Path;
 use std::process::Command;
 
@@ -42,6 +42,9 @@ pub struct NodeDrive {
     pub meta: std::collections::BTreeMap<String, String>,
     /// The network's DNS servers (`services` of type `dns`, as Nova writes a subnet's).
     pub dns: Vec<Ipv4Addr>,
+    /// A static IPv6 address in a /64 on the same link (a dual-stack network: a second
+    /// subnet, of type `ipv6`, as Nova writes one without DHCPv6 or SLAAC).
+    pub address6: Option<Ipv6Addr>,
 }
 
 impl NodeDrive {
@@ -81,6 +84,18 @@ impl NodeDrive {
                 "network_id": "00000000-0000-0000-0000-00000000cafe",
             }),
         };
+        let mut networks = vec![network];
+        if let Some(address6) = self.address6 {
+            networks.push(json!({
+                "id": "network1",
+                "type": "ipv6",
+                "link": "tap-keelson0",
+                "ip_address": address6.to_string(),
+                "netmask": "ffff:ffff:ffff:ffff::",
+                "routes": [],
+                "network_id": "00000000-0000-0000-0000-00000000cafe",
+            }));
+        }
         Some(json!({
             "links": [{
                 "id": "tap-keelson0",
@@ -89,7 +104,7 @@ impl NodeDrive {
                 "mtu": self.mtu,
                 "vif_id": self.uuid,
             }],
-            "networks": [network],
+            "networks": networks,
             "services": self
                 .dns
                 .iter()
@@ -151,6 +166,7 @@ mod tests {
             user_data: vec![],
             meta: Default::default(),
             dns: vec![Ipv4Addr::new(10, 0, 0, 5)],
+            address6: None,
         };
         assert_eq!(
             drive.network_data().unwrap()["networks"][0]["netmask"],
@@ -173,8 +189,18 @@ mod tests {
         assert!(data["networks"][0].get("ip_address").is_none());
         let absent = NodeDrive {
             network: NetworkMode::Absent,
-            ..drive
+            ..drive.clone()
         };
         assert!(absent.network_data().is_none());
+        let dual = NodeDrive {
+            network: NetworkMode::Dhcp,
+            address6: Some("fd00::11".parse().unwrap()),
+            ..drive
+        };
+        let data = dual.network_data().unwrap();
+        assert_eq!(data["networks"][0]["type"], "ipv4_dhcp");
+        assert_eq!(data["networks"][1]["type"], "ipv6");
+        assert_eq!(data["networks"][1]["ip_address"], "fd00::11");
+        assert_eq!(data["networks"][1]["link"], data["links"][0]["id"]);
     }
 }

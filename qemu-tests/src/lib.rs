@@ -26,6 +26,7 @@
 pub mod cluster;
 pub mod configdrive;
 pub mod day2;
+pub mod dual_stack;
 pub mod fabric;
 pub mod guest;
 pub mod netns;

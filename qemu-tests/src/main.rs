@@ -1,10 +1,11 @@
 //! `qemu-cluster`: boots a whole keelson cluster under QEMU and checks it from outside
 //! (`make qemu-cluster`, docs/qemu-cluster.md).
 //!
-//! `qemu-cluster [--config unicast|multicast]`: `unicast` (the default) runs `cluster.json`
-//! as `keelson build` writes it — unicast VRRP and unicast members — on a bridge that drops
-//! every multicast frame; `multicast` runs VRRP multicast and mDNS members on QEMU's
-//! multicast socket segment.
+//! `qemu-cluster [--config unicast|multicast|dualstack]`: `unicast` (the default) runs
+//! `cluster.json` as `keelson build` writes it — unicast VRRP and unicast members — on a
+//! bridge that drops every multicast frame; `multicast` runs VRRP multicast and mDNS members
+//! on QEMU's multicast socket segment; `dualstack` a cluster with IPv4 and IPv6 VIPs, every
+//! node on the appliance (`keelson_qemu_tests::dual_stack`).
 //!
 //! Environment: `KEELSON_BIN` (the `keelson` program), `KEELSON_AGENT_BIN` (the static agent),
 //! `KEELSON_STANDIN_BIN` (the static stand-in API server), `QEMU_CLUSTER_CONFIG` (the
@@ -22,7 +23,7 @@ use keelson_qemu_tests::segment::{Segment, TapBridge};
 
 fn main() {
     let mut args = std::env::args().skip(1);
-    let usage = "usage: qemu-cluster [--config unicast|multicast] | qemu-cluster standin | qemu-cluster bridge GROUP PORT NETNS";
+    let usage = "usage: qemu-cluster [--config unicast|multicast|dualstack] | qemu-cluster standin | qemu-cluster bridge GROUP PORT NETNS";
     let default_config =
         std::env::var("QEMU_CLUSTER_CONFIG").unwrap_or_else(|_| "unicast".to_string());
     let result = match args.next().as_deref() {
@@ -34,7 +35,7 @@ fn main() {
         Some("--config") => match args.next() {
             Some(c) => c.parse().and_then(run),
             None => Err(anyhow::anyhow!(
-                "--config: expected unicast or multicast; {usage}"
+                "--config: expected unicast, multicast or dualstack; {usage}"
             )),
         },
         Some(other) => Err(anyhow::anyhow!("unknown argument {other:?}; {usage}")),
@@ -67,6 +68,12 @@ fn run(config: Config) -> Result<()> {
         &format!("target/qemu-cluster/{}", config.as_str()),
     );
     std::fs::create_dir_all(&work)?;
+    if config == Config::DualStack {
+        if !keelson_qemu_tests::dual_stack::run(&work)? {
+            bail!("a scenario failed");
+        }
+        return Ok(());
+    }
     eprintln!(
         "qemu-cluster: {} configuration; building the cluster's payloads and image in {}",
         config.as_str(),

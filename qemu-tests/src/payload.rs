@@ -314,7 +314,7 @@ fn check_instances(path: &Path, config: Config, handback_secs: Option<u32>) -> R
             .with_context(|| path.display().to_string())?;
     let transport = match config {
         Config::Multicast => "multicast",
-        Config::Unicast => "unicast",
+        Config::Unicast | Config::DualStack => "unicast",
     };
     let instances = cluster["vrrp"]["instances"]
         .as_array()

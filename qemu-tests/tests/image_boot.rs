@@ -78,6 +78,7 @@ fn boot(image: &Path, work: &Path, segment: Segment, uefi: bool, host: u8) -> (D
         user_data: user_data(),
         meta: [("keelson-role".to_owned(), "worker".to_owned())].into(),
         dns: vec![],
+        address6: None,
     };
     let iso = work.join(format!("{name}-config.iso"));
     drive.write_iso(work, &iso).unwrap();

@@ -810,7 +810,7 @@ pub fn failover(c: &mut dyn Testbed) -> Result<(String, String)> {
 /// death is confirmed, the later of Master_Down_Interval (RFC 5798 §6.1, 3 adverts plus
 /// the skew) and the end of the ARP round's least wait (1.3 adverts + 150 ms), counted
 /// from the last advert (docs/vrrp.md, "Fast failover without flapping").
-fn vip_move_bound(c: &dyn Testbed, name: &str) -> Result<Duration> {
+pub fn vip_move_bound(c: &dyn Testbed, name: &str) -> Result<Duration> {
     let cluster: serde_json::Value =
         serde_json::from_slice(&std::fs::read(c.out_dir().join("cluster.json"))?)?;
     let inst = cluster["vrrp"]["instances"]
