@@ -543,7 +543,7 @@ fn kill_holder_of_both(
     // adverts past Master_Down on a loaded host, and the VIPs moved before any kill.
     let clients = urls.map(|url| {
         ClientLoop::start_overlapping(
-            &c.netns.name(),
+            c.netns.name(),
             url,
             Duration::from_millis(200),
             Duration::from_secs(1),
@@ -583,7 +583,7 @@ fn kill_holder_of_both(
         None => None,
     };
     let origin = Instant::now();
-    let log = NeighbourLog::start(&c.netns.name(), vips, origin);
+    let log = NeighbourLog::start(c.netns.name(), vips, origin);
     let killed_at = c.kill(&dead)?;
     for (client, url) in clients.iter().zip(urls) {
         client
@@ -699,7 +699,7 @@ fn kill_ingress_holder(c: &mut Cluster, url4: &str) -> Result<String> {
     let dead = sole_holder_of_both(c, INGRESS_VIP, INGRESS_VIP6, Duration::from_secs(30))?;
     ensure!(dead.starts_with("worker-"), "the ingress VIPs on {dead}");
     let client = ClientLoop::start_overlapping(
-        &c.netns.name(),
+        c.netns.name(),
         url4,
         Duration::from_millis(100),
         Duration::from_secs(1),
