@@ -242,16 +242,7 @@ fn holders6(c: &dyn Testbed, vip: &str) -> Result<Vec<String>> {
         vip.parse()?,
         Duration::from_millis(500),
     )?;
-    Ok(macs
-        .into_iter()
-        .map(|mac| {
-            c.plan()
-                .iter()
-                .find(|n| n.mac == mac)
-                .map(|n| n.name.clone())
-                .unwrap_or(mac)
-        })
-        .collect())
+    Ok(c.names_of_macs(macs))
 }
 
 /// Waits (up to `timeout`) until one node, the same twice a second apart, answers ARP for

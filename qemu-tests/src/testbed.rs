@@ -196,8 +196,12 @@ pub trait Testbed {
             vip.parse()?,
             Duration::from_millis(500),
         )?;
-        Ok(macs
-            .into_iter()
+        Ok(self.names_of_macs(macs))
+    }
+
+    /// The node of the plan each MAC belongs to, by name (an unknown MAC as itself).
+    fn names_of_macs(&self, macs: Vec<String>) -> Vec<String> {
+        macs.into_iter()
             .map(|mac| {
                 self.plan()
                     .iter()
@@ -205,7 +209,7 @@ pub trait Testbed {
                     .map(|n| n.name.clone())
                     .unwrap_or(mac)
             })
-            .collect())
+            .collect()
     }
 
     /// Waits (up to `timeout`) until exactly one node answers ARP for `vip`, twice in a row
