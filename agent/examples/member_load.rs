@@ -38,7 +38,7 @@ use keelson_agent::member::Member;
 use keelson_agent::members::auth::{Keys, Signer};
 use keelson_agent::members::seeds::Seeds;
 use keelson_agent::members::table::Table;
-use keelson_agent::members::unicast::{self, MEMBERS_PATH};
+use keelson_agent::members::unicast;
 use keelson_cluster::{ClusterConfig, Role};
 use tokio::io::AsyncBufReadExt;
 use tokio_util::sync::CancellationToken;
@@ -143,12 +143,10 @@ async fn member(
             _ = silent.cancelled() => break,
             _ = leave.cancelled() => {
                 exchanges.abort_all();
-                let path = format!("{MEMBERS_PATH}/{}", me.name);
                 let byes = answered.iter().map(|addr| {
                     let body = unicast::goodbye_body(&world.zone, &me.name, signer.as_ref(), SystemTime::now());
-                    let source = own.iter().copied().find(|a| a.is_ipv4() == addr.is_ipv4());
-                    let call = unicast::exchange_as(tls.clone(), source, *addr, name, http::Method::DELETE, &path, body);
-                    tokio::time::timeout(Duration::from_secs(1), call)
+                    let link = links.remove(addr).unwrap_or_default();
+                    unicast::say_goodbye(tls.clone(), own.clone(), name, *addr, &me.name, body, link)
                 });
                 futures::future::join_all(byes).await;
                 break;
@@ -158,7 +156,8 @@ async fn member(
                 masters.expire(now);
                 let body = unicast::registration_body(&world.zone, &me, signer.as_ref(), SystemTime::now());
                 let busy: BTreeSet<SocketAddr> = in_flight.values().copied().collect();
-                for a in seeds.targets(&own, &held) {
+                let reached: BTreeSet<IpAddr> = answered.iter().map(SocketAddr::ip).collect();
+                for a in seeds.targets(&own, &held, &reached) {
                     let addr = SocketAddr::new(a, world.port);
                     if busy.contains(&addr) {
                         continue;
@@ -248,7 +247,7 @@ async fn flood(world: Arc<World>, first: Ipv4Addr, args_prefix: String, k: usize
     let key_ids = world.keys.as_ref().map(|k| Arc::new(k.ids()));
     let (mut ok, mut refused) = (0, 0);
     let targets: Vec<SocketAddr> = Seeds::new(world.configured.clone(), world.vips.clone())
-        .targets(&own, &BTreeSet::new())
+        .targets(&own, &BTreeSet::new(), &BTreeSet::new())
         .into_iter()
         .map(|a| SocketAddr::new(a, world.port))
         .collect();

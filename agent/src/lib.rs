@@ -10,6 +10,7 @@ pub mod context;
 pub mod dns;
 pub mod dns_label;
 pub mod health;
+pub mod heap;
 pub mod ignition_server;
 pub mod init;
 pub mod log;

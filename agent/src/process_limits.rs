@@ -3,8 +3,8 @@
 /// Raises the soft limit of open files to the hard limit, and says what it is.
 ///
 /// A control-plane node's member registry keeps a connection open to every node of the
-/// cluster (each keeps its registrations' connection across renewals), twice at the API
-/// VIP's holder, on top of the proxy's and DNS's sockets: the soft limit systemd and the
+/// cluster (each keeps its registrations' connection across renewals), on top of the
+/// proxy's and DNS's sockets: the soft limit systemd and the
 /// kernel give a service or PID 1 (1024) is below what a cluster of a thousand nodes holds.
 /// The hard limit is what the operator allows; nothing above it is asked for.
 pub fn raise_open_files() -> Option<libc::rlim_t> {

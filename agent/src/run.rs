@@ -170,6 +170,7 @@ pub async fn run_node(
     }
     // The node's address, followed when OpenShift's networking moves it (br-ex, a bond).
     tokio::spawn(crate::node_address::watch(ctx.clone(), stop.clone()));
+    tokio::spawn(crate::heap::trim_periodically(stop.clone()));
     let mut processes = Vec::new();
     // The routing daemon for bgp VIPs, where the agent runs it: its configuration is
     // written before it starts.

@@ -622,7 +622,7 @@ impl Registry {
             return refuse(&verifier, r, name, peer);
         }
         verifier.accept(name, bye.auth.as_ref());
-        let changed = self.table().remove(&known.name);
+        let changed = self.table().remove(&known.name, Instant::now());
         self.notify(changed);
         (StatusCode::NO_CONTENT, Bytes::new())
     }

@@ -3,7 +3,9 @@
 //!
 //! - `unicastPeers` of the VRRP instances in `cluster.json` (addresses the operator knows);
 //! - the API VIPs, while another node holds them (during install that is the bootstrap the
-//!   node fetched its config from);
+//!   node fetched its config from), and only until a registry at a node's own address
+//!   answers: the VIP leads to one of those registries, so once they answer, registering
+//!   through it too only doubles the holder's connections and work;
 //! - every control-plane member learned from any registry (a master is kept after it
 //!   expires, so both sides of a healed partition find each other again; a bootstrap is
 //!   forgotten once it is gone, as it leaves for good at the pivot);
@@ -196,13 +198,22 @@ impl Seeds {
         gone
     }
 
-    /// Where to register now: configured peers, the API VIPs this node does not hold, and
-    /// the learned control-plane nodes (their addresses of the first VIP's family, or all
-    /// when they have none of it); never this node's own addresses.
-    pub fn targets(&self, own: &[IpAddr], held: &BTreeSet<IpAddr>) -> Vec<IpAddr> {
+    /// Where to register now: configured peers, the learned control-plane nodes (their
+    /// addresses of the first VIP's family, or all when they have none of it), and the API
+    /// VIPs this node does not hold while no registry outside the VIPs is among `answered`
+    /// (the registries that answered this node's last registration); never this node's own
+    /// addresses.
+    pub fn targets(
+        &self,
+        own: &[IpAddr],
+        held: &BTreeSet<IpAddr>,
+        answered: &BTreeSet<IpAddr>,
+    ) -> Vec<IpAddr> {
         let v6 = self.vips.first().map(IpAddr::is_ipv6);
         let mut out: Vec<IpAddr> = self.configured.clone();
-        out.extend(self.vips.iter().filter(|v| !held.contains(v)));
+        if !answered.iter().any(|a| !self.vips.contains(a)) {
+            out.extend(self.vips.iter().filter(|v| !held.contains(v)));
+        }
         for l in self.learned.values() {
             let same: Vec<IpAddr> = l
                 .addresses
@@ -391,11 +402,11 @@ mod tests {
         let mut s = Seeds::new(vec![ip("10.0.0.99")], vec![ip("10.0.0.5")]);
         let own = [ip("10.0.0.11")];
         assert_eq!(
-            s.targets(&own, &BTreeSet::new()),
+            s.targets(&own, &BTreeSet::new(), &BTreeSet::new()),
             [ip("10.0.0.5"), ip("10.0.0.99")]
         );
         let held: BTreeSet<IpAddr> = [ip("10.0.0.5")].into();
-        assert_eq!(s.targets(&own, &held), [ip("10.0.0.99")]);
+        assert_eq!(s.targets(&own, &held, &BTreeSet::new()), [ip("10.0.0.99")]);
         s.update(
             &[
                 m("master-0", Role::Master, &["10.0.0.11"]),
@@ -407,9 +418,31 @@ mod tests {
             t(0),
         );
         assert_eq!(
-            s.targets(&own, &held),
+            s.targets(&own, &held, &BTreeSet::new()),
             [ip("10.0.0.10"), ip("10.0.0.12"), ip("10.0.0.99")],
             "control plane only, the VIP's family"
+        );
+    }
+
+    #[test]
+    fn the_vip_is_a_target_only_until_a_registry_at_a_node_address_answers() {
+        let mut s = Seeds::new(vec![], vec![ip("10.0.0.5")]);
+        let none = BTreeSet::new();
+        assert_eq!(s.targets(&[], &none, &none), [ip("10.0.0.5")]);
+        // Only the VIP answered (the holder, not yet learned): it stays.
+        let vip_only: BTreeSet<IpAddr> = [ip("10.0.0.5")].into();
+        s.update(&[m("master-1", Role::Master, &["10.0.0.12"])], "w", t(0));
+        assert_eq!(
+            s.targets(&[], &none, &vip_only),
+            [ip("10.0.0.5"), ip("10.0.0.12")]
+        );
+        // A master answered at its own address: the VIP only led there.
+        let master: BTreeSet<IpAddr> = [ip("10.0.0.12"), ip("10.0.0.5")].into();
+        assert_eq!(s.targets(&[], &none, &master), [ip("10.0.0.12")]);
+        // Every master stopped answering: back through the VIP, to whoever holds it now.
+        assert_eq!(
+            s.targets(&[], &none, &none),
+            [ip("10.0.0.5"), ip("10.0.0.12")]
         );
     }
 
@@ -426,7 +459,7 @@ mod tests {
         );
         s.update(&[], "master-0", t(100));
         assert_eq!(
-            s.targets(&[], &BTreeSet::new()),
+            s.targets(&[], &BTreeSet::new(), &BTreeSet::new()),
             [ip("10.0.0.5"), ip("10.0.0.12")],
             "a partition must not make the other side unknown"
         );
@@ -470,7 +503,7 @@ mod tests {
             }]
         );
         assert_eq!(
-            s.targets(&[], &BTreeSet::new()),
+            s.targets(&[], &BTreeSet::new(), &BTreeSet::new()),
             [ip("10.0.0.5"), ip("10.0.0.12")]
         );
         assert!(s.needs_write(t(86_401)), "members.json must lose it too");
@@ -492,9 +525,15 @@ mod tests {
         let mut s = Seeds::new(vec![], vec![]).forgetting(Duration::from_secs(86_400), start);
         s.remember(&doc, "c.example", "master-0", start).unwrap();
         assert!(s.forget_quiet(start + Duration::from_secs(60)).is_empty());
-        assert_eq!(s.targets(&[], &BTreeSet::new()), [ip("10.0.0.12")]);
+        assert_eq!(
+            s.targets(&[], &BTreeSet::new(), &BTreeSet::new()),
+            [ip("10.0.0.12")]
+        );
         assert_eq!(s.forget_quiet(start + Duration::from_secs(86_401)).len(), 1);
-        assert!(s.targets(&[], &BTreeSet::new()).is_empty());
+        assert!(
+            s.targets(&[], &BTreeSet::new(), &BTreeSet::new())
+                .is_empty()
+        );
     }
 
     #[test]
@@ -527,7 +566,10 @@ mod tests {
             t(20),
         );
         assert!(gone.is_empty());
-        assert_eq!(s.targets(&[], &BTreeSet::new()), [ip("10.0.0.14")]);
+        assert_eq!(
+            s.targets(&[], &BTreeSet::new(), &BTreeSet::new()),
+            [ip("10.0.0.14")]
+        );
     }
 
     #[test]
@@ -559,7 +601,7 @@ mod tests {
             1
         );
         assert_eq!(
-            fresh.targets(&[], &BTreeSet::new()),
+            fresh.targets(&[], &BTreeSet::new(), &BTreeSet::new()),
             [ip("10.0.0.5"), ip("10.0.0.12")]
         );
         assert!(!fresh.needs_write(t(61)), "what was read needs no write");

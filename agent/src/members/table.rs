@@ -17,6 +17,11 @@ pub const MAX_MEMBERS: usize = keelson_cluster::MAX_NODES as usize;
 #[derive(Debug)]
 pub struct Table {
     entries: HashMap<DnsLabel, (Member, Instant)>,
+    /// Members that said goodbye, with when: until the expiry has passed, another
+    /// registry's list may still carry one (it took the goodbye later, or never), and taking
+    /// that back would keep the node listed until it expires everywhere. At most
+    /// [`MAX_MEMBERS`]; past that a goodbye only removes.
+    departed: HashMap<DnsLabel, Instant>,
     expiry: Duration,
 }
 
@@ -25,6 +30,7 @@ impl Table {
     pub fn new(expiry: Duration) -> Self {
         Self {
             entries: HashMap::new(),
+            departed: HashMap::new(),
             expiry,
         }
     }
@@ -69,6 +75,8 @@ impl Table {
         if !self.has_room_for(&member.name) {
             return false;
         }
+        // Heard from the node itself: back, whatever it said before.
+        self.departed.remove(&member.name);
         let name = member.name.clone();
         match self.entries.insert(name, (member.clone(), now)) {
             Some((old, _)) => old != member,
@@ -78,11 +86,19 @@ impl Table {
 
     /// Records `member` as last heard `age` before `now`, keeping the newer of the two
     /// times and the record heard last; true when it is new or its record changed. A new
-    /// member when the table is full is not taken (false).
+    /// member when the table is full is not taken (false), nor a record heard before the
+    /// member said goodbye here.
     pub fn renew_aged(&mut self, member: Member, age: Duration, now: Instant) -> bool {
         let seen = now.checked_sub(age).unwrap_or(now);
         if now.saturating_duration_since(seen) > self.expiry || !self.has_room_for(&member.name) {
             // Already expired where it was heard, or no room: not news.
+            return false;
+        }
+        if self
+            .departed
+            .get(&member.name)
+            .is_some_and(|at| seen <= *at)
+        {
             return false;
         }
         match self.entries.get_mut(&member.name) {
@@ -119,14 +135,30 @@ impl Table {
             .max()
     }
 
-    /// Removes `name` (a node that said goodbye); true when it was there.
-    pub fn remove(&mut self, name: &str) -> bool {
-        self.entries.remove(name).is_some()
+    /// Removes `name`, a node that said goodbye at `now`; true when it was there. Records
+    /// heard before `now` are not taken back in ([`Table::renew_aged`]) until the expiry has
+    /// passed; the node's own registration is.
+    pub fn remove(&mut self, name: &str, now: Instant) -> bool {
+        let Some((member, _)) = self.entries.remove(name) else {
+            return false;
+        };
+        if self.departed.len() < MAX_MEMBERS {
+            self.departed.insert(member.name, now);
+        }
+        true
     }
 
-    /// Drops what was not renewed within the expiry; true when something was dropped.
+    /// How many goodbyes are remembered (see [`Table::remove`]).
+    pub fn departed(&self) -> usize {
+        self.departed.len()
+    }
+
+    /// Drops what was not renewed within the expiry, and goodbyes older than it; true when
+    /// a member was dropped.
     pub fn expire(&mut self, now: Instant) -> bool {
         let expiry = self.expiry;
+        self.departed
+            .retain(|_, at| now.saturating_duration_since(*at) <= expiry);
         let before = self.entries.len();
         self.entries
             .retain(|_, (_, seen)| now.saturating_duration_since(*seen) <= expiry);
@@ -216,8 +248,36 @@ mod tests {
         );
         let aged = t.list_aged(t0 + Duration::from_secs(6));
         assert_eq!(aged[0].1, Duration::from_secs(1));
-        assert!(t.remove("a"));
-        assert!(!t.remove("a"));
+        assert!(t.remove("a", t0 + Duration::from_secs(6)));
+        assert!(!t.remove("a", t0 + Duration::from_secs(6)));
         assert!(t.list().is_empty());
+    }
+
+    /// A goodbye holds: another registry's older record of the node does not bring it
+    /// back (the registries would pass it between them until it expired everywhere), its
+    /// own registration does, and the goodbye is forgotten after the expiry.
+    #[test]
+    fn a_goodbye_is_not_undone_by_a_relayed_record() {
+        let t0 = Instant::now();
+        let s = Duration::from_secs;
+        let mut t = Table::new(s(10));
+        assert!(t.renew(m("a"), t0));
+        assert!(t.remove("a", t0 + s(2)));
+        assert!(
+            !t.renew_aged(m("a"), s(1), t0 + s(3)),
+            "heard at 2 s, when it said goodbye"
+        );
+        assert!(t.list().is_empty());
+        assert!(
+            t.renew_aged(m("a"), s(0), t0 + s(3)),
+            "heard after its goodbye: it came back"
+        );
+        assert!(t.remove("a", t0 + s(4)));
+        assert!(t.renew(m("a"), t0 + s(5)), "its own registration");
+        assert_eq!(t.departed(), 0);
+        assert!(t.remove("a", t0 + s(6)));
+        assert_eq!(t.departed(), 1);
+        t.expire(t0 + s(17));
+        assert_eq!(t.departed(), 0, "forgotten after the expiry");
     }
 }
