@@ -11,8 +11,9 @@
 //!   backup ranks itself among ([`Machine::goodbye_rank`]);
 //! - **timers** (here): Master_Down and the advert timer, the repeats of an announcement,
 //!   the hand-over's grace, the gratuitous ARP refresh;
-//! - **the death confirmation** ([`super::confirm`], here): no claim on a silent master
-//!   before a second path (ARP / neighbour solicitation for the VIP) says nobody holds it;
+//! - **the death confirmation** (`silence`, [`super::confirm`]): no claim on a silent
+//!   master before a second path (ARP / neighbour solicitation for the VIP) says nobody
+//!   holds it;
 //! - **a router that cannot hear us** (here): a master that another router keeps
 //!   contesting as if it never heard our answers gives the VIP up to it
 //!   ([`Machine::give_way`]);
@@ -37,19 +38,21 @@ mod foreign;
 mod holder;
 mod peers;
 mod port;
+mod silence;
 
 pub use effect::{Effect, Note};
 pub use foreign::{FOREIGN_FINDING_HOLD, FOREIGN_SOURCES_MAX, ForeignRouter};
 use holder::PendingYield;
 pub use peers::MAX_HEARD;
 use peers::Peers;
+use silence::Silence;
 
 use super::codec::Advert;
-use super::confirm::{Confirmation, HOLD_RECHECK, Timing, Verdict};
+use super::confirm::{Confirmation, Timing};
 use super::fsm::{Action, Machine, Params, State, effective_priority};
 use super::gate::{ClaimGate, GateEvent};
 use super::handback;
-use super::portsec::{self, Problem, VipCheck};
+use super::portsec::{Problem, VipCheck};
 use super::socket::Received;
 use super::spec::Spec;
 use super::status::Counters;
@@ -114,18 +117,6 @@ struct Contest {
     since: Duration,
     /// Its last one.
     last: Duration,
-}
-
-/// What a silence of the master has led to so far (each is logged and counted once).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-enum Silence {
-    /// Nothing yet.
-    #[default]
-    Quiet,
-    /// The VIP's holder answered: no claim.
-    Held,
-    /// Nobody answered: the death is confirmed.
-    Dead,
 }
 
 /// One virtual router's decisions.
@@ -381,37 +372,6 @@ impl Router {
             .min()
     }
 
-    /// While a backup's master is silent: the confirmation's next probe (not while a
-    /// unicast claim gate waits: it has its own watch).
-    fn next_confirm_probe(&self) -> Option<Duration> {
-        if self.machine.state() != State::Backup || !self.gate.is_open() {
-            return None;
-        }
-        let due = self.confirm.probe_due(self.quiet_since, &self.timing())?;
-        Some(match self.goodbye_until() {
-            Some(until) => due.max(until),
-            None => due,
-        })
-    }
-
-    /// After a goodbye (the last advert heard): until when the leaver keeps the VIP, at
-    /// most (it answers for it until its successor's first advert). No confirmation then:
-    /// its answers say nothing about its death, and the goodbye proved adverts get through.
-    fn goodbye_until(&self) -> Option<Duration> {
-        match self.last_other_advert {
-            Some((at, true)) => Some(at + self.successor_bound() * portsec::ADVERTS_STALE_FACTOR),
-            _ => None,
-        }
-    }
-
-    /// Whether this backup's master (or whoever might hold the VIP) is silent: no advert
-    /// for [`Timing::suspect_after`] and no recent goodbye. Only then does a claim need
-    /// the death confirmed; a master that advertises a priority we preempt is alive.
-    fn silent(&self, now: Duration) -> bool {
-        now.saturating_sub(self.quiet_since) >= self.timing().suspect_after
-            && self.goodbye_until().is_none_or(|until| now >= until)
-    }
-
     /// Timer: whatever is due at `now`.
     pub fn on_timer(&mut self, now: Duration) -> Vec<Effect> {
         let mut out = Vec::new();
@@ -470,23 +430,6 @@ impl Router {
         out
     }
 
-    /// Sends the probes due: one frame answers both the ARP watch and the confirmation.
-    fn probe_if_due(&mut self, now: Duration, out: &mut Vec<Effect>) {
-        let watch = self.next_watch_probe.is_some_and(|t| now >= t);
-        let confirm = self.next_confirm_probe().is_some_and(|t| now >= t);
-        if !watch && !confirm {
-            return;
-        }
-        out.push(Effect::Probe);
-        if watch {
-            self.next_watch_probe = Some(now + ARP_WATCH_EVERY);
-        }
-        if confirm || self.confirm.in_round() {
-            let t = self.timing();
-            self.confirm.probe_sent(now, &t);
-        }
-    }
-
     /// A backup's Master_Down (or the claim gate, or the confirmation) is due: claim, wait
     /// for the rank's turn, or hold because the silent master's VIP still answers.
     fn backup_due(&mut self, now: Duration, out: &mut Vec<Effect>) {
@@ -499,51 +442,8 @@ impl Router {
             return;
         }
         self.claim_not_before = None;
-        let master = self.machine.master().map(|(a, _)| a);
-        let silent_for = now.saturating_sub(self.quiet_since);
-        if self.silent(now) {
-            let t = self.timing();
-            if !self.confirm.in_round() {
-                // The round's first probe had not gone out (this backup ran late).
-                out.push(Effect::Probe);
-                self.confirm.probe_sent(now, &t);
-            }
-            match self.confirm.verdict(now, &t) {
-                Verdict::Pending(until) => {
-                    self.claim_not_before = Some(until);
-                    return;
-                }
-                Verdict::Alive(_) => {
-                    // The first hold of a silence decides again after Master_Down (a
-                    // holder handing the VIP over answers until its grace ends); later
-                    // ones once a second.
-                    let mut recheck = self.machine.master_down_interval();
-                    if self.silence == Silence::Held {
-                        recheck = recheck.max(HOLD_RECHECK);
-                    } else {
-                        self.silence = Silence::Held;
-                        self.counters.claims_held += 1;
-                        out.push(Effect::Note(Note::ClaimHeld { master, silent_for }));
-                    }
-                    self.machine.hold_until(now + recheck);
-                    self.confirm
-                        .rest(now + recheck.saturating_sub(t.answer_wait.min(recheck)));
-                    if self.spec.unicast() {
-                        self.note_blocked_adverts(now, out);
-                    }
-                    return;
-                }
-                Verdict::Dead => {
-                    if self.silence != Silence::Dead {
-                        self.silence = Silence::Dead;
-                        out.push(Effect::Note(Note::ConfirmedDead {
-                            master,
-                            silent_for,
-                            asked_for: t.answer_wait,
-                        }));
-                    }
-                }
-            }
+        if self.silent(now) && !self.confirm_death(now, out) {
+            return;
         }
         let silent_master = self.machine.silent_master(now);
         // Master_Down ran out: rank ourselves among the backups that saw it too.
