@@ -2,14 +2,15 @@
 //! simulated segment ([`sim`]): loss, jitter, stalled agents, dead nodes, partitions and
 //! one-way loss, with the properties the failover promises checked over random runs.
 
-use std::net::IpAddr;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::time::Duration;
 
 use keelson_cluster::Role;
 use keelson_cluster::cluster::{RolePriorities, VrrpInstanceConfig, VrrpTransport, VrrpVersion};
 
 use super::*;
-use crate::vrrp::codec::{Auth, Version};
+use crate::vrrp::codec::{Auth, GROUP_V4, Version};
+use crate::vrrp::conflict::ArpFrame;
 
 fn ms(m: u64) -> Duration {
     Duration::from_millis(m)
