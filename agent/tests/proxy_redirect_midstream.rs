@@ -15,7 +15,7 @@ use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::Duration;
 
-use keelson_agent::proxy::vip::nft_script;
+use keelson_agent::proxy::frontend::nft_script;
 use keelson_testkit::netns::{bind_tcp_in, in_netns};
 use keelson_testkit::segment::nft;
 use keelson_testkit::{Segment, require, require_root, sh};

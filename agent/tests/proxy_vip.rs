@@ -8,7 +8,7 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Barrier, mpsc};
 use std::time::Duration;
 
-use keelson_agent::proxy::vip::{NFT_TABLE, VipFrontends, VipMode};
+use keelson_agent::proxy::frontend::{NFT_TABLE, VipFrontends, VipMode};
 use keelson_agent::proxy::{Proxy, ProxyConfig};
 use keelson_cluster::cluster::BackendCheck;
 use keelson_testkit::netns::block_on_in;

@@ -317,8 +317,8 @@ fn an_ipv6_vip_hands_back_the_same_way() {
 /// [`an_ipv6_vip_hands_back_the_same_way`], forwarding to the old holder's `link_local`
 /// address or its global one.
 fn ipv6_hand_back(link_local: bool) {
+    use keelson_agent::net::vip::VipManager;
     use keelson_agent::vrrp::handback::Handback;
-    use keelson_agent::vrrp::vip::VipManager;
     use keelson_testkit::netns::block_on_in;
 
     let seg = Segment::ipv6_only("khb6", 3, 0x36);
@@ -367,7 +367,7 @@ fn ipv6_hand_back(link_local: bool) {
     // takes the VIP; the old one retires it. The client forgets the VIP's MAC and asks again.
     let old_addr: std::net::IpAddr = if link_local {
         let ns = seg.nodes[old].clone();
-        keelson_testkit::in_netns(&ns, || keelson_agent::vrrp::vip::link_local("eth0"))
+        keelson_testkit::in_netns(&ns, || keelson_agent::net::vip::link_local("eth0"))
             .join()
             .unwrap()
             .expect("the old holder's link-local address")

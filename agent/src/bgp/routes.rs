@@ -10,7 +10,7 @@ use netlink_packet_route::AddressFamily;
 use netlink_packet_route::route::{RouteAttribute, RouteMessage, RouteProtocol, RouteScope};
 use rtnetlink::{Handle, RouteMessageBuilder};
 
-use crate::vrrp::vip::{VipError, VipManager};
+use crate::net::vip::{VipError, VipManager};
 
 /// The interface that carries announced VIPs.
 pub const VIP_INTERFACE: &str = "lo";
@@ -102,7 +102,7 @@ impl VipRoutes {
     pub fn new(table: u32) -> Result<Self, RouteError> {
         let (conn, handle, _) = rtnetlink::new_connection().map_err(RouteError::Socket)?;
         tokio::spawn(conn);
-        let lo = crate::vrrp::vip::if_index(VIP_INTERFACE).ok_or(RouteError::NoLoopback)?;
+        let lo = crate::net::vip::if_index(VIP_INTERFACE).ok_or(RouteError::NoLoopback)?;
         Ok(Self { handle, table, lo })
     }
 

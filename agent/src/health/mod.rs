@@ -126,8 +126,9 @@ pub async fn probe(
             let Some(addr) = local_apiserver else {
                 return false;
             };
-            let checker = crate::proxy::health::Checker::new(BackendCheck::TlsReadyz, timeout)
-                .user_agent("keelson-vrrp-check");
+            let checker =
+                crate::proxy::backend_check::Checker::new(BackendCheck::TlsReadyz, timeout)
+                    .user_agent("keelson-vrrp-check");
             match checker.check(addr).await {
                 Ok(()) => true,
                 Err(e) => {

@@ -233,7 +233,7 @@ async fn from_metadata_service(
             }
             let v6_ready = nic_name
                 .as_deref()
-                .is_some_and(|n| crate::vrrp::vip::link_local(n).is_some());
+                .is_some_and(|n| crate::net::vip::link_local(n).is_some());
             if let (Some(url), false) = (&v6_url, v6_ready) {
                 why.push(format!(
                     "{}'s IPv6 link-local address is still tentative, so {url} cannot be asked yet",

@@ -317,7 +317,7 @@ pub struct Request<'a> {
     pub method: Method,
     /// URL.
     pub url: &'a str,
-    /// Extra headers (Host and User-Agent are the client's).
+    /// Extra headers (Host is the client's; a User-Agent here replaces the agent's).
     pub headers: Vec<(http::HeaderName, http::HeaderValue)>,
     /// Body.
     pub body: Bytes,
@@ -499,8 +499,14 @@ impl HttpClient {
         let mut request = http::Request::builder()
             .method(req.method)
             .uri(url.path.as_str())
-            .header(http::header::HOST, url.host_header())
-            .header(http::header::USER_AGENT, USER_AGENT);
+            .header(http::header::HOST, url.host_header());
+        if !req
+            .headers
+            .iter()
+            .any(|(k, _)| k == http::header::USER_AGENT)
+        {
+            request = request.header(http::header::USER_AGENT, USER_AGENT);
+        }
         for (k, v) in req.headers {
             request = request.header(k, v);
         }

@@ -6,6 +6,7 @@
 //! - [`dhcp`]: the DHCPv4 client.
 //! - [`listen`]: listening sockets; [`http_server`]: HTTP/1.1 serving for small endpoints;
 //!   [`http_client`]: the agent's one HTTP client.
+//! - [`vip`]: a VIP on a link (add, remove, retire after a hand-over), for VRRP and BGP.
 
 pub mod dhcp;
 pub mod http_client;
@@ -14,6 +15,7 @@ pub mod listen;
 pub mod mac;
 pub mod nft;
 pub mod plan;
+pub mod vip;
 
 use std::net::IpAddr;
 

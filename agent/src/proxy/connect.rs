@@ -11,8 +11,9 @@ use keelson_cluster::cluster::BackendCheck;
 use tokio::io::Interest;
 use tokio::net::TcpStream;
 
+use super::accept::is_resource_error;
 use super::backend::Backend;
-use super::{Shared, forward, is_resource_error};
+use super::{Shared, forward};
 
 /// The default connect stagger ([`connect`]): a quarter of the first SYN retransmission
 /// (1 s). A client with a 1 s timeout that lands on a dead backend is still served by the

@@ -20,7 +20,7 @@
 //! holder knows. Forwarded, the port check's SYN-ACKs went to the old holder, the check
 //! took the VIP for dropped by the port, and the node gave the VIP up (a VIP move that
 //! nothing called for, under a rolling upgrade's load).
-//! The old holder's side is in [`super::vip::VipManager::retire`].
+//! The old holder's side is in [`crate::net::vip::VipManager::retire`].
 
 use std::net::IpAddr;
 use std::ops::RangeInclusive;

@@ -18,10 +18,11 @@ use super::router::{Effect, HANDOVER_GRACE, Note, Router, Setup};
 use super::socket::{Received, VrrpSocket};
 use super::spec::Spec;
 use super::status::{InstanceStatus, StatusMap};
-use super::{portsec, reach, vip};
+use super::{portsec, reach};
 use crate::context::AgentContext;
 use crate::health::{self, CheckState};
 use crate::net::mac::Mac;
+use crate::net::vip;
 
 /// Packets already queued that a backup reads before acting on its timer (see
 /// `Runner::read_queued`): far more than the routers of one segment send in a stall.

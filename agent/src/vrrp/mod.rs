@@ -2,7 +2,8 @@
 //!
 //! - [`codec`]: advertisement parse/encode (pure).
 //! - [`fsm`]: the RFC state machine with a caller-supplied clock (pure).
-//! - [`socket`], [`vip`], [`announce`]: raw sockets, netlink, GARP / unsolicited NA.
+//! - [`socket`], [`announce`]: raw sockets, GARP / unsolicited NA (the VIP on the link:
+//!   [`crate::net::vip`]).
 //! - [`gate`]: in unicast mode, no claim before a peer is heard or a grace period ran out
 //!   (pure).
 //! - [`conflict`]: in unicast mode, another holder of the VIP seen through ARP (pure).
@@ -33,7 +34,6 @@ pub mod router;
 pub mod socket;
 pub mod spec;
 pub mod status;
-pub mod vip;
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -123,7 +123,7 @@ fn companions(ctx: &AgentContext, leader: &str) -> Vec<std::net::IpAddr> {
 async fn wait_link_local(iface: &str) -> anyhow::Result<std::net::Ipv6Addr> {
     // DAD takes about a second after the link comes up.
     for _ in 0..50 {
-        if let Some(ll) = vip::link_local(iface) {
+        if let Some(ll) = crate::net::vip::link_local(iface) {
             return Ok(ll);
         }
         tokio::time::sleep(Duration::from_millis(100)).await;

@@ -32,7 +32,7 @@ pub const PACKAGES: &[&str] = &[
     // dracut's `url-lib` (which `30ignition` depends on) installs curl into the initramfs.
     "curl",
     // Networking on the real root: NetworkManager owns the NIC and the resolver; `nft` is what
-    // the agent's VIP:6443 redirect runs (agent/src/proxy/vip.rs).
+    // the agent's VIP:6443 redirect runs (agent/src/proxy/frontend.rs).
     "network-manager",
     "nftables",
     "iproute2",

@@ -17,7 +17,7 @@ pub enum Effect {
     /// Add the VIP to the interface (and tell the proxy it is held).
     AddVip,
     /// Remove the VIP now. `handed_over`: after a hand-over's grace, when the VIP is
-    /// retired instead if hand-backs are on ([`crate::vrrp::vip::VipManager::retire`]).
+    /// retired instead if hand-backs are on ([`crate::net::vip::VipManager::retire`]).
     RemoveVip {
         /// The VIP went to a successor that announced it.
         handed_over: bool,

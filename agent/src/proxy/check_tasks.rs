@@ -9,7 +9,7 @@ use keelson_cluster::cluster::BackendCheck;
 use tokio_util::sync::CancellationToken;
 
 use super::backend::Backend;
-use super::{Shared, health};
+use super::{Shared, backend_check};
 
 /// One checking task per backend, following backend set changes.
 pub(crate) async fn health_supervisor(sh: Arc<Shared>, stop: CancellationToken) {
@@ -20,7 +20,7 @@ pub(crate) async fn health_supervisor(sh: Arc<Shared>, stop: CancellationToken) 
         .cfg
         .check_interval
         .clamp(Duration::from_secs(1), Duration::from_secs(10));
-    let checker = health::Checker::new(sh.cfg.check, timeout);
+    let checker = backend_check::Checker::new(sh.cfg.check, timeout);
     let mut rx = sh.pool.subscribe_backends();
     // Keyed by address, but a task checks one `Backend` object: a backend removed and
     // added back between two wake-ups is a new object (fresh state) and needs a new task.
@@ -52,7 +52,7 @@ pub(crate) async fn health_supervisor(sh: Arc<Shared>, stop: CancellationToken) 
 
 async fn check_loop(
     sh: Arc<Shared>,
-    checker: health::Checker,
+    checker: backend_check::Checker,
     b: Arc<Backend>,
     stop: CancellationToken,
 ) {

@@ -1,7 +1,8 @@
 //! The VIP on the interface, through rtnetlink: add (label `<iface>:vip`, /32 or /128,
 //! IPv6 without DAD so it is usable at once), remove, and find/remove stale copies; retire
 //! (off the node's addresses, but what arrives for it on the interface is still delivered
-//! here, so that connections to it live on after a hand-over: [`super::handback`]).
+//! here, so that connections to it live on after a hand-over: [`crate::vrrp::handback`]).
+//! Used by VRRP's instances, BGP's announced VIPs and the appliance's cloud set-up.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
