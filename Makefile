@@ -62,11 +62,13 @@ lint:
 # AGENT_BACKGROUND=0 builds the agent first).
 test: export CI = 1
 test: setup
-	./scripts/selftest.sh --before-build
-	./scripts/cargo-tests.sh
-	$(MAKE) --no-print-directory qemu-cluster CONFIG=unicast
-	QEMU_CLUSTER_MASTERS=appliance $(MAKE) --no-print-directory qemu-cluster CONFIG=multicast
-	$(MAKE) --no-print-directory openstack-cluster OPENSTACK_ARGS=--subset
+	@date +%s > target/.make-test-start 2>/dev/null || { mkdir -p target && date +%s > target/.make-test-start; }
+	scripts/timed.sh selftest ./scripts/selftest.sh --before-build
+	scripts/timed.sh cargo-tests ./scripts/cargo-tests.sh
+	scripts/timed.sh qemu-unicast $(MAKE) --no-print-directory qemu-cluster CONFIG=unicast
+	QEMU_CLUSTER_MASTERS=appliance scripts/timed.sh qemu-multicast $(MAKE) --no-print-directory qemu-cluster CONFIG=multicast
+	scripts/timed.sh openstack $(MAKE) --no-print-directory openstack-cluster OPENSTACK_ARGS=--subset
+	@echo "make test: passed in $$(($$(date +%s) - $$(cat target/.make-test-start))) s"
 
 # Bootstrap, three masters and two workers under QEMU (TCG; ACCEL=kvm where KVM works),
 # checked from a network namespace on their segment; prints a table (docs/qemu-cluster.md).
