@@ -101,10 +101,21 @@ impl Agent {
 }
 
 fn start_agent(dir: &Path, cluster: &Path, ca: &Path, name: &str, addr: &str) -> Agent {
+    start_agent_as(dir, cluster, ca, name, "master", addr)
+}
+
+fn start_agent_as(
+    dir: &Path,
+    cluster: &Path,
+    ca: &Path,
+    name: &str,
+    role: &str,
+    addr: &str,
+) -> Agent {
     let node = dir.join(format!("{name}.json"));
     std::fs::write(
         &node,
-        serde_json::json!({"name": name, "role": "master", "interface": "lo", "addresses": [addr]})
+        serde_json::json!({"name": name, "role": role, "interface": "lo", "addresses": [addr]})
             .to_string(),
     )
     .unwrap();
@@ -216,15 +227,43 @@ async fn three_agents_converge_survive_vip_move_and_expire() {
         "expired too early: {gone:?}"
     );
 
-    // SIGTERM master-1: it deregisters at once.
+    // A worker (which serves no registry) joins and sees both masters.
+    let worker = start_agent_as(
+        dir.path(),
+        &cluster,
+        &ca,
+        "worker-0",
+        "worker",
+        "127.0.0.20/8",
+    );
+    wait_for("the worker's view", Duration::from_secs(5), || {
+        worker.names() == ["master-0", "master-1", "worker-0"]
+    })
+    .await;
+
+    // SIGTERM master-1: it deregisters at once, and the worker drops it at its next renewal,
+    // before master-1's record could have expired there.
     let mut stopped = agents.pop().unwrap();
     stopped.proc.signal_term();
     let t = Instant::now();
     wait_for("goodbye of master-1", Duration::from_secs(2), || {
-        names(&reg_b) == ["master-0"]
+        names(&reg_b) == ["master-0", "worker-0"]
     })
     .await;
     eprintln!("stopped node deregistered after {:?}", t.elapsed());
+    let left = wait_for(
+        "master-1 gone from the worker",
+        Duration::from_secs(EXPIRY + 2),
+        || worker.names() == ["master-0", "worker-0"],
+    )
+    .await;
+    eprintln!("the worker dropped master-1 after {:?}", t.elapsed());
+    assert!(
+        t.elapsed() < Duration::from_secs(EXPIRY - RENEW)
+            && left < Duration::from_secs(EXPIRY - RENEW),
+        "the worker kept master-1 until its expiry: {left:?}"
+    );
+    drop(worker);
     drop(stopped);
     server_b.abort();
 }

@@ -148,6 +148,13 @@ impl Table {
         true
     }
 
+    /// Drops every member `keep` does not name; true when one was dropped.
+    pub fn retain_named(&mut self, keep: &std::collections::HashSet<&str>) -> bool {
+        let before = self.entries.len();
+        self.entries.retain(|name, _| keep.contains(name.as_str()));
+        self.entries.len() != before
+    }
+
     /// How many goodbyes are remembered (see [`Table::remove`]).
     pub fn departed(&self) -> usize {
         self.departed.len()

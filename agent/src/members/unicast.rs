@@ -21,6 +21,7 @@ use std::time::{Duration, Instant, SystemTime};
 use anyhow::Context as _;
 use bytes::Bytes;
 use http::{Method, StatusCode};
+use keelson_cluster::Role;
 use tokio_util::sync::CancellationToken;
 
 use super::auth::{Fields, Keys, Op, Signer};
@@ -528,6 +529,9 @@ pub async fn run(
                         // between two registries would outlive the expiry (seen: back in
                         // the lists seconds after it had left them).
                         registry.merge(entries, started);
+                        if me.role == Role::Worker {
+                            registry.drop_unlisted(lists.values().map(Vec::as_slice));
+                        }
                         answered.insert(addr);
                         last_errors.remove(&addr);
                         status.insert(addr, "ok".to_string());

@@ -326,6 +326,20 @@ impl Registry {
         taken
     }
 
+    /// Keeps only the members some list of `lists` names (the last whole list of each
+    /// registry that answered): on a node that serves no registry, whose table is only
+    /// what registries listed, a node that said goodbye or expired on every registry
+    /// leaves with their next answers rather than at this node's own expiry.
+    pub fn drop_unlisted<'a>(&self, lists: impl IntoIterator<Item = &'a [Entry]>) {
+        let listed: std::collections::HashSet<&str> = lists
+            .into_iter()
+            .flatten()
+            .map(|e| e.member.name.as_str())
+            .collect();
+        let changed = self.table().retain_named(&listed);
+        self.notify(changed);
+    }
+
     /// Drops what was not heard within the expiry.
     pub fn expire(&self, now: Instant) {
         let changed = self.table().expire(now);

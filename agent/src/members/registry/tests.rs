@@ -130,6 +130,33 @@ fn merged_answers_keep_the_newest_sighting_and_expire_on_time() {
     );
 }
 
+/// A node that serves no registry keeps only what some registry still lists: a member
+/// gone from every registry's last list leaves at once, one still listed anywhere stays.
+#[test]
+fn members_no_registry_lists_any_more_are_dropped() {
+    let r = Registry::new("c.example", Duration::from_secs(35)).with_own(member("w1", "10.0.0.21"));
+    let t0 = Instant::now();
+    let heard = |name: &str| Entry {
+        member: member(name, "10.0.0.12"),
+        age_ms: 0,
+    };
+    r.merge(vec![heard("m1"), heard("m2"), heard("w2")], t0);
+    let a = vec![heard("m1"), heard("m2")];
+    let b = vec![heard("m1"), heard("w2")];
+    r.drop_unlisted([a.as_slice(), b.as_slice()]);
+    assert_eq!(r.list().len(), 4, "each is still listed somewhere");
+    let b = vec![heard("m1")];
+    let mut changes = r.subscribe();
+    changes.borrow_and_update();
+    r.drop_unlisted([a.as_slice(), b.as_slice()]);
+    assert_eq!(
+        r.list().iter().map(|m| m.name.as_str()).collect::<Vec<_>>(),
+        ["m1", "m2", "w1"],
+        "w2 is in no list any more; this node itself always stays"
+    );
+    assert!(changes.has_changed().unwrap(), "a change is told");
+}
+
 /// A-labels (`xn--...`, the ASCII form OpenShift node names may take) register and are
 /// listed like any node name.
 #[test]
