@@ -6,13 +6,13 @@
 # is printed on stdout, the other two sit beside it (`keelson`, `install-config.yaml`).
 #
 #   scripts/previous-agent.sh            build them unless cached; print the agent's path
-#   KEELSON_PREVIOUS_COMMIT=<rev> ...    another version N (a tag, once there is one)
+#   KEELSON_PREVIOUS_COMMIT=<rev> ...    another version N (a commit or a tag: v0.1.0, v0.2.0)
 #
-# N is the newest commit before the last change of an on-the-wire format of
-# docs/operations.md's version-skew table (there is no release tag yet): ba9a3c9b1e74, the
-# parent of 875d127, which taught cluster.json the input-only `vrrp.transport` and
-# `vrrp.handbackSecs`. So N really speaks the formats the current agent changed last. Once a
-# release is tagged, N is that tag.
+# N is release 0.1.0, tagged v0.1.0: ba9a3c9b1e74, the newest commit before the last change
+# of an on-the-wire format of docs/operations.md's version-skew table (its child taught
+# cluster.json the input-only `vrrp.transport` and `vrrp.handbackSecs`), so N really speaks
+# the formats the current agent changed last. The commit is named by its hash, which a clone
+# without tags has too.
 #
 # Cheap: a debug build of the `keelson-agent` and `keelson` binaries alone (dynamically
 # linked: the test runs them on this host), from `git archive` of that commit (no
