@@ -108,9 +108,14 @@ impl Apiserver {
                     () = me.dead.cancelled() => return,
                     () = tokio::time::sleep(delay) => {}
                 }
+                // Header names are case-insensitive (hyper's client sends them in lower case).
                 let user_agent = String::from_utf8_lossy(&head)
                     .lines()
-                    .find_map(|l| l.strip_prefix("User-Agent: ").map(str::to_owned))
+                    .find_map(|l| {
+                        let (name, value) = l.split_once(':')?;
+                        name.eq_ignore_ascii_case("user-agent")
+                            .then(|| value.trim().to_owned())
+                    })
                     .unwrap_or_default();
                 me.served.lock().unwrap().push(Served {
                     from: peer.ip(),
