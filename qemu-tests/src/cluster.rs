@@ -1,6 +1,6 @@
 //! The example cluster under QEMU: which VMs, with which addresses, and how they are booted.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -229,8 +229,12 @@ pub struct Cluster {
     pub bridge_segment: Option<BridgeSegment>,
     /// The host-side participant's interface in [`Cluster::netns`].
     pub host_iface: String,
-    /// Running VMs by name.
+    /// The VMs by name, from their boot until the next (a killed or powered-off node's
+    /// stays, for its console).
     pub vms: BTreeMap<String, Vm>,
+    /// The nodes killed or powered off since their last boot: not running, whatever `vms`
+    /// still holds.
+    down: BTreeSet<String>,
     /// The nodes.
     pub plan: Vec<NodePlan>,
     /// The host-side participant (dropped after the bridge).
@@ -337,6 +341,7 @@ impl Cluster {
             bridge_segment,
             host_iface: host_iface.to_string(),
             vms: BTreeMap::new(),
+            down: BTreeSet::new(),
             plan,
             bridge,
             dhcp: None,
@@ -490,6 +495,7 @@ impl Cluster {
         let first_boot = !self.booted.contains(name);
         // The old VM (and with it its tap) goes first.
         self.vms.remove(name);
+        self.down.remove(name);
         if first_boot
             && let MetadataSource::Service(_, ServiceFault::UnreachableFor(d)) = node.source
         {
@@ -647,6 +653,7 @@ impl Testbed for Cluster {
             .get_mut(name)
             .with_context(|| format!("{name} not running"))?
             .power_off(Duration::from_secs(60))?;
+        self.down.insert(name.to_string());
         Ok(())
     }
 
@@ -659,11 +666,12 @@ impl Testbed for Cluster {
         // QEMU's `quit` stops the guest at once.
         let at = Instant::now();
         vm.kill()?;
+        self.down.insert(name.to_string());
         Ok(at)
     }
 
     fn is_running(&self, name: &str) -> bool {
-        self.vms.contains_key(name)
+        self.vms.contains_key(name) && !self.down.contains(name)
     }
 
     fn console_text(&self, name: &str) -> String {
