@@ -1,6 +1,6 @@
 //! The example cluster under QEMU: which VMs, with which addresses, and how they are booted.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -232,9 +232,6 @@ pub struct Cluster {
     /// The VMs by name, from their boot until the next (a killed or powered-off node's
     /// stays, for its console).
     pub vms: BTreeMap<String, Vm>,
-    /// The nodes killed or powered off since their last boot: not running, whatever `vms`
-    /// still holds.
-    down: BTreeSet<String>,
     /// The nodes.
     pub plan: Vec<NodePlan>,
     /// The host-side participant (dropped after the bridge).
@@ -341,7 +338,6 @@ impl Cluster {
             bridge_segment,
             host_iface: host_iface.to_string(),
             vms: BTreeMap::new(),
-            down: BTreeSet::new(),
             plan,
             bridge,
             dhcp: None,
@@ -495,7 +491,6 @@ impl Cluster {
         let first_boot = !self.booted.contains(name);
         // The old VM (and with it its tap) goes first.
         self.vms.remove(name);
-        self.down.remove(name);
         if first_boot
             && let MetadataSource::Service(_, ServiceFault::UnreachableFor(d)) = node.source
         {
@@ -653,7 +648,6 @@ impl Testbed for Cluster {
             .get_mut(name)
             .with_context(|| format!("{name} not running"))?
             .power_off(Duration::from_secs(60))?;
-        self.down.insert(name.to_string());
         Ok(())
     }
 
@@ -666,12 +660,13 @@ impl Testbed for Cluster {
         // QEMU's `quit` stops the guest at once.
         let at = Instant::now();
         vm.kill()?;
-        self.down.insert(name.to_string());
         Ok(at)
     }
 
+    /// A killed or powered-off node's QEMU was reaped: it has no process any more, though
+    /// its `Vm` stays (for its console) until the next boot.
     fn is_running(&self, name: &str) -> bool {
-        self.vms.contains_key(name) && !self.down.contains(name)
+        self.vms.get(name).is_some_and(|vm| vm.pid().is_some())
     }
 
     fn console_text(&self, name: &str) -> String {

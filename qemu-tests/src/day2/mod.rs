@@ -135,10 +135,12 @@ fn false_takeovers(c: &Cluster) -> std::collections::BTreeMap<String, u64> {
     journal_counts(c, "stopped; taking over")
 }
 
-/// The running nodes with a guest agent port (the stand-in runs `qemu-ga`; a stopped VM has
-/// left `vms`): the ones whose journal can be read.
+/// The running nodes with a guest agent port (the stand-in runs `qemu-ga`): the ones whose
+/// journal can be read.
 fn running_nodes(c: &Cluster) -> impl Iterator<Item = &String> {
-    c.vms.keys().filter(|n| c.guest(n).is_some())
+    c.vms
+        .keys()
+        .filter(|n| c.is_running(n) && c.guest(n).is_some())
 }
 
 /// How many lines of each running node's agent journal contain `pattern` (a fixed string);

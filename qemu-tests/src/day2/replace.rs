@@ -73,12 +73,12 @@ pub(super) fn replace_steps(c: &mut Cluster) -> Result<String> {
         .names("master")
         .into_iter()
         .rev()
-        .find(|m| *m != holder && c.vms.contains_key(m))
+        .find(|m| *m != holder && c.is_running(m))
         .context("no master besides the holder")?;
     let survivors: Vec<String> = c
         .names("master")
         .into_iter()
-        .filter(|m| *m != victim && c.vms.contains_key(m))
+        .filter(|m| *m != victim && c.is_running(m))
         .collect();
     let expiry = expiry(c)?;
     let ns = c.outside().netns.name().to_owned();

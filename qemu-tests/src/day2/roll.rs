@@ -56,7 +56,7 @@ pub fn roll(c: &mut Cluster, new_agent: &Path) -> Result<String> {
     let masters: Vec<String> = c
         .names("master")
         .into_iter()
-        .filter(|m| c.vms.contains_key(m))
+        .filter(|m| c.is_running(m))
         .collect();
     let holder = c.wait_holder(API_VIP, Duration::from_secs(30), &|h| {
         h.starts_with("master-")

@@ -141,7 +141,7 @@ pub fn rotate(c: &mut Cluster) -> Result<String> {
     let masters: Vec<String> = c
         .names("master")
         .into_iter()
-        .filter(|m| c.vms.contains_key(m))
+        .filter(|m| c.is_running(m))
         .collect();
     let out = c.out_dir().to_path_buf();
     let cluster_json = std::fs::read_to_string(out.join("cluster.json"))?;
