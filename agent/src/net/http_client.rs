@@ -661,17 +661,23 @@ impl Drop for Connection {
     }
 }
 
-/// A TLS client configuration that accepts any server certificate ([`Trust::Any`]).
+/// A TLS client configuration that accepts any server certificate ([`Trust::Any`]): one
+/// for the process, built on first use, as health checks open a connection every few
+/// seconds per backend.
 pub fn any_certificate() -> Arc<rustls::ClientConfig> {
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    Arc::new(
-        rustls::ClientConfig::builder_with_provider(provider.clone())
-            .with_safe_default_protocol_versions()
-            .expect("ring supports the default TLS versions")
-            .dangerous()
-            .with_custom_certificate_verifier(Arc::new(NoVerify(provider)))
-            .with_no_client_auth(),
-    )
+    static CONFIG: std::sync::LazyLock<Arc<rustls::ClientConfig>> =
+        std::sync::LazyLock::new(|| {
+            let provider = Arc::new(rustls::crypto::ring::default_provider());
+            Arc::new(
+                rustls::ClientConfig::builder_with_provider(provider.clone())
+                    .with_safe_default_protocol_versions()
+                    .expect("ring supports the default TLS versions")
+                    .dangerous()
+                    .with_custom_certificate_verifier(Arc::new(NoVerify(provider)))
+                    .with_no_client_auth(),
+            )
+        });
+    CONFIG.clone()
 }
 
 /// Accepts any server certificate (see [`Trust::Any`]), still checking signatures so the
